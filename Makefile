@@ -1,0 +1,46 @@
+# coretrain — developer entry points. `make train` and `make test` are the quick start.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+DATA   ?= data/demo
+OUTPUT ?= output
+# Demo training length: long enough to beat the mean predictor clearly,
+# short enough for a 2-core machine (see README "Quick start").
+DEMO_TRAIN_ARGS ?= --max-steps 300 --eval-every 50 --checkpoint-every 100
+
+.PHONY: install train test lint typecheck unit bench container-test clean
+
+$(BIN)/coretrain: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	@touch $@
+
+install: $(BIN)/coretrain
+
+$(DATA)/train_features.txt: | $(BIN)/coretrain
+	$(BIN)/coretrain generate --out $(DATA)
+
+train: install $(DATA)/train_features.txt
+	$(BIN)/coretrain train --data $(DATA) --output $(OUTPUT) $(DEMO_TRAIN_ARGS)
+
+lint: install
+	$(BIN)/ruff check app tests benchmarks
+	$(BIN)/ruff format --check app tests benchmarks
+
+typecheck: install
+	$(BIN)/mypy
+
+unit: install
+	$(BIN)/pytest -q
+
+test: lint typecheck unit
+
+bench: install
+	$(BIN)/python -m benchmarks.run
+
+container-test:
+	bash tests/container/smoke.sh
+
+clean:
+	rm -rf $(VENV) $(OUTPUT) build *.egg-info

@@ -1,0 +1,3 @@
+"""coretrain: a batch training job that sizes TensorFlow to its container's CPUs."""
+
+__version__ = "0.1.0"
