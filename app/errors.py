@@ -37,3 +37,15 @@ class Preempted(AppError):
     """Stopped by SIGTERM/SIGINT after saving what could be saved. Exit 143 (128 + 15)."""
 
     exit_code = 143
+
+
+class TrainingDiverged(AppError):
+    """The loss became NaN or Inf; the last good checkpoint is kept. Exit 5."""
+
+    exit_code = 5
+
+
+class OutputLocked(AppError):
+    """Another run holds the output directory's lock (sysexits EX_TEMPFAIL). Exit 75."""
+
+    exit_code = 75

@@ -1,0 +1,48 @@
+"""Atomic file output: write to a temporary name in the same directory, then rename.
+
+A reader (or a run killed half-way) sees either the old file or the new one,
+never a partial one (rename(2) is atomic within one file system).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from app.errors import StorageError
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_MODE = 0o666 & ~_umask()
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    """Atomically replace ``path`` with ``data`` (fsynced). Raises StorageError."""
+    path = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise StorageError(f"{path}: cannot create a temporary file: {exc.strerror}") from exc
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), _MODE)  # mkstemp creates 0600; give the usual mode
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise StorageError(f"{path}: cannot write: {exc.strerror}") from exc
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Atomically write ``obj`` as indented JSON (UTF-8). Raises StorageError."""
+    write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())

@@ -1,0 +1,44 @@
+"""One run per output directory: an exclusive ``fcntl`` lock on ``<output>/.lock``.
+
+The kernel releases the lock when the holder exits, however it exits
+(kill -9 included), so a stale lock file never blocks the next run.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from typing import IO
+
+from app.errors import OutputLocked, StorageError
+
+LOCK_NAME = ".lock"
+
+
+def acquire(output_dir: Path) -> IO[str]:
+    """Take the lock without waiting; keep the returned file open while running.
+
+    Raises OutputLocked (exit 75) if another process holds it, StorageError if
+    the directory can't be created or written.
+    """
+    path = output_dir / LOCK_NAME
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held for the whole run
+    except OSError as exc:
+        raise StorageError(f"{output_dir}: output directory not writable: {exc.strerror}") from exc
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise OutputLocked(
+            f"{path}: another coretrain run (pid {holder}) is using this output directory"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle

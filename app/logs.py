@@ -1,0 +1,86 @@
+"""JSON logging: one object per line on stdout and in ``<output>/logs/train.jsonl``.
+
+Every record has ``timestamp``, ``level``, ``event`` and ``message`` plus the
+event's own fields (DESIGN.md "Logs"). Python warnings and the ``tensorflow`` /
+``absl`` Python loggers are routed into the same stream at WARNING and above;
+TensorFlow's C++ log lines stay on stderr (their level is set by
+``TF_CPP_MIN_LOG_LEVEL`` in :mod:`app.runtime`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from pythonjsonlogger.json import JsonFormatter
+
+LOGGER_NAME = "coretrain"
+_ROUTED = ("tensorflow", "absl", "keras", "py.warnings")
+
+
+class _Defaults(logging.Filter):
+    """Gives every record an ``event`` (default ``log``) and the worker index if set."""
+
+    def __init__(self, worker: int | None) -> None:
+        super().__init__()
+        self.worker = worker
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "event"):
+            record.event = "log"
+        if self.worker is not None and not hasattr(record, "worker"):
+            record.worker = self.worker
+        return True
+
+
+def _formatter() -> JsonFormatter:
+    return JsonFormatter(
+        "{levelname}{event}{message}",
+        style="{",
+        rename_fields={"levelname": "level"},
+        timestamp=True,
+        json_ensure_ascii=False,
+    )
+
+
+def setup(worker: int | None = None, level: int = logging.INFO) -> logging.Logger:
+    """Send the project's logger (and routed library loggers) to stdout as JSON lines.
+
+    Idempotent: replaces handlers installed by an earlier call. Returns the
+    ``coretrain`` logger.
+    """
+    logger = logging.getLogger(LOGGER_NAME)
+    logger.setLevel(level)
+    logger.propagate = False
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+        handler.close()
+    stdout = logging.StreamHandler(sys.stdout)
+    stdout.setFormatter(_formatter())
+    stdout.addFilter(_Defaults(worker))
+    logger.addHandler(stdout)
+    logging.captureWarnings(True)
+    for name in _ROUTED:
+        routed = logging.getLogger(name)
+        routed.handlers = [stdout]
+        routed.setLevel(logging.WARNING)
+        routed.propagate = False
+    return logger
+
+
+def add_file(path: Path, worker: int | None = None) -> None:
+    """Also append the JSON lines to ``path`` (parents created). Raises OSError."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(_formatter())
+    handler.addFilter(_Defaults(worker))
+    logging.getLogger(LOGGER_NAME).addHandler(handler)
+    for name in _ROUTED:
+        logging.getLogger(name).addHandler(handler)
+
+
+def event(name: str, message: str, level: int = logging.INFO, **fields: Any) -> None:
+    """Log one event: ``event=name`` with ``fields`` as top-level JSON keys."""
+    logging.getLogger(LOGGER_NAME).log(level, message, extra={"event": name, **fields})
