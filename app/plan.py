@@ -1,0 +1,217 @@
+"""The thread plan: a pure function from a detected CPU budget to TensorFlow's sizes.
+
+``make_plan`` never reads files and never changes the process; it returns the
+numbers *and* one reason per decision (as uber-go/automaxprocs reports
+"quota used / undefined / minimum used"). :mod:`app.runtime` applies the plan.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from app.errors import ConfigError
+
+if TYPE_CHECKING:
+    from app.cgroups import CpuBudget
+    from app.topology import Topology
+
+ROUNDING_RULES = ("ceil", "floor", "tf-default")
+PIN_MODES = ("auto", "none", "cores", "physical", "numa")
+# Share of the memory limit that tf.data's autotuner may use for buffers.
+TFDATA_RAM_SHARE = 0.25
+DEFAULT_ROUNDING = "ceil"
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Explicit user settings; each one wins over detection.
+
+    ``cpus``: CPUs (may be fractional); ``intra_op_threads`` / ``inter_op_threads``:
+    threads (from flags or ``TF_NUM_INTRAOP_THREADS`` / ``TF_NUM_INTEROP_THREADS``).
+    """
+
+    cpus: float | None = None
+    intra_op_threads: int | None = None
+    inter_op_threads: int | None = None
+    pin: str = "auto"
+    rounding: str = DEFAULT_ROUNDING
+    sources: Mapping[str, str] = field(default_factory=dict)  # override name → where it came from
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """What TensorFlow will be told, and why.
+
+    ``cpu_quota`` and ``cpu_budget`` in CPUs (``cpu_quota`` None = unlimited);
+    ``cpuset`` the allowed CPU ids; thread counts in threads; ``pin_cpus`` the
+    affinity to set (None = leave it); ``memory_limit`` and ``tfdata_ram_budget``
+    in bytes (None = unlimited / tf.data's default).
+    """
+
+    cpu_quota: float | None
+    cpuset: tuple[int, ...]
+    cpu_budget: float
+    intra_op_threads: int
+    inter_op_threads: int
+    tfdata_threads: int
+    pin_cpus: tuple[int, ...] | None
+    memory_limit: int | None
+    tfdata_ram_budget: int | None
+    rounding: str
+    reasons: tuple[str, ...]
+    inputs: Mapping[str, str]
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict (lists for tuples); the contract of ``coretrain plan``."""
+        out = asdict(self)
+        out["cpuset"] = list(self.cpuset)
+        out["pin_cpus"] = None if self.pin_cpus is None else list(self.pin_cpus)
+        out["reasons"] = list(self.reasons)
+        out["inputs"] = dict(self.inputs)
+        return out
+
+
+def round_threads(budget: float, rule: str, visible_cpus: int) -> int:
+    """Threads for a CPU budget: ``ceil`` / ``floor`` of the budget, or ``tf-default``.
+
+    ``tf-default`` is what TensorFlow does by itself: the number of CPUs in the
+    affinity mask, ignoring any CFS quota (tensorflow/tensorflow#17206).
+    Result is clamped to [1, visible_cpus]. Raises ConfigError for an unknown rule.
+    """
+    if rule == "ceil":
+        threads = math.ceil(budget - 1e-9)
+    elif rule == "floor":
+        threads = math.floor(budget + 1e-9)
+    elif rule == "tf-default":
+        threads = visible_cpus
+    else:
+        raise ConfigError(f"unknown rounding rule {rule!r}; choose one of {ROUNDING_RULES}")
+    return max(1, min(threads, max(1, visible_cpus)))
+
+
+def _pin(mode: str, threads: int, cpuset: Sequence[int], topo: Topology | None) -> tuple:
+    """(pin_cpus or None, reason) for a pin mode; pins only inside ``cpuset``."""
+    allowed = list(cpuset)
+    if mode in ("auto", "none"):
+        why = (
+            "pin: none (auto: other containers on a shared node would pick the same CPUs; "
+            "the kernel's cpuset already bounds us)"
+            if mode == "auto"
+            else "pin: none (--pin none)"
+        )
+        return None, why
+    if mode == "cores":
+        chosen = allowed[:threads]
+        return tuple(chosen), f"pin: {chosen} (--pin cores: first {threads} allowed CPUs)"
+    cores = [c for c in (topo.cores if topo else ()) if any(x in allowed for x in c)]
+    if mode == "physical":
+        firsts = [min(x for x in core if x in allowed) for core in cores] or allowed
+        chosen = sorted(firsts)[:threads]
+        return tuple(chosen), f"pin: {chosen} (--pin physical: one logical CPU per core)"
+    if mode == "numa":
+        nodes = [[x for x in n if x in allowed] for n in (topo.numa_nodes if topo else ())]
+        nodes = [n for n in nodes if n] or [allowed]
+        best = max(nodes, key=len)
+        chosen = best if len(best) >= threads else allowed
+        return tuple(sorted(chosen)), f"pin: {sorted(chosen)} (--pin numa: largest allowed node)"
+    raise ConfigError(f"unknown pin mode {mode!r}; choose one of {PIN_MODES}")
+
+
+def make_plan(
+    budget: CpuBudget, topology: Topology | None = None, overrides: Overrides | None = None
+) -> ThreadPlan:
+    """Decide intra-op, inter-op and tf.data threads, affinity and tf.data RAM budget.
+
+    Rules: the CPU budget is ``--cpus`` if given, else ``min(CFS quota, |cpuset|)``;
+    intra-op threads = the budget rounded by ``overrides.rounding`` (docs/cpu-budget.md
+    has the measurement behind the default); inter-op threads = 1 up to 2 CPUs,
+    else 2 (the CNN is a chain of ops: little inter-op parallelism to use);
+    tf.data private threads = intra-op threads; tf.data RAM budget = 25 % of the
+    memory limit. Explicit thread counts win over all of this. Raises ConfigError
+    for bad overrides.
+    """
+    ov = overrides or Overrides()
+    reasons = list(budget.reasons)
+    cpuset = tuple(budget.cpuset)
+    visible = len(cpuset)
+    if ov.cpus is not None:
+        if not ov.cpus > 0:
+            raise ConfigError(f"--cpus must be > 0, got {ov.cpus}")
+        cpu_budget = float(ov.cpus)
+        src = ov.sources.get("cpus", "--cpus")
+        reasons.append(f"cpu budget {cpu_budget:g} from {src} (detected {budget.cpu_budget:g})")
+    else:
+        cpu_budget = float(budget.cpu_budget)
+        if budget.cpu_quota is None:
+            reasons.append(f"cpu budget {cpu_budget:g}: no CPU quota, {visible} CPUs in cpuset")
+        else:
+            reasons.append(
+                f"cpu budget {cpu_budget:g} = min(quota {budget.cpu_quota:g}, cpuset {visible})"
+            )
+
+    if ov.intra_op_threads is not None:
+        intra = ov.intra_op_threads
+        src = ov.sources.get("intra_op_threads", "--intra-op-threads")
+        reasons.append(f"intra-op threads {intra} from {src} (explicit setting wins)")
+    else:
+        intra = round_threads(cpu_budget, ov.rounding, visible)
+        reasons.append(f"intra-op threads {intra} = {ov.rounding}(budget {cpu_budget:g})")
+    if ov.inter_op_threads is not None:
+        inter = ov.inter_op_threads
+        src = ov.sources.get("inter_op_threads", "--inter-op-threads")
+        reasons.append(f"inter-op threads {inter} from {src} (explicit setting wins)")
+    else:
+        inter = 1 if cpu_budget <= 2 else 2
+        reasons.append(
+            f"inter-op threads {inter} (the CNN is a chain of ops; budget {cpu_budget:g})"
+        )
+    if intra < 1 or inter < 1:
+        raise ConfigError("thread counts must be at least 1")
+    tfdata = max(1, intra)
+    reasons.append(f"tf.data threads {tfdata} = intra-op threads (private threadpool, autotune)")
+
+    pin_cpus, why = _pin(ov.pin, intra, cpuset, topology)
+    reasons.append(why)
+    ram = None
+    if budget.memory_limit is not None:
+        ram = int(budget.memory_limit * TFDATA_RAM_SHARE)
+        reasons.append(f"tf.data RAM budget {ram} bytes = 25% of memory limit")
+    inputs = dict(budget.inputs)
+    if topology is not None:
+        inputs.update(topology.inputs)
+    return ThreadPlan(
+        cpu_quota=budget.cpu_quota,
+        cpuset=cpuset,
+        cpu_budget=cpu_budget,
+        intra_op_threads=intra,
+        inter_op_threads=inter,
+        tfdata_threads=tfdata,
+        pin_cpus=pin_cpus,
+        memory_limit=budget.memory_limit,
+        tfdata_ram_budget=ram,
+        rounding=ov.rounding,
+        reasons=tuple(reasons),
+        inputs=inputs,
+    )
+
+
+def format_text(plan: ThreadPlan) -> str:
+    """Human-readable plan: one line per number, then the reasons and inputs read."""
+    lines = [
+        f"cpu_quota         {plan.cpu_quota if plan.cpu_quota is not None else 'unlimited'}",
+        f"cpuset            {list(plan.cpuset)}",
+        f"cpu_budget        {plan.cpu_budget:g}",
+        f"intra_op_threads  {plan.intra_op_threads}",
+        f"inter_op_threads  {plan.inter_op_threads}",
+        f"tfdata_threads    {plan.tfdata_threads}",
+        f"pin_cpus          {list(plan.pin_cpus) if plan.pin_cpus is not None else 'none'}",
+        f"memory_limit      {plan.memory_limit if plan.memory_limit is not None else 'unlimited'}",
+        "reasons:",
+        *(f"  - {r}" for r in plan.reasons),
+        "inputs read:",
+        *(f"  {k} = {v}" for k, v in plan.inputs.items()),
+    ]
+    return "\n".join(lines)
