@@ -1,0 +1,260 @@
+"""The binary data cache: the text files parsed once into raw float32 arrays.
+
+Layout: ``<cache_dir>/<key>/`` holds ``train_x.f32`` (N×H×W), ``train_y.f32``
+(N×K), ``test_x.f32``, ``test_y.f32`` (row-major float32, native byte order),
+``stats.npz`` (training-set mean and standard deviation of features (H×W) and
+labels (K,)) and ``manifest.json``. ``key`` hashes the source files' paths,
+sizes and modification times plus the parse settings, so an unchanged data set
+is reused and a changed one is converted again. Each conversion is built in a
+temporary directory and renamed into place: a killed conversion leaves no
+partial cache. Never imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from app import logs
+from app.atomic import write_json
+from app.config import TrainConfig
+from app.data import textfile
+from app.errors import DataError, Preempted, StorageError
+
+FORMAT_VERSION = 1
+ROLES = ("train_features", "train_labels", "test_features", "test_labels")
+_FILES = {
+    "train_features": "train_x.f32",
+    "train_labels": "train_y.f32",
+    "test_features": "test_x.f32",
+    "test_labels": "test_y.f32",
+}
+
+
+@dataclass(frozen=True)
+class DataCache:
+    """A converted data set on disk and its statistics.
+
+    Shapes: ``feature_mean``/``feature_std`` (H, W); ``label_mean``/``label_std``
+    (K,). ``baseline_rmse`` is the test RMSE of predicting the training-label
+    mean, in raw label units.
+    """
+
+    path: Path
+    height: int
+    width: int
+    num_outputs: int
+    train_size: int
+    test_size: int
+    feature_mean: np.ndarray
+    feature_std: np.ndarray
+    label_mean: np.ndarray
+    label_std: np.ndarray
+    baseline_rmse: float
+
+    def features(self, split: str) -> np.memmap:
+        """Memory-mapped raw features of ``split`` ("train"/"test"), shape (N, H, W)."""
+        n = self.train_size if split == "train" else self.test_size
+        return np.memmap(
+            self.path / f"{split}_x.f32", np.float32, "r", shape=(n, self.height, self.width)
+        )
+
+    def labels(self, split: str) -> np.memmap:
+        """Memory-mapped raw labels of ``split``, shape (N, K)."""
+        n = self.train_size if split == "train" else self.test_size
+        return np.memmap(self.path / f"{split}_y.f32", np.float32, "r", shape=(n, self.num_outputs))
+
+
+def source_key(config: TrainConfig) -> str:
+    """Hash of the sources' identity (path, size, mtime) and the parse settings.
+
+    Raises DataError naming a missing source file.
+    """
+    parts: list[object] = [FORMAT_VERSION, config.height, config.width, config.allow_nonfinite]
+    for role in ROLES:
+        path = config.data_path(role)
+        try:
+            st = path.stat()
+        except FileNotFoundError as exc:
+            raise DataError(f"{path}: missing data file ({role.replace('_', ' ')})") from exc
+        except OSError as exc:
+            raise DataError(f"{path}: cannot read: {exc.strerror}") from exc
+        parts.append([str(path.resolve()), st.st_size, st.st_mtime_ns])
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+
+
+def _convert_file(
+    src: Path, dst: BinaryIO, width: int, hint: str, allow_nonfinite: bool, stop: Callable
+) -> tuple[int, np.ndarray, np.ndarray]:
+    """Stream ``src`` into ``dst``; return (rows, column sums, column sums of squares)."""
+    rows = 0
+    total = np.zeros(width, np.float64)
+    total_sq = np.zeros(width, np.float64)
+    for chunk in textfile.iter_chunks(
+        src, width=width, allow_nonfinite=allow_nonfinite, width_hint=hint
+    ):
+        if stop():
+            raise Preempted(f"{src}: stopped by signal during cache conversion")
+        dst.write(np.ascontiguousarray(chunk, np.float32).tobytes())
+        c64 = chunk.astype(np.float64)
+        total += c64.sum(axis=0)
+        total_sq += np.square(c64).sum(axis=0)
+        rows += len(chunk)
+    return rows, total, total_sq
+
+
+def _label_width(path: Path) -> int:
+    """K: the number of fields on the first line of the label file."""
+    for chunk in textfile.iter_chunks(path, chunk_rows=1):
+        return int(chunk.shape[1])
+    raise DataError(f"{path}: empty file")  # pragma: no cover - iter_chunks raises first
+
+
+def _std(total: np.ndarray, total_sq: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    mean = total / n
+    var = np.maximum(total_sq / n - np.square(mean), 0.0)
+    std = np.sqrt(var)
+    std[std < 1e-6] = 1.0  # constant columns: leave them unscaled
+    return mean.astype(np.float32), std.astype(np.float32)
+
+
+def _convert(config: TrainConfig, tmp: Path, stop: Callable[[], bool]) -> dict:
+    hw = config.height * config.width
+    hint = f"H×W = {config.height}×{config.width}"
+    k = _label_width(config.data_path("train_labels"))
+    sizes: dict[str, int] = {}
+    sums: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for role in ROLES:
+        width, what = (hw, hint) if role.endswith("features") else (k, f"K = {k} labels")
+        with open(tmp / _FILES[role], "wb") as dst:
+            n, s, sq = _convert_file(
+                config.data_path(role), dst, width, what, config.allow_nonfinite, stop
+            )
+        sizes[role], sums[role] = n, (s, sq)
+        logs.event("cache_progress", f"converted {config.data_path(role)}", file=role, rows=n)
+    for split in ("train", "test"):
+        nf, nl = sizes[f"{split}_features"], sizes[f"{split}_labels"]
+        if nf != nl:
+            raise DataError(
+                f"{config.data_path(f'{split}_labels')}: {nl} label lines but "
+                f"{config.data_path(f'{split}_features')} has {nf} feature lines"
+            )
+    n_train = sizes["train_features"]
+    f_mean, f_std = _std(*sums["train_features"], n_train)
+    l_mean, l_std = _std(*sums["train_labels"], n_train)
+    # Baseline: predict the training-label mean on the test set.
+    t_sum, t_sq = sums["test_labels"]
+    n_test = sizes["test_features"]
+    lm = l_mean.astype(np.float64)
+    sq_err = t_sq - 2 * lm * t_sum + n_test * np.square(lm)
+    baseline = float(np.sqrt(max(sq_err.sum(), 0.0) / (n_test * k)))
+    np.savez(
+        tmp / "stats.npz",
+        feature_mean=f_mean.reshape(config.height, config.width),
+        feature_std=f_std.reshape(config.height, config.width),
+        label_mean=l_mean,
+        label_std=l_std,
+    )
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "height": config.height,
+        "width": config.width,
+        "num_outputs": k,
+        "train_size": n_train,
+        "test_size": n_test,
+        "baseline_rmse": baseline,
+        "sources": {role: str(config.data_path(role)) for role in ROLES},
+    }
+    write_json(tmp / "manifest.json", manifest)
+    return manifest
+
+
+def _load(path: Path) -> DataCache:
+    manifest = json.loads((path / "manifest.json").read_text())
+    with np.load(path / "stats.npz") as stats:
+        return DataCache(
+            path=path,
+            height=manifest["height"],
+            width=manifest["width"],
+            num_outputs=manifest["num_outputs"],
+            train_size=manifest["train_size"],
+            test_size=manifest["test_size"],
+            feature_mean=stats["feature_mean"],
+            feature_std=stats["feature_std"],
+            label_mean=stats["label_mean"],
+            label_std=stats["label_std"],
+            baseline_rmse=manifest["baseline_rmse"],
+        )
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale(root: Path, keep: str) -> None:
+    """Remove older caches and temporary directories left by killed conversions."""
+    for old in root.iterdir():
+        if old.name == keep or not old.is_dir():
+            continue
+        if old.name.startswith("."):
+            fields = old.name.split(".")  # ".<key>.<pid>.<random>"
+            if len(fields) > 2 and fields[2].isdigit() and _pid_alive(int(fields[2])):
+                continue
+            shutil.rmtree(old, ignore_errors=True)
+        elif (old / "manifest.json").exists():
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def prepare(config: TrainConfig, stop: Callable[[], bool] = lambda: False) -> DataCache:
+    """Return the cache for ``config``'s data, converting the text files if needed.
+
+    ``stop`` is polled between chunks; when it returns True the partial
+    conversion is removed and Preempted is raised. Raises DataError for bad
+    input (file:line: problem), StorageError when the cache can't be written.
+    Older caches in the same directory are removed after a successful conversion.
+    """
+    root = config.resolved_cache_dir
+    key = source_key(config)
+    final = root / key
+    if (final / "manifest.json").is_file():
+        cache = _load(final)
+        logs.event("cache", f"reusing data cache {final}", path=str(final), reused=True)
+        return cache
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}.{os.getpid()}.", dir=root))
+    except OSError as exc:
+        raise StorageError(f"{root}: cannot create the data cache: {exc.strerror}") from exc
+    logs.event("cache", f"converting text data into {final}", path=str(final), reused=False)
+    try:
+        manifest = _convert(config, tmp, stop)
+        os.replace(tmp, final)
+    except OSError as exc:
+        raise StorageError(f"{root}: cannot write the data cache: {exc.strerror}") from exc
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _remove_stale(root, keep=key)
+    logs.event(
+        "cache",
+        f"data cache ready: {manifest['train_size']} train, {manifest['test_size']} test samples",
+        path=str(final),
+        train_size=manifest["train_size"],
+        test_size=manifest["test_size"],
+        num_outputs=manifest["num_outputs"],
+    )
+    return _load(final)

@@ -1,0 +1,70 @@
+"""A synthetic demo data set in the seed's text format (it is not real data).
+
+Each sample is a 20×195 "spectrogram": 20 rows of a 195-bin spectrum holding
+one Gaussian peak plus a sloped baseline and noise. The K = 3 labels are the
+peak's centre (fraction of the axis), its width (fraction of the axis) and its
+amplitude (arbitrary units); the peak drifts across the rows by an amount tied
+to the width, so the network has to combine rows. Files are written to a
+temporary name and renamed (atomic). Never imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+
+from app.atomic import write_bytes
+from app.errors import ConfigError
+
+NUM_OUTPUTS = 3
+
+
+def make_samples(
+    n: int, rng: np.random.Generator, height: int = 20, width: int = 195
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return (features (n, height, width) float32, labels (n, 3) float32)."""
+    centre = rng.uniform(0.2, 0.8, n)
+    sigma = rng.uniform(0.02, 0.08, n)
+    amplitude = rng.uniform(0.5, 2.0, n)
+    axis = np.linspace(0.0, 1.0, width)[None, None, :]
+    rows = np.arange(height)[None, :, None] / max(height - 1, 1)
+    drift = (sigma[:, None, None] * 2.0) * (rows - 0.5)
+    peak = np.exp(
+        -np.square(axis - centre[:, None, None] - drift) / (2 * np.square(sigma[:, None, None]))
+    )
+    slope = rng.normal(0.0, 0.2, (n, 1, 1))
+    feats = amplitude[:, None, None] * peak + slope * axis + rng.normal(0, 0.05, peak.shape)
+    labels = np.stack([centre, sigma, amplitude], axis=1)
+    return feats.astype(np.float32), labels.astype(np.float32)
+
+
+def _text(rows: np.ndarray, fmt: str) -> bytes:
+    buf = io.BytesIO()
+    np.savetxt(buf, rows, fmt=fmt)
+    return buf.getvalue()
+
+
+def generate(
+    out: Path, train: int = 3000, test: int = 600, seed: int = 0, height: int = 20, width: int = 195
+) -> dict[str, Path]:
+    """Write train/test features and labels to ``out``; return role → path.
+
+    Raises ConfigError for non-positive sizes, StorageError if ``out`` can't be written.
+    """
+    if train < 1 or test < 1:
+        raise ConfigError(f"--train and --test must be at least 1, got {train} and {test}")
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    written = {}
+    for split, n in (("train", train), ("test", test)):
+        feats, labels = make_samples(n, rng, height, width)
+        for role, arr, fmt in (
+            ("features", feats.reshape(n, -1), "%.4g"),
+            ("labels", labels, "%.6g"),
+        ):
+            path = out / f"{split}_{role}.txt"
+            write_bytes(path, _text(arr, fmt))
+            written[f"{split}_{role}"] = path
+    return written
