@@ -1,0 +1,337 @@
+"""CPU budget detection: table-driven over tests/fixtures/cgroup/<case>/, plus the live machine.
+
+Each fixture folder is a mini root (proc/self/..., sys/...) of a real-world layout with an
+expected.json: cpu_quota (CPUs), cpuset (CPU list string), memory_limit (bytes), quota_source,
+warnings (exact number of "warning: " reasons), reasons_include (substrings), optional env.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.cgroups import (
+    CpuBudget,
+    detect_budget,
+    parse_cpu_hint,
+    parse_mountinfo,
+    parse_proc_cgroup,
+    relative_to_mount_root,
+    unescape_mountinfo,
+)
+from app.cpulist import format_cpulist, parse_cpulist
+
+FIXTURES = Path(__file__).parent / "fixtures" / "cgroup"
+CASES = sorted(os.listdir(FIXTURES))
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load(case: str) -> dict:
+    return json.loads((FIXTURES / case / "expected.json").read_text())
+
+
+def test_there_are_enough_layouts() -> None:
+    assert len(CASES) >= 15
+    for case in CASES:
+        assert (FIXTURES / case / "expected.json").is_file(), case
+        assert (FIXTURES / case / "proc" / "self" / "mountinfo").is_file(), case
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_fixture_layout(case: str) -> None:
+    expected = load(case)
+    budget = detect_budget(FIXTURES / case, env=expected.get("env", {}))
+
+    if expected["cpu_quota"] is None:
+        assert budget.cpu_quota is None, budget.reasons
+    else:
+        assert budget.cpu_quota == pytest.approx(expected["cpu_quota"]), budget.reasons
+    assert budget.cpuset == parse_cpulist(expected["cpuset"]), budget.reasons
+    assert budget.memory_limit == expected["memory_limit"], budget.reasons
+    assert budget.quota_source == expected["quota_source"]
+    assert budget.cpu_request == expected.get("cpu_request")
+    warnings = [r for r in budget.reasons if r.startswith("warning: ")]
+    assert len(warnings) == expected["warnings"], budget.reasons
+    for fragment in expected["reasons_include"]:
+        assert any(fragment in reason for reason in budget.reasons), (fragment, budget.reasons)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_fixture_inputs_match_the_files(case: str) -> None:
+    """Every recorded input is the stripped content of the file under the fixture root."""
+    expected = load(case)
+    budget = detect_budget(FIXTURES / case, env=expected.get("env", {}))
+    assert "/proc/self/mountinfo" in budget.inputs
+    for key, value in budget.inputs.items():
+        if key.startswith("env "):
+            assert expected["env"][key[4:]] == value
+            continue
+        if key == "/proc/self/status Cpus_allowed_list":
+            status = (FIXTURES / case / "proc/self/status").read_text()
+            assert f"Cpus_allowed_list:\t{value}\n" in status
+            continue
+        path = FIXTURES / case / key.lstrip("/")
+        if value == "<missing>":
+            assert not path.exists(), key
+        else:
+            assert path.read_text().strip() == value, key
+
+
+def test_cpu_budget_property() -> None:
+    capped = CpuBudget(cpu_quota=1.5, cpuset=(0, 1, 2, 3), memory_limit=None, quota_source="x")
+    assert capped.cpu_budget == 1.5
+    wide = CpuBudget(cpu_quota=8.0, cpuset=(0, 1), memory_limit=None, quota_source="x")
+    assert wide.cpu_budget == 2.0
+    unlimited = CpuBudget(cpu_quota=None, cpuset=(3, 5, 7), memory_limit=None, quota_source="none")
+    assert unlimited.cpu_budget == 3.0
+
+
+def test_given_affinity_is_intersected() -> None:
+    budget = detect_budget(FIXTURES / "docker-v1-cpus-1.5", env={}, affinity=[6, 7, 9])
+    assert budget.cpuset == (6, 7)
+    assert any("affinity 6-7,9 ∩ cpuset 0-7 ∩ online 0-7 = 6-7" in r for r in budget.reasons)
+
+
+def test_disjoint_sets_fall_back_to_affinity_with_a_warning() -> None:
+    budget = detect_budget(FIXTURES / "docker-v1-cpuset-cpus-1", env={}, affinity=[5])
+    assert budget.cpuset == (5,)
+    assert any(r.startswith("warning: cpuset:") and "empty" in r for r in budget.reasons)
+
+
+def test_env_hint_ignored_when_cgroups_give_a_quota() -> None:
+    budget = detect_budget(FIXTURES / "docker-v1-cpus-1.5", env={"CPU_LIMIT": "4000"})
+    assert budget.cpu_quota == 1.5
+    assert budget.quota_source == "cgroup v1"
+    assert "env CPU_LIMIT" not in budget.inputs
+
+
+def test_env_hint_used_when_cgroups_say_unlimited() -> None:
+    budget = detect_budget(FIXTURES / "docker-v1-cpuset-cpus-1", env={"CPU_LIMIT": "750m"})
+    assert budget.cpu_quota == 0.75
+    assert budget.quota_source == "CPU_LIMIT env"
+    assert budget.inputs["env CPU_LIMIT"] == "750m"
+    assert budget.cpu_budget == 0.75
+
+
+def test_bad_env_hint_is_warned_and_ignored() -> None:
+    budget = detect_budget(FIXTURES / "docker-v1-cpuset-cpus-1", env={"CPU_LIMIT": "lots"})
+    assert budget.cpu_quota is None
+    assert budget.quota_source == "none"
+    assert any("CPU_LIMIT='lots'" in r for r in budget.reasons)
+
+
+@pytest.mark.parametrize(
+    ("value", "cpus"),
+    [("1500", 1.5), ("1500m", 1.5), ("1.5", 1.5), ("250", 0.25), (" 2000\n", 2.0), ("2.0", 2.0)],
+)
+def test_parse_cpu_hint(value: str, cpus: float) -> None:
+    assert parse_cpu_hint(value) == pytest.approx(cpus)
+
+
+@pytest.mark.parametrize("value", ["", "abc", "0", "-500", "1.5x", "nan", "inf", "m"])
+def test_parse_cpu_hint_rejects(value: str) -> None:
+    with pytest.raises(ValueError):
+        parse_cpu_hint(value)
+
+
+def test_mountinfo_parsing_skips_other_filesystems_and_decodes_escapes() -> None:
+    text = (
+        "612 28 0:4 net:[4026532570] /run/netns/cni-1 rw shared:290 - nsfs nsfs rw\n"
+        "31 23 0:28 /docker/ab /sys/fs/cgroup/cpu,cpuacct ro,nosuid master:16 shared:3 - "
+        "cgroup cgroup rw,cpu,cpuacct\n"
+        "40 23 0:41 /a\\040b /mnt/with\\040space\\011tab rw - cgroup2 cgroup2 rw,nsdelegate\n"
+        "41 23 0:41 / /broken\n"
+    )
+    mounts, problems = parse_mountinfo(text)
+    assert [(m.root, m.mount_point, m.fs_type) for m in mounts] == [
+        ("/docker/ab", "/sys/fs/cgroup/cpu,cpuacct", "cgroup"),
+        ("/a b", "/mnt/with space\ttab", "cgroup2"),
+    ]
+    assert mounts[0].super_options == frozenset({"rw", "cpu", "cpuacct"})
+    assert len(problems) == 1 and "line 4" in problems[0]
+    assert unescape_mountinfo("a\\134b\\012") == "a\\b\n"
+
+
+def test_proc_cgroup_parsing_keeps_colons_in_paths() -> None:
+    entries, problems = parse_proc_cgroup("3:cpu,cpuacct:/a:b:c\n1:name=systemd:/x\n0::/\nbad\n")
+    assert [(e.hierarchy_id, sorted(e.controllers), e.path) for e in entries] == [
+        ("3", ["cpu", "cpuacct"], "/a:b:c"),
+        ("1", ["name=systemd"], "/x"),
+        ("0", [], "/"),
+    ]
+    assert problems == ["/proc/self/cgroup line is malformed and was skipped: 'bad'"]
+
+
+@pytest.mark.parametrize(
+    ("root", "path", "relative"),
+    [
+        ("/", "/", ""),
+        ("/", "/kubepods/burstable/pod1/c1", "kubepods/burstable/pod1/c1"),
+        ("/docker/abc", "/docker/abc", ""),
+        ("/docker/abc", "/docker/abc/child", "child"),
+        ("/docker/abc", "/docker/abcdef", None),
+        ("/system.slice/docker-1.scope", "/nomad/shared", None),
+        ("/", "/../../outside", None),
+    ],
+)
+def test_relative_to_mount_root(root: str, path: str, relative: str | None) -> None:
+    assert relative_to_mount_root(root, path) == relative
+
+
+def test_unreadable_file_is_a_warned_fallback(tmp_path: Path) -> None:
+    """A cgroup file that cannot be read (here a directory in its place) never crashes."""
+    root = tmp_path / "root"
+    shutil.copytree(FIXTURES / "docker-v2-cgroupns-private", root)
+    (root / "sys/fs/cgroup/cpu.max").unlink()
+    (root / "sys/fs/cgroup/cpu.max").mkdir()
+    budget = detect_budget(root, env={})
+    assert budget.cpu_quota is None
+    assert budget.inputs["/sys/fs/cgroup/cpu.max"].startswith("<unreadable: ")
+    assert budget.memory_limit == 1073741824
+
+
+def test_empty_root_never_crashes(tmp_path: Path) -> None:
+    budget = detect_budget(tmp_path, env={})
+    assert budget.cpu_quota is None
+    assert budget.cpuset == (0,)
+    assert budget.memory_limit is None
+    assert budget.quota_source == "none"
+    assert any("assuming 1 CPU" in r for r in budget.reasons)
+
+
+def test_detection_does_not_import_tensorflow() -> None:
+    code = (
+        "import sys; from app.cgroups import detect_budget;"
+        "from app.topology import detect_topology;"
+        "b = detect_budget(); detect_topology(cpus=b.cpuset);"
+        "print('tensorflow' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "False"
+
+
+def _live_cpu_dir() -> tuple[int, str] | None:
+    """The process's cpu cgroup directory, found with plain string handling (cross-check)."""
+    lines = Path("/proc/self/cgroup").read_text().splitlines()
+    mounts = [line.split(" - ") for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    for line in lines:
+        hierarchy, controllers, path = line.split(":", 2)
+        if hierarchy != "0" and "cpu" in controllers.split(","):
+            for before, after in mounts:
+                fields, fs = before.split(), after.split()
+                if fs[0] == "cgroup" and "cpu" in fs[2].split(","):
+                    rel = path[len(fields[3]) :] if fields[3] != "/" else path
+                    return 1, fields[4] + rel.rstrip("/")
+    for line in lines:
+        if line.startswith("0::"):
+            for before, after in mounts:
+                fields, fs = before.split(), after.split()
+                if fs[0] == "cgroup2":
+                    rel = line[3:][len(fields[3]) :] if fields[3] != "/" else line[3:]
+                    return 2, fields[4] + rel.rstrip("/")
+    return None
+
+
+def test_live_machine_matches_the_files() -> None:
+    budget = detect_budget()
+    online = parse_cpulist(Path("/sys/devices/system/cpu/online").read_text())
+    assert budget.cpuset == tuple(sorted(os.sched_getaffinity(0) & set(online)))
+    assert budget.cpu_budget <= len(os.sched_getaffinity(0))
+    found = _live_cpu_dir()
+    if found is None:
+        assert budget.quota_source in ("none", "CPU_LIMIT env")
+        return
+    version, directory = found
+    if version == 1:
+        quota = int(Path(directory, "cpu.cfs_quota_us").read_text())
+        period = int(Path(directory, "cpu.cfs_period_us").read_text())
+        assert budget.inputs[f"{directory}/cpu.cfs_quota_us"] == str(quota)
+        leaf_quota = None if quota < 0 else quota / period
+    else:
+        fields = Path(directory, "cpu.max").read_text().split()
+        assert budget.inputs[f"{directory}/cpu.max"] == " ".join(fields)
+        leaf_quota = None if fields[0] == "max" else int(fields[0]) / int(fields[1])
+    if leaf_quota is not None:  # ancestors may only make it tighter
+        assert budget.cpu_quota is not None and budget.cpu_quota <= leaf_quota
+    if budget.quota_source.startswith("cgroup"):
+        assert budget.cpu_quota is not None
+
+
+CHILD = """
+import json, os, sys
+sys.path.insert(0, {repo!r})
+with open({procs!r}, "w") as handle:
+    handle.write(str(os.getpid()))
+from app.cgroups import detect_budget
+budget = detect_budget(env={{}})
+print(json.dumps({{"quota": budget.cpu_quota, "source": budget.quota_source,
+                  "reasons": budget.reasons}}))
+"""
+
+
+def test_real_v1_cgroup_parent_quota_is_found(tmp_path: Path) -> None:
+    """A real kernel cgroup: quota on the parent, none on the child the process runs in."""
+    base = Path("/sys/fs/cgroup/cpu")
+    if not (base / "cpu.cfs_quota_us").is_file() or not os.access(base, os.W_OK):
+        pytest.skip("needs a writable cgroup v1 cpu hierarchy at /sys/fs/cgroup/cpu (root)")
+    own = _live_cpu_dir()
+    if own is None or own[0] != 1:
+        pytest.skip("this process's cpu controller is not on cgroup v1")
+    parent = Path(own[1]) / f"coretrain-test-{os.getpid()}"
+    child = parent / "job"
+    try:
+        child.mkdir(parents=True)
+        (parent / "cpu.cfs_quota_us").write_text("150000")
+    except OSError as error:
+        for directory in (child, parent):
+            if directory.exists():
+                directory.rmdir()
+        pytest.skip(f"cannot create a cgroup here: {error}")
+    try:
+        code = CHILD.format(repo=str(REPO), procs=str(child / "cgroup.procs"))
+        result = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        )
+        report = json.loads(result.stdout)
+        assert (child / "cpu.cfs_quota_us").read_text().strip() == "-1"
+        assert report["source"] == "cgroup v1"
+        assert math.isclose(report["quota"], 1.5), report["reasons"]
+        assert any(str(parent) in r and "tightest" in r for r in report["reasons"])
+    finally:
+        child.rmdir()
+        parent.rmdir()
+
+
+@pytest.mark.parametrize(
+    ("text", "cpus"),
+    [
+        ("0-3,8,10-11\n", (0, 1, 2, 3, 8, 10, 11)),
+        ("", ()),
+        ("\n", ()),
+        ("5", (5,)),
+        ("3,1,1-2", (1, 2, 3)),
+    ],
+)
+def test_parse_cpulist(text: str, cpus: tuple[int, ...]) -> None:
+    assert parse_cpulist(text) == cpus
+
+
+@pytest.mark.parametrize("text", ["a", "1-", "-1", "3-1", "0-7:2", "1,,2", "1 2"])
+def test_parse_cpulist_rejects(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_cpulist(text)
+
+
+def test_format_cpulist() -> None:
+    assert format_cpulist([11, 0, 1, 2, 3, 8, 10, 2]) == "0-3,8,10-11"
+    assert format_cpulist([]) == ""
+    assert format_cpulist([4]) == "4"

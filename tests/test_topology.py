@@ -1,0 +1,101 @@
+"""CPU topology from sysfs fixture trees and the live machine."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from app.cgroups import detect_budget
+from app.cpulist import parse_cpulist
+from app.topology import detect_topology
+
+FIXTURES = Path(__file__).parent / "fixtures" / "cgroup"
+WITH_TOPOLOGY = sorted(
+    case
+    for case in os.listdir(FIXTURES)
+    if "topology" in json.loads((FIXTURES / case / "expected.json").read_text())
+)
+
+
+def _as_tuples(groups: list[list[int]]) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(group) for group in groups)
+
+
+def test_some_fixtures_describe_topology() -> None:
+    assert len(WITH_TOPOLOGY) >= 3
+
+
+@pytest.mark.parametrize("case", WITH_TOPOLOGY)
+def test_fixture_topology_of_the_budget_cpuset(case: str) -> None:
+    expected = json.loads((FIXTURES / case / "expected.json").read_text())["topology"]
+    budget = detect_budget(FIXTURES / case, env={})
+    topology = detect_topology(FIXTURES / case, cpus=budget.cpuset)
+    assert topology.cores == _as_tuples(expected["cores"])
+    assert topology.numa_nodes == _as_tuples(expected["numa_nodes"])
+    assert topology.reasons == ()
+
+
+def test_restriction_to_some_cpus_splits_siblings() -> None:
+    root = FIXTURES / "bare-metal-v2"
+    topology = detect_topology(root, cpus=[0, 8, 1, 4])
+    assert topology.cores == ((0, 8), (1,), (4,))
+    assert topology.numa_nodes == ((0, 1, 8), (4,))
+    listed = "/sys/devices/system/cpu/cpu4/topology/thread_siblings_list"
+    assert topology.inputs[listed] == "4,12"
+
+
+def test_default_cpus_are_the_online_ones() -> None:
+    topology = detect_topology(FIXTURES / "bare-metal-v2")
+    assert sum(len(core) for core in topology.cores) == 16
+    assert len(topology.cores) == 8
+    assert topology.inputs["/sys/devices/system/cpu/online"] == "0-15"
+
+
+def test_missing_files_mean_one_core_per_cpu_and_one_node(tmp_path: Path) -> None:
+    topology = detect_topology(tmp_path, cpus=[3, 1, 2])
+    assert topology.cores == ((1,), (2,), (3,))
+    assert topology.numa_nodes == ((1, 2, 3),)
+    assert any("own core" in reason for reason in topology.reasons)
+    assert any("one node" in reason for reason in topology.reasons)
+
+
+def test_cpus_from_directories_when_online_is_missing(tmp_path: Path) -> None:
+    for cpu, siblings in ((0, "0-1"), (1, "0-1"), (2, "2-3"), (3, "2-3")):
+        directory = tmp_path / f"sys/devices/system/cpu/cpu{cpu}/topology"
+        directory.mkdir(parents=True)
+        (directory / "thread_siblings_list").write_text(siblings + "\n")
+    (tmp_path / "sys/devices/system/cpu/cpufreq").mkdir()
+    node = tmp_path / "sys/devices/system/node/node0"
+    node.mkdir(parents=True)
+    (node / "cpulist").write_text("0-1\n")
+    topology = detect_topology(tmp_path)
+    assert topology.cores == ((0, 1), (2, 3))
+    assert topology.numa_nodes == ((0, 1), (2, 3))
+    assert any("cpuN directories" in reason for reason in topology.reasons)
+    assert any("in no node cpulist" in reason for reason in topology.reasons)
+
+
+def test_malformed_siblings_file_is_a_fallback(tmp_path: Path) -> None:
+    directory = tmp_path / "sys/devices/system/cpu/cpu0/topology"
+    directory.mkdir(parents=True)
+    (directory / "thread_siblings_list").write_text("zero\n")
+    topology = detect_topology(tmp_path, cpus=[0])
+    assert topology.cores == ((0,),)
+    assert topology.inputs["/sys/devices/system/cpu/cpu0/topology/thread_siblings_list"].startswith(
+        "<unparsable"
+    )
+
+
+def test_live_machine_topology_covers_the_affinity() -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    topology = detect_topology(cpus=cpus)
+    assert sorted(c for core in topology.cores for c in core) == cpus
+    assert sorted(c for node in topology.numa_nodes for c in node) == cpus
+    for core in topology.cores:
+        path = Path(f"/sys/devices/system/cpu/cpu{core[0]}/topology/thread_siblings_list")
+        if path.exists():
+            siblings = set(parse_cpulist(path.read_text()))
+            assert set(core) == siblings & set(cpus)
