@@ -335,3 +335,20 @@ def test_format_cpulist() -> None:
     assert format_cpulist([11, 0, 1, 2, 3, 8, 10, 2]) == "0-3,8,10-11"
     assert format_cpulist([]) == ""
     assert format_cpulist([4]) == "4"
+
+
+def test_docs_table_matches_the_fixtures() -> None:
+    """docs/cpu-budget.md has one row per fixture, and its coretrain column is what we detect."""
+    rows = {}
+    for line in (REPO / "docs" / "cpu-budget.md").read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 8 and cells[0] in CASES:
+            rows[cells[0]] = cells
+    assert sorted(rows) == CASES
+    for case, cells in rows.items():
+        expected = load(case)
+        budget = detect_budget(FIXTURES / case, env=expected.get("env", {}))
+        documented = float(cells[3].split()[0].strip("*"))
+        assert documented == pytest.approx(budget.cpu_budget), case
+        assert int(cells[2]) == len(budget.cpuset), case
+        assert ("⚠" in cells[3]) == any(r.startswith("warning: ") for r in budget.reasons), case
