@@ -275,7 +275,7 @@ def _translate(
 ) -> Hierarchy | None:
     label = f"cgroup v{version}"
     if not candidates:
-        probe.note(f"{controller}: {label} path {cgroup_path} but no such hierarchy is mounted")
+        probe.warn(f"{controller}: {label} path {cgroup_path} but no such hierarchy is mounted")
         return None
     for mount in candidates:
         relative = relative_to_mount_root(mount.root, cgroup_path)
@@ -473,7 +473,8 @@ def _affinity(
     if os.path.abspath(os.fspath(root)) == os.sep:
         return tuple(sorted(os.sched_getaffinity(0))), "sched_getaffinity"
     raw = probe.read("/proc/self/status")
-    probe.inputs.pop("/proc/self/status", None)
+    if raw is not None:
+        del probe.inputs["/proc/self/status"]  # only the one line below is an input
     for line in (raw or "").splitlines():
         key, _, value = line.partition(":")
         if key == "Cpus_allowed_list":
