@@ -165,6 +165,11 @@ def parse_mountinfo(text: str) -> tuple[list[Mount], list[str]]:
     return mounts, problems
 
 
+def _is_cgroup_mount_line(line: str) -> bool:
+    fields = line.split()
+    return "-" in fields and fields[fields.index("-") + 1 :][:1] in (["cgroup"], ["cgroup2"])
+
+
 def parse_proc_cgroup(text: str) -> tuple[list[CgroupEntry], list[str]]:
     """Parse ``/proc/self/cgroup`` lines ``hierarchy-ID:controller-list:cgroup-path``.
 
@@ -543,6 +548,10 @@ def detect_budget(
     entries, problems = parse_proc_cgroup(probe.read("/proc/self/cgroup") or "")
     mountinfo = probe.read("/proc/self/mountinfo")
     mounts, mount_problems = parse_mountinfo(mountinfo or "")
+    if mountinfo is not None:  # record only the cgroup mounts: the rest is noise in the log
+        probe.inputs["/proc/self/mountinfo"] = "\n".join(
+            line for line in mountinfo.splitlines() if _is_cgroup_mount_line(line)
+        )
     for problem in problems + mount_problems:
         probe.warn(problem)
     if not entries or mountinfo is None:

@@ -78,6 +78,11 @@ def test_fixture_inputs_match_the_files(case: str) -> None:
             assert f"Cpus_allowed_list:\t{value}\n" in status
             continue
         path = FIXTURES / case / key.lstrip("/")
+        if key == "/proc/self/mountinfo":  # only the cgroup and cgroup2 mount lines
+            lines = path.read_text().splitlines()
+            kept = [line for line in lines if " - cgroup " in line or " - cgroup2 " in line]
+            assert value.splitlines() == kept, key
+            continue
         if value == "<missing>":
             assert not path.exists(), key
         else:
