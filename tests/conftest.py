@@ -1,0 +1,47 @@
+"""Shared fixtures: a tiny generated data set and a runner for the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
+# Small enough for seconds per run on 2 cores, big enough for several batches.
+TINY = {"train": 240, "test": 60}
+TINY_TRAIN_ARGS = ["--batch-size", "40", "--eval-every", "3", "--checkpoint-every", "3"]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
+            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m app ARGS`` in a fresh process (TF settings are process-global)."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("CORETRAIN_", "TF_NUM"))}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args],
+        capture_output=True, text=True, env=full_env, timeout=timeout, cwd=cwd or REPO,
+    )
+
+
+def json_lines(text: str) -> list[dict]:
+    """Parse every line as JSON (fails the test on any non-JSON line)."""
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def events(records: list[dict], name: str) -> list[dict]:
+    return [r for r in records if r.get("event") == name]
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A generated demo data set: 240 train / 60 test samples of 20×195, K = 3."""
+    from app.data import synthetic
+
+    out = tmp_path_factory.mktemp("tiny-data")
+    synthetic.generate(out, train=TINY["train"], test=TINY["test"], seed=1)
+    return out

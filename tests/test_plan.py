@@ -1,0 +1,112 @@
+"""The thread plan is a pure function of the budget, topology and overrides."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from app.cgroups import CpuBudget
+from app.cpulist import parse_cpulist
+from app.errors import ConfigError
+from app.plan import Overrides, make_plan, round_threads
+from app.topology import Topology
+from tests.conftest import FIXTURES, run_cli
+
+
+def budget(quota: float | None, cpus: int, memory: int | None = None) -> CpuBudget:
+    return CpuBudget(cpu_quota=quota, cpuset=tuple(range(cpus)), memory_limit=memory,
+                     quota_source="test")
+
+
+@pytest.mark.parametrize(
+    "quota, cpus, rule, threads",
+    [
+        (1.5, 64, "ceil", 2), (1.5, 64, "floor", 1), (1.5, 64, "tf-default", 64),
+        (0.5, 8, "ceil", 1), (0.5, 8, "floor", 1),  # never below one thread
+        (None, 4, "ceil", 4), (8.0, 2, "ceil", 2),  # never above the cpuset
+        (2.0, 4, "floor", 2), (2.0, 4, "ceil", 2),
+    ],
+)
+def test_intra_op_threads_follow_the_rounding_rule(quota, cpus, rule, threads) -> None:
+    plan = make_plan(budget(quota, cpus), overrides=Overrides(rounding=rule))
+    assert plan.intra_op_threads == threads
+    assert plan.tfdata_threads == threads
+    assert any(f"intra-op threads {threads} = {rule}" in r for r in plan.reasons)
+
+
+def test_unknown_rounding_rule_is_a_config_error() -> None:
+    with pytest.raises(ConfigError):
+        round_threads(2.0, "nearest", 4)
+
+
+def test_explicit_settings_win_and_say_so() -> None:
+    ov = Overrides(cpus=3.0, intra_op_threads=5, inter_op_threads=2,
+                   sources={"intra_op_threads": "TF_NUM_INTRAOP_THREADS env"})
+    plan = make_plan(budget(1.0, 8), overrides=ov)
+    assert plan.cpu_budget == 3.0
+    assert (plan.intra_op_threads, plan.inter_op_threads) == (5, 2)
+    assert "intra-op threads 5 from TF_NUM_INTRAOP_THREADS env (explicit setting wins)" in (
+        plan.reasons
+    )
+    assert any("cpu budget 3 from --cpus (detected 1)" in r for r in plan.reasons)
+
+
+def test_memory_limit_sets_tfdata_ram_budget() -> None:
+    plan = make_plan(budget(2.0, 4, memory=8 << 30))
+    assert plan.tfdata_ram_budget == 2 << 30
+
+
+def test_pin_modes_pick_inside_the_allowed_set() -> None:
+    b = CpuBudget(cpu_quota=2.0, cpuset=(2, 3, 4, 5, 6, 7), memory_limit=None, quota_source="t")
+    topo = Topology(cores=((2, 6), (3, 7), (4,), (5,)), numa_nodes=((2, 3, 4), (5, 6, 7)),
+                    inputs={})
+    assert make_plan(b, topo).pin_cpus is None  # auto: no pinning
+    assert make_plan(b, topo, Overrides(pin="cores")).pin_cpus == (2, 3)
+    assert make_plan(b, topo, Overrides(pin="physical")).pin_cpus == (2, 3)
+    assert make_plan(b, topo, Overrides(pin="numa")).pin_cpus == (2, 3, 4)
+
+
+def test_plan_command_reads_a_fixture_tree_without_importing_tensorflow() -> None:
+    case = FIXTURES / "cgroup" / "docker-v1-cpus-1.5"
+    code = (
+        "import sys\n"
+        "from app.cli import main\n"
+        f"sys.argv = ['coretrain', 'plan', '--root', {str(case)!r}]\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "assert 'tensorflow' not in sys.modules, 'plan imported TensorFlow'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    expected = json.loads((case / "expected.json").read_text())
+    assert plan["cpu_quota"] == expected["cpu_quota"]
+    assert plan["cpuset"] == list(parse_cpulist(expected["cpuset"]))
+    assert plan["cpu_budget"] == min(expected["cpu_quota"], len(plan["cpuset"]))
+    assert plan["intra_op_threads"] == 2
+    assert {"inter_op_threads", "tfdata_threads", "pin_cpus", "reasons", "inputs"} <= plan.keys()
+
+
+def test_plan_text_names_each_number_and_its_inputs() -> None:
+    case = FIXTURES / "cgroup" / "docker-v1-cpus-1.5"
+    proc = run_cli("plan", "--format", "text", "--root", str(case))
+    assert proc.returncode == 0, proc.stderr
+    assert "cpu_quota         1.5" in proc.stdout
+    assert "cpu.cfs_quota_us = 150000" in proc.stdout
+
+
+def test_tf_num_env_overrides_detection() -> None:
+    proc = run_cli("plan", "--root", str(FIXTURES / "cgroup" / "docker-v1-cpus-1.5"),
+                   env={"TF_NUM_INTRAOP_THREADS": "7"})
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["intra_op_threads"] == 7
+    assert any("TF_NUM_INTRAOP_THREADS env" in r for r in plan["reasons"])
+
+
+def test_bad_tf_num_env_exits_2() -> None:
+    proc = run_cli("plan", env={"TF_NUM_INTRAOP_THREADS": "lots"})
+    assert proc.returncode == 2
+    assert "TF_NUM_INTRAOP_THREADS='lots'" in proc.stderr
