@@ -21,7 +21,8 @@ def _umask() -> int:
     return mask
 
 
-_MODE = 0o666 & ~_umask()
+_UMASK = _umask()
+_MODE = 0o666 & ~_UMASK
 
 
 def write_bytes(path: Path, data: bytes) -> None:
@@ -46,3 +47,14 @@ def write_bytes(path: Path, data: bytes) -> None:
 def write_json(path: Path, obj: Any) -> None:
     """Atomically write ``obj`` as indented JSON (UTF-8). Raises StorageError."""
     write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def temp_dir(parent: Path, prefix: str) -> Path:
+    """A new directory in ``parent`` to build output in before renaming it into place.
+
+    Unlike ``tempfile.mkdtemp`` (mode 0700) it gets the usual mode (0777 minus
+    the umask), so a group-shared output volume stays readable. Raises OSError.
+    """
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    os.chmod(path, 0o777 & ~_UMASK)
+    return path

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import keras
 import numpy as np
 
+from app.atomic import temp_dir
 from app.data.cache import DataCache
 from app.errors import StorageError
 
@@ -57,7 +57,7 @@ def export(model: keras.Model, cache: DataCache, standardize: bool, directory: P
     """
     final = Path(directory)
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+        tmp = temp_dir(final.parent, f".{final.name}.")
     except OSError as exc:
         raise StorageError(f"{final.parent}: cannot write the export: {exc.strerror}") from exc
     try:

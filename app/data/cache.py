@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import BinaryIO
 import numpy as np
 
 from app import logs
-from app.atomic import write_json
+from app.atomic import temp_dir, write_json
 from app.config import TrainConfig
 from app.data import textfile
 from app.errors import DataError, Preempted, StorageError
@@ -237,7 +236,7 @@ def prepare(config: TrainConfig, stop: Callable[[], bool] = lambda: False) -> Da
         return cache
     try:
         root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key}.{os.getpid()}.", dir=root))
+        tmp = temp_dir(root, f".{key}.{os.getpid()}.")
     except OSError as exc:
         raise StorageError(f"{root}: cannot create the data cache: {exc.strerror}") from exc
     logs.event("cache", f"converting text data into {final}", path=str(final), reused=False)
