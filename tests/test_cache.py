@@ -1,0 +1,87 @@
+"""The binary cache: converted once, reused while sources are unchanged, never partial."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.config import TrainConfig
+from app.data import cache
+from app.errors import DataError, Preempted
+
+
+def _config(data: Path, tmp_path: Path) -> TrainConfig:
+    return TrainConfig(data_dir=data, output_dir=tmp_path / "out")
+
+
+def test_conversion_matches_the_text_and_statistics(tiny_data: Path, tmp_path: Path) -> None:
+    c = cache.prepare(_config(tiny_data, tmp_path))
+    x = np.loadtxt(tiny_data / "train_features.txt", dtype=np.float32).reshape(-1, 20, 195)
+    y = np.loadtxt(tiny_data / "train_labels.txt", dtype=np.float32)
+    assert np.array_equal(c.features("train"), x)
+    assert np.array_equal(c.labels("train"), y)
+    assert (c.train_size, c.test_size, c.num_outputs) == (240, 60, 3)
+    np.testing.assert_allclose(c.feature_mean, x.astype(np.float64).mean(axis=0), atol=1e-5)
+    np.testing.assert_allclose(c.label_std, y.astype(np.float64).std(axis=0), rtol=1e-4)
+
+
+def test_unchanged_sources_reuse_the_cache_and_changed_ones_convert_again(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    for f in tiny_data.iterdir():
+        (data / f.name).write_bytes(f.read_bytes())
+    config = _config(data, tmp_path)
+    first = cache.prepare(config)
+    assert cache.prepare(config).path == first.path
+    lines = (data / "test_labels.txt").read_text().splitlines()
+    lines[0] = "1 2 3"
+    (data / "test_labels.txt").write_text("\n".join(lines) + "\n")
+    second = cache.prepare(config)
+    assert second.path != first.path
+    assert second.labels("test")[0].tolist() == [1.0, 2.0, 3.0]
+    assert not first.path.exists()  # the stale cache was removed
+    assert sorted(p.name for p in config.resolved_cache_dir.iterdir()) == [second.path.name]
+
+
+def test_line_count_mismatch_names_both_files_and_leaves_no_cache(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    for f in tiny_data.iterdir():
+        (data / f.name).write_bytes(f.read_bytes())
+    lines = (data / "train_labels.txt").read_text().splitlines()
+    (data / "train_labels.txt").write_text("\n".join(lines[:-1]) + "\n")
+    config = _config(data, tmp_path)
+    with pytest.raises(DataError) as err:
+        cache.prepare(config)
+    assert str(data / "train_labels.txt") in str(err.value)
+    assert str(data / "train_features.txt") in str(err.value)
+    assert "239" in str(err.value) and "240" in str(err.value)
+    assert list(config.resolved_cache_dir.iterdir()) == []
+
+
+def test_stop_request_during_conversion_removes_partial_files(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    config = _config(tiny_data, tmp_path)
+    with pytest.raises(Preempted):
+        cache.prepare(config, stop=lambda: True)
+    assert list(config.resolved_cache_dir.iterdir()) == []
+
+
+def test_temporary_dirs_of_dead_conversions_are_removed(tiny_data: Path, tmp_path: Path) -> None:
+    config = _config(tiny_data, tmp_path)
+    root = config.resolved_cache_dir
+    root.mkdir(parents=True)
+    dead = root / ".0123456789abcdef.999999999.x"  # pid 999999999 does not exist
+    alive = root / f".0123456789abcdef.{os.getpid()}.y"
+    dead.mkdir()
+    alive.mkdir()
+    cache.prepare(config)
+    assert not dead.exists() and alive.exists()
