@@ -17,14 +17,19 @@ TINY = {"train": 240, "test": 60}
 TINY_TRAIN_ARGS = ["--batch-size", "40", "--eval-every", "3", "--checkpoint-every", "3"]
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
-            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 300, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run ``python -m app ARGS`` in a fresh process (TF settings are process-global)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("CORETRAIN_", "TF_NUM"))}
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "app", *args],
-        capture_output=True, text=True, env=full_env, timeout=timeout, cwd=cwd or REPO,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        cwd=cwd or REPO,
     )
 
 

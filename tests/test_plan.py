@@ -17,17 +17,23 @@ from tests.conftest import FIXTURES, run_cli
 
 
 def budget(quota: float | None, cpus: int, memory: int | None = None) -> CpuBudget:
-    return CpuBudget(cpu_quota=quota, cpuset=tuple(range(cpus)), memory_limit=memory,
-                     quota_source="test")
+    return CpuBudget(
+        cpu_quota=quota, cpuset=tuple(range(cpus)), memory_limit=memory, quota_source="test"
+    )
 
 
 @pytest.mark.parametrize(
     "quota, cpus, rule, threads",
     [
-        (1.5, 64, "ceil", 2), (1.5, 64, "floor", 1), (1.5, 64, "tf-default", 64),
-        (0.5, 8, "ceil", 1), (0.5, 8, "floor", 1),  # never below one thread
-        (None, 4, "ceil", 4), (8.0, 2, "ceil", 2),  # never above the cpuset
-        (2.0, 4, "floor", 2), (2.0, 4, "ceil", 2),
+        (1.5, 64, "ceil", 2),
+        (1.5, 64, "floor", 1),
+        (1.5, 64, "tf-default", 64),
+        (0.5, 8, "ceil", 1),
+        (0.5, 8, "floor", 1),  # never below one thread
+        (None, 4, "ceil", 4),
+        (8.0, 2, "ceil", 2),  # never above the cpuset
+        (2.0, 4, "floor", 2),
+        (2.0, 4, "ceil", 2),
     ],
 )
 def test_intra_op_threads_follow_the_rounding_rule(quota, cpus, rule, threads) -> None:
@@ -43,8 +49,12 @@ def test_unknown_rounding_rule_is_a_config_error() -> None:
 
 
 def test_explicit_settings_win_and_say_so() -> None:
-    ov = Overrides(cpus=3.0, intra_op_threads=5, inter_op_threads=2,
-                   sources={"intra_op_threads": "TF_NUM_INTRAOP_THREADS env"})
+    ov = Overrides(
+        cpus=3.0,
+        intra_op_threads=5,
+        inter_op_threads=2,
+        sources={"intra_op_threads": "TF_NUM_INTRAOP_THREADS env"},
+    )
     plan = make_plan(budget(1.0, 8), overrides=ov)
     assert plan.cpu_budget == 3.0
     assert (plan.intra_op_threads, plan.inter_op_threads) == (5, 2)
@@ -61,8 +71,9 @@ def test_memory_limit_sets_tfdata_ram_budget() -> None:
 
 def test_pin_modes_pick_inside_the_allowed_set() -> None:
     b = CpuBudget(cpu_quota=2.0, cpuset=(2, 3, 4, 5, 6, 7), memory_limit=None, quota_source="t")
-    topo = Topology(cores=((2, 6), (3, 7), (4,), (5,)), numa_nodes=((2, 3, 4), (5, 6, 7)),
-                    inputs={})
+    topo = Topology(
+        cores=((2, 6), (3, 7), (4,), (5,)), numa_nodes=((2, 3, 4), (5, 6, 7)), inputs={}
+    )
     assert make_plan(b, topo).pin_cpus is None  # auto: no pinning
     assert make_plan(b, topo, Overrides(pin="cores")).pin_cpus == (2, 3)
     assert make_plan(b, topo, Overrides(pin="physical")).pin_cpus == (2, 3)
@@ -98,8 +109,12 @@ def test_plan_text_names_each_number_and_its_inputs() -> None:
 
 
 def test_tf_num_env_overrides_detection() -> None:
-    proc = run_cli("plan", "--root", str(FIXTURES / "cgroup" / "docker-v1-cpus-1.5"),
-                   env={"TF_NUM_INTRAOP_THREADS": "7"})
+    proc = run_cli(
+        "plan",
+        "--root",
+        str(FIXTURES / "cgroup" / "docker-v1-cpus-1.5"),
+        env={"TF_NUM_INTRAOP_THREADS": "7"},
+    )
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
     assert plan["intra_op_threads"] == 7
