@@ -1,0 +1,72 @@
+# coretrain batch training image (docs/deploy.md: run, compose and Kubernetes).
+#
+#   podman build -t localhost/coretrain .        (or: docker build -t coretrain .)
+#
+# Two stages: "builder" makes a virtualenv in /opt/venv from the dependencies
+# declared in pyproject.toml, then the runtime stage copies only that venv onto
+# a fresh base. The runtime user is numeric (10001:10001); /output belongs to it
+# and is group-writable by GID 0, so an arbitrary UID in group 0 (OpenShift) can
+# write there too. tini is PID 1 and forwards SIGTERM to coretrain, which saves
+# a checkpoint and exits 143.
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+
+FROM ${BASE_IMAGE} AS builder
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PYTHONDONTWRITEBYTECODE=1
+# binutils: `strip` for the size trim below (builder stage only).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends binutils=2.40-2 \
+ && rm -rf /var/lib/apt/lists/*
+RUN python3 -m venv /opt/venv
+WORKDIR /src
+# Dependencies first, from pyproject.toml alone, so this slow layer (TensorFlow
+# is ~0.6 GB of wheels) is reused while only app/ changes.
+COPY pyproject.toml ./
+RUN python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
+      > /tmp/requirements.txt \
+ && /opt/venv/bin/pip install --no-cache-dir -r /tmp/requirements.txt
+# Size trim, runtime-neutral (~0.5 GB): TF's C++ headers (only for building
+# custom ops), the static symbol tables of TF's shared libraries (`strip
+# --strip-unneeded` keeps the dynamic symbols the loader and TF's op registry
+# use; only tensorflow/: stripping auditwheel-patched libraries such as
+# numpy.libs/ breaks them), and libclang, which TF declares for source tooling
+# but never imports when training.
+RUN site=$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
+ && rm -rf "$site/tensorflow/include" \
+ && /opt/venv/bin/pip uninstall -y libclang \
+ && find "$site/tensorflow" -name '*.so*' -type f -exec strip --strip-unneeded {} +
+COPY README.md ./
+COPY app ./app
+RUN /opt/venv/bin/pip install --no-cache-dir --no-deps . \
+ && /opt/venv/bin/pip uninstall -y pip
+
+FROM ${BASE_IMAGE} AS runtime
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends tini=0.19.0-1+b3 \
+ && apt-get clean \
+ && rm -rf /var/lib/apt/lists/*
+RUN groupadd --gid 10001 coretrain \
+ && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp \
+      --shell /usr/sbin/nologin coretrain \
+ && mkdir -p /data /output \
+ && chown 10001:0 /output \
+ && chmod 2775 /output
+COPY --from=builder /opt/venv /opt/venv
+COPY entrypoint.sh /usr/local/bin/entrypoint.sh
+# HOME and KERAS_HOME point at /tmp (a tmpfs / emptyDir when the root file
+# system is read-only) because an arbitrary UID has no home directory.
+# TINI_SUBREAPER keeps tini correct (and quiet) when it is not PID 1, e.g.
+# under `docker run --init` or compose `init: true`.
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    HOME=/tmp \
+    KERAS_HOME=/tmp/.keras \
+    TINI_SUBREAPER=1 \
+    CORETRAIN_DATA=/data \
+    CORETRAIN_OUTPUT=/output
+WORKDIR /tmp
+USER 10001:10001
+ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/entrypoint.sh"]
+CMD ["train"]
