@@ -350,8 +350,10 @@ def test_error_position_in_a_later_block(tmp_path: Path) -> None:
 )  # fmt: skip
 def test_parse_field_grammar(token: bytes, value: float | None) -> None:
     got = parse_field(token)
-    if value is None or math.isnan(value):
-        assert got is value or (got is not None and math.isnan(got))
+    if value is None:
+        assert got is None
+    elif math.isnan(value):
+        assert got is not None and math.isnan(got)
     else:
         assert got == value
 

@@ -21,8 +21,9 @@ tricks as simdjson and fast_float). The integer mantissa ``m <= 2**53`` times ``
 ``|k| <= 22`` is one correctly rounded float64 operation, both operands being exact
 (Clinger's fast path: W. D. Clinger, "How to read floating point numbers accurately", PLDI
 1990). Fields outside that range (over 15 significant digits, large exponents, nan/inf) are
-parsed one by one with ``float()``; a block with any problem is parsed again line by line
-to name the first bad line and field.
+parsed one by one with ``float()``, or by ``np.loadtxt`` when most fields are like that
+(numpy's default ``%.18e``, ``repr()``); a block with any problem is parsed again line by
+line to name the first bad line and field.
 
 No TensorFlow here (DESIGN.md: data.textfile never imports it).
 """
@@ -94,8 +95,9 @@ def iter_chunks(
     most this many samples per array (fewer when that many lines exceed 64 MiB).
     ``width_hint``: added in parentheses to a wrong-width message, e.g. ``"H×W = 20×195"``.
 
-    Memory: one chunk of lines as bytes (plus a 1 MiB read), its float32 array, and
-    temporaries for ~192 KiB of lines; never the whole file.
+    Memory: one chunk of lines as bytes (plus a 1 MiB read), its float32 array and
+    temporaries for ~256 KiB of lines (a copy of the chunk on the np.loadtxt and error
+    paths); never the whole file.
 
     Raises DataError, one line: ``<path>:<line>: <problem>`` -- with ``field <n>:`` (1-based)
     and the field quoted (escaped, truncated) where one field is to blame -- for a wrong
@@ -386,10 +388,12 @@ def _split(
         and ((seg < 9) | ((seg > 13) & (seg < 32))).any()
     ):
         return None
-    edges = np.flatnonzero(solid[1:] != solid[:-1]) + start
-    s = edges[0::2].copy()
-    e = edges[1::2].copy()
-    counts = np.diff(np.searchsorted(s, ends), prepend=0)
+    edges = np.flatnonzero(solid[1:] != solid[:-1])
+    s = edges[0::2] + start
+    e = edges[1::2] + start
+    before = np.searchsorted(s, ends)  # fields before each line end
+    counts = before.copy()
+    counts[1:] -= before[:-1]
     if len(s) != len(ends) * width and not ((counts == width) | (counts == 0)).all():
         return None
     return counts, s, e
