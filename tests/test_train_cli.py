@@ -1,0 +1,197 @@
+"""End to end: the real CLI trains a tiny data set, checkpoints, resumes and exports."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import TINY_TRAIN_ARGS, events, json_lines, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def first_run(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory):
+    out = tmp_path_factory.mktemp("run") / "output"
+    proc = run_cli(
+        "train",
+        "--data",
+        str(tiny_data),
+        "--output",
+        str(out),
+        "--max-steps",
+        "6",
+        *TINY_TRAIN_ARGS,
+    )
+    return out, proc
+
+
+def test_train_writes_json_logs_checkpoints_export_and_metrics(first_run) -> None:
+    out, proc = first_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = json_lines(proc.stdout)  # every stdout line is JSON
+    for r in records:
+        assert {"timestamp", "level", "event", "message"} <= r.keys()
+    start = events(records, "start")[0]
+    assert start["plan"]["intra_op_threads"] >= 1
+    assert start["config"]["max_steps"] == 6
+    assert [p["step"] for p in events(records, "progress")] == [3, 6]
+    for p in events(records, "progress"):
+        assert {"loss", "test_rmse", "lr", "examples_per_sec", "cpu_util", "eta_s"} <= p.keys()
+    assert [c["step"] for c in events(records, "checkpoint")] == [3, 6]
+    end = events(records, "end")[-1]
+    assert end["status"] == "completed" and end["final_step"] == 6
+    assert (out / "checkpoints" / "ckpt-6.index").is_file()
+    assert (out / "model" / "model.keras").is_file()
+    assert (out / "model" / "saved_model" / "saved_model.pb").is_file()
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["final_step"] == 6 and metrics["status"] == "completed"
+    assert metrics["baseline_rmse"] > 0 and np.isfinite(metrics["test_rmse"])
+    assert metrics["examples_per_sec"] > 0
+    assert metrics["plan"]["cpu_budget"] > 0
+    file_records = json_lines((out / "logs" / "train.jsonl").read_text())
+    assert [r["event"] for r in file_records if r["event"] in ("start", "end")] == ["start", "end"]
+
+
+def test_baseline_rmse_is_the_mean_predictor(first_run, tiny_data: Path) -> None:
+    out, _ = first_run
+    train_y = np.loadtxt(tiny_data / "train_labels.txt", dtype=np.float64)
+    test_y = np.loadtxt(tiny_data / "test_labels.txt", dtype=np.float64)
+    expected = np.sqrt(np.mean(np.square(test_y - train_y.mean(axis=0))))
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["baseline_rmse"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_export_takes_raw_lines_and_predicts_n_by_k(first_run, tiny_data: Path) -> None:
+    out, _ = first_run
+    script = f"""
+import numpy as np, keras, tensorflow as tf
+import app.model
+x = np.loadtxt({str(tiny_data / "test_features.txt")!r}, dtype=np.float32)[:7]
+m = keras.models.load_model({str(out / "model" / "model.keras")!r})
+a = m.predict(x, verbose=0)
+sm = tf.saved_model.load({str(out / "model" / "saved_model")!r})
+b = sm.serve(tf.constant(x)).numpy()
+print(a.shape, b.shape, float(np.max(np.abs(a - b))))
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = proc.stdout.strip().splitlines()[-1]
+    assert line.startswith("(7, 3) (7, 3) ")
+    assert float(line.split()[-1]) < 1e-4
+
+
+def test_rerun_resumes_from_saved_step_and_reuses_cache(first_run, tiny_data: Path) -> None:
+    out, _ = first_run
+    proc = run_cli(
+        "train",
+        "--data",
+        str(tiny_data),
+        "--output",
+        str(out),
+        "--max-steps",
+        "9",
+        *TINY_TRAIN_ARGS,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = json_lines(proc.stdout)
+    assert events(records, "resume")[0]["step"] == 6
+    assert events(records, "cache")[0]["reused"] is True
+    assert [p["step"] for p in events(records, "progress")] == [9]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["start_step"] == 6 and metrics["final_step"] == 9
+
+
+def test_env_variables_set_options(tiny_data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = run_cli(
+        "train",
+        *TINY_TRAIN_ARGS,
+        env={
+            "CORETRAIN_DATA": str(tiny_data),
+            "CORETRAIN_OUTPUT": str(out),
+            "CORETRAIN_MAX_STEPS": "2",
+            "CORETRAIN_EVAL_EVERY": "1",
+            "CORETRAIN_INTRA_OP_THREADS": "1",
+        },
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = json_lines(proc.stdout)
+    start = events(records, "start")[0]
+    assert start["config"]["max_steps"] == 2
+    assert start["plan"]["intra_op_threads"] == 1
+    assert events(records, "end")[-1]["final_step"] == 2
+
+
+def _fmt(values: np.ndarray, i: int) -> str:
+    styles = ["{:.6e}", "{:.5f}", "{:g}", "{:.3E}"]
+    seps = [" ", "\t", "  ", " \t "]
+    return seps[i % 4].join(styles[(i + j) % 4].format(v) for j, v in enumerate(values))
+
+
+def test_hand_written_seed_format_with_crlf_tabs_exponents_and_gzip(tmp_path: Path) -> None:
+    """A data set not made by `coretrain generate`: CRLF, tabs, exponents, .gz, no final EOL."""
+    rng = np.random.default_rng(7)
+    data = tmp_path / "data"
+    data.mkdir()
+    for split, n in (("train", 50), ("test", 20)):
+        x = rng.normal(size=(n, 20 * 195))
+        y = x[:, :4].sum(axis=1, keepdims=True) * np.array([[1.0, -2.0]])
+        feats = "\r\n".join(_fmt(row, i) + " " for i, row in enumerate(x))
+        labels = "\r\n".join(_fmt(row, i) for i, row in enumerate(y)) + "\r\n"
+        (data / f"{split}_features.txt").write_bytes(feats.encode())
+        with gzip.open(data / f"{split}_labels.txt.gz", "wt", newline="") as f:
+            f.write(labels)
+    out = tmp_path / "out"
+    proc = run_cli(
+        "train",
+        "--data",
+        str(data),
+        "--output",
+        str(out),
+        "--max-steps",
+        "3",
+        "--batch-size",
+        "10",
+        "--eval-every",
+        "3",
+        "--train-labels",
+        "train_labels.txt.gz",
+        "--test-labels",
+        "test_labels.txt.gz",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["train_size"] == 50 and metrics["test_size"] == 20
+    assert metrics["final_step"] == 3
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--max-steps", "abc"], "abc"),
+        (["--batch-size", "0"], "--batch-size"),
+        (["--pin", "sideways"], "sideways"),
+        (["--no-such-option"], "no-such-option"),
+    ],
+)
+def test_bad_cli_input_exits_2(args: list[str], needle: str, tmp_path: Path) -> None:
+    proc = run_cli("train", "--data", str(tmp_path), "--output", str(tmp_path / "o"), *args)
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_missing_data_exits_3_naming_the_file(tmp_path: Path) -> None:
+    proc = run_cli("train", "--data", str(tmp_path), "--output", str(tmp_path / "o"))
+    assert proc.returncode == 3, proc.stderr
+    assert f"{tmp_path}/train_features.txt" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
