@@ -29,7 +29,7 @@ import pytest
 
 from app.plan import DEFAULT_ROUNDING, round_threads
 from benchmarks.cgroup_run import CpuCgroup, cpu_cgroup, unavailable_reason
-from tests.conftest import REPO, events, json_lines
+from tests.conftest import REPO, events
 
 REASON = unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no real cgroup: {REASON}")
@@ -170,6 +170,14 @@ def test_tensorflow_pools_have_the_planned_sizes(group, plans) -> None:
     assert unnamed_a - unnamed_b == planned, (a, b)
 
 
+def _thread_names(pid: int) -> collections.Counter[str]:
+    names: collections.Counter[str] = collections.Counter()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError):  # a thread may end meanwhile
+            names[Path(f"/proc/{pid}/task/{task}/comm").read_text().strip()] += 1
+    return names
+
+
 @pytest.mark.slow
 def test_training_runs_under_the_quota_with_the_detected_plan(
     group, plans, tiny_data: Path, tmp_path: Path
@@ -179,15 +187,32 @@ def test_training_runs_under_the_quota_with_the_detected_plan(
     args = ["--data", str(tiny_data), "--output", str(tmp_path / "out")]
     args += ["--batch-size", "50", "--max-steps", "2", "--eval-every", "1"]
     args += ["--checkpoint-every", "2"]
-    proc = run_in(grp, [*coretrain(), "train", *args], timeout=180)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    records, names_at_progress = [], []
+    with open(tmp_path / "stderr.txt", "w+") as err:
+        proc = subprocess.Popen(
+            grp.command([*coretrain(), "train", *args]),
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env=clean_env(),
+            cwd=REPO,
+        )
+        assert proc.stdout is not None
+        for line in proc.stdout:  # the pid is coretrain's: sh exec'd it
+            records.append(json.loads(line))
+            if records[-1]["event"] == "progress":
+                names_at_progress.append(_thread_names(proc.pid))
+        returncode = proc.wait(timeout=180)
+        err.seek(0)
+        assert returncode == 0, err.read()[-3000:]
     after = grp.stat()
-    records = json_lines(proc.stdout)
     start = events(records, "start")[0]["plan"]
     assert start["cpu_quota"] == 1.5
     assert {k: start[k] for k in PLAN_FIELDS} == {k: plans[1.5][k] for k in PLAN_FIELDS}
     assert start["intra_op_threads"] == expected_intra(1.5, len(start["cpuset"]))
     assert [p["step"] for p in events(records, "progress")] == [1, 2]
+    # The training process's inter-op pool has the planned size while it trains.
+    assert [n["tf_Compute"] for n in names_at_progress] == [start["inter_op_threads"]] * 2
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["final_step"] == 2
     assert metrics["plan"]["intra_op_threads"] == start["intra_op_threads"]
