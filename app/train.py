@@ -261,7 +261,14 @@ def train(config: TrainConfig, plan: ThreadPlan, stop: StopRequest | None = None
     if status == "preempted":
         logs.event("end", f"preempted at step {step}; rerun to resume", **summary)
         raise Preempted(f"stopped by signal at step {step}; checkpoint saved, rerun to resume")
+    t_export = time.perf_counter()
     export_dir = export.export(trainer.model, data, config.standardize, out / "model")
+    logs.event(
+        "export",
+        f"exported the model to {export_dir}",
+        path=str(export_dir),
+        seconds=round(time.perf_counter() - t_export, 2),
+    )
     summary["export"] = str(export_dir)
     write_json(out / "metrics.json", summary)
     logs.event(
