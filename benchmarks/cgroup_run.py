@@ -28,6 +28,8 @@ from app.cgroups import parse_mountinfo
 CPU_MOUNT = "/sys/fs/cgroup/cpu"
 #: The kernel's default CFS period (sched-bwc.rst), microseconds.
 PERIOD_US = 100_000
+#: Largest v1 ``cpu.shares`` (MAX_SHARES = 2^18 in kernel/sched/sched.h); default is 1024.
+MAX_SHARES = 262_144
 
 
 def cpu_mount_point(mount: str = CPU_MOUNT) -> str | None:
@@ -113,6 +115,14 @@ class CpuCgroup:
             raise ValueError(f"{cpus} CPUs is a quota of {quota_us} us, under the 1 ms minimum")
         (self.path / "cpu.cfs_quota_us").write_text(str(quota_us))
 
+    def set_shares(self, shares: int) -> None:
+        """Set ``cpu.shares``, the group's weight against its siblings when CPUs are contended.
+
+        The quota is a cap, not a reservation: on a busy machine a group with the default
+        weight (1024, like one nice-0 task or one autogroup) may get far less than its quota.
+        """
+        (self.path / "cpu.shares").write_text(str(shares))
+
     def quota_us(self) -> int:
         """The group's ``cpu.cfs_quota_us`` (µs per period, -1 = unlimited)."""
         return int((self.path / "cpu.cfs_quota_us").read_text())
@@ -138,9 +148,14 @@ class CpuCgroup:
 
 @contextlib.contextmanager
 def cpu_cgroup(
-    cpus: float | None, prefix: str = "coretrain", mount: str = CPU_MOUNT
+    cpus: float | None,
+    prefix: str = "coretrain",
+    mount: str = CPU_MOUNT,
+    shares: int | None = None,
 ) -> Iterator[CpuCgroup]:
     """Create a fresh cpu cgroup limited to ``cpus`` CPUs, yield it, and always remove it.
+
+    ``shares``: ``cpu.shares`` for the group (None = the kernel's default, 1024).
 
     The group sits directly under the mount point with a unique name. On exit any process
     still inside is moved back to the mount root (the kernel refuses to remove a group with
@@ -156,6 +171,8 @@ def cpu_cgroup(
     group = CpuCgroup(path=path, name=name)
     try:
         group.set_quota(cpus)
+        if shares is not None:
+            group.set_shares(shares)
         yield group
     finally:
         _remove(group, Path(point))
