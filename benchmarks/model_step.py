@@ -1,0 +1,383 @@
+"""Train-step throughput of the seed CNN: plain Keras layers vs the fast formulation.
+
+``python -m benchmarks.model_step`` (about 2 minutes on 2 cores). Every measurement runs
+in its own subprocess with the thread environment (``TF_NUM_INTRAOP_THREADS``,
+``TF_NUM_INTEROP_THREADS=1``, ``OMP_NUM_THREADS``) set before TensorFlow or PyTorch is
+imported, because thread pools are process-global and fixed at first use:
+
+* ``probe``: a 2048² float32 matmul, GFLOP/s (2·n³ per product);
+* ``plain`` / ``fast``: the project's train step (``app.model.forward`` with a dropout seed,
+  ``regularized_loss``, SGD momentum 0.8 ``apply_gradients``, all in one ``tf.function``) on
+  in-memory standardised tensors, batch 1000 by default;
+* ``plain+xla`` / ``fast+xla``: the same step with ``jit_compile=True`` (``--no-xla`` skips);
+* ``torch``: the same CNN in PyTorch eager (optional; only when ``torch`` imports in
+  ``--torch-python``, default this interpreter).
+
+Each ``--env NAME=VALUE`` set adds another full plain/fast pair under that environment
+(default: one pair with ``TF_CPU_ALLOCATOR_USE_BFC=true``, which keeps TensorFlow from
+returning large tensors to the OS after every op; page faults on fresh memory are costly on
+virtual machines). ``--env none`` measures the default environment only.
+
+Per step: median wall seconds and median process CPU seconds of ``--steps`` timed steps after
+``--warmup`` steps; samples/s = batch / median wall. FLOPs per sample are the model's
+forward FLOPs ×3 (the usual train-step convention: forward, input gradient, weight
+gradient; 1.75 MFLOP for 20×195, K=3). ``flop_rate_pct_of_probe`` compares the fast step's
+GFLOP/s with the probe's. Measurements of a round run back to back, rounds repeat the whole
+set (``--rounds``); the report keeps each round's figures and the median over rounds.
+The machine's load average is recorded because other processes distort wall-clock times.
+
+Prints one JSON object on stdout and a table on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_ENVS = ("TF_CPU_ALLOCATOR_USE_BFC=true",)
+
+
+# ---------------------------------------------------------------------------
+# FLOP count (no TensorFlow needed)
+# ---------------------------------------------------------------------------
+
+
+def forward_flops(height: int = 20, width: int = 195, outputs: int = 3) -> int:
+    """Forward FLOPs per sample of the seed CNN (2 per multiply-add; biases ignored)."""
+    ho, wo = height - 2, (width - 30) // 5 + 1
+    hp, wp = ho // 2, wo // 2
+    h2, w2 = hp - 1, wp - 1
+    flat = (h2 // 2) * (w2 // 2) * 5
+    conv1 = 2 * ho * wo * 5 * (3 * 30)
+    conv2 = 2 * h2 * w2 * 5 * (2 * 2 * 5)
+    dense = 2 * flat * 20 + 2 * 20 * outputs
+    return conv1 + conv2 + dense
+
+
+def train_flops(height: int = 20, width: int = 195, outputs: int = 3) -> int:
+    """Train-step FLOPs per sample: 3× forward."""
+    return 3 * forward_flops(height, width, outputs)
+
+
+# ---------------------------------------------------------------------------
+# Workers (run in subprocesses)
+# ---------------------------------------------------------------------------
+
+
+def _timed(fn: Any, sync: Any, warmup: int, steps: int) -> dict[str, float]:
+    for _ in range(warmup):
+        sync(fn())
+    walls, cpus = [], []
+    for _ in range(steps):
+        w0, c0 = time.perf_counter(), time.process_time()
+        sync(fn())
+        walls.append(time.perf_counter() - w0)
+        cpus.append(time.process_time() - c0)
+    return {
+        "wall_s": statistics.median(walls),
+        "cpu_s": statistics.median(cpus),
+        "wall_min_s": min(walls),
+    }
+
+
+def _worker_probe(spec: dict[str, Any]) -> dict[str, Any]:
+    import tensorflow as tf
+
+    n = spec.get("n", 2048)
+    a = tf.random.stateless_normal((n, n), seed=(1, 2))
+    b = tf.random.stateless_normal((n, n), seed=(3, 4))
+    mm = tf.function(lambda: tf.reduce_sum(tf.matmul(a, b)[:1]))
+    r = _timed(mm, lambda t: t.numpy(), 2, spec.get("steps", 7))
+    r["gflops"] = 2 * n**3 / r["wall_s"] / 1e9
+    return r
+
+
+def _worker_step(spec: dict[str, Any]) -> dict[str, Any]:
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from app import model as model_lib
+
+    batch, k = spec["batch"], spec["outputs"]
+    h, w = spec["height"], spec["width"]
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.standard_normal((batch, h, w, 1), dtype=np.float32))
+    y = tf.constant(rng.standard_normal((batch, k), dtype=np.float32))
+    model = model_lib.build_model(k, height=h, width=w, seed=0, formulation=spec["formulation"])
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 200, 0.8, staircase=True)
+    opt = keras.optimizers.SGD(learning_rate=schedule, momentum=0.8)
+    opt.build(model.trainable_variables)
+    step = tf.Variable(0, dtype=tf.int64)
+
+    def train_step() -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            pred = model_lib.forward(
+                model, x, dropout_seed=tf.stack([tf.constant(0, tf.int64), step])
+            )
+            loss, _ = model_lib.regularized_loss(model, pred, y)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        step.assign_add(1)
+        return loss
+
+    fn = tf.function(train_step, jit_compile=spec.get("xla", False))
+    r = _timed(fn, lambda t: t.numpy(), spec["warmup"], spec["steps"])
+    r["samples_per_s"] = batch / r["wall_s"]
+    return r
+
+
+def _worker_torch(spec: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    from torch import nn
+
+    torch.set_num_threads(spec["threads"])
+    torch.manual_seed(0)
+    batch, k = spec["batch"], spec["outputs"]
+    h, w = spec["height"], spec["width"]
+    ho, wo = h - 2, (w - 30) // 5 + 1
+    flat = ((ho // 2 - 1) // 2) * ((wo // 2 - 1) // 2) * 5
+    conv1, conv2 = nn.Conv2d(1, 5, (3, 30), stride=(1, 5)), nn.Conv2d(5, 5, 2)
+    dense1, dense2 = nn.Linear(flat, 20), nn.Linear(20, k)
+    features = nn.Sequential(
+        conv1, nn.ReLU(), nn.MaxPool2d(2), conv2, nn.ReLU(), nn.MaxPool2d(2), nn.Flatten()
+    )
+    head = nn.Sequential(nn.Dropout(0.5), dense1, nn.ReLU(), dense2)
+    params = [*features.parameters(), *head.parameters()]
+    opt = torch.optim.SGD(params, lr=0.1, momentum=0.8)
+    x = torch.randn(batch, 1, h, w)
+    y = torch.randn(batch, k)
+
+    def train_step() -> Any:
+        opt.zero_grad(set_to_none=True)
+        pred = head(features(x))
+        rmse = torch.sqrt(torch.mean((pred - y) ** 2))
+        l2 = lambda m: (m.weight**2).sum() / 2  # noqa: E731
+        loss = rmse + 0.001 * (l2(conv1) + l2(conv2)) + 0.004 * (l2(dense1) + l2(dense2))
+        loss.backward()
+        opt.step()
+        return loss
+
+    r = _timed(train_step, lambda t: float(t), spec["warmup"], spec["steps"])
+    r["samples_per_s"] = batch / r["wall_s"]
+    r["torch"] = torch.__version__
+    return r
+
+
+WORKERS = {"probe": _worker_probe, "step": _worker_step, "torch": _worker_torch}
+
+
+def _worker_main(raw: str) -> None:
+    spec = json.loads(raw)
+    result = WORKERS[spec["kind"]](spec)
+    print(json.dumps(result), flush=True)
+
+
+# ---------------------------------------------------------------------------
+# Driver
+# ---------------------------------------------------------------------------
+
+
+def _thread_env(threads: int, extra: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        TF_NUM_INTRAOP_THREADS=str(threads),
+        TF_NUM_INTEROP_THREADS="1",
+        OMP_NUM_THREADS=str(threads),
+        TF_CPP_MIN_LOG_LEVEL="2",
+    )
+    env.update(extra)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def run_worker(
+    spec: dict[str, Any], env: dict[str, str], python: str = sys.executable
+) -> dict[str, Any]:
+    """Run one measurement in a fresh interpreter; its last stdout line is the JSON result."""
+    proc = subprocess.run(
+        [python, "-m", "benchmarks.model_step", "--worker", json.dumps(spec)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _torch_available(python: str) -> bool:
+    proc = subprocess.run([python, "-c", "import torch"], capture_output=True, timeout=120)
+    return proc.returncode == 0
+
+
+def _parse_env(items: list[str]) -> list[tuple[str, dict[str, str]]]:
+    sets: list[tuple[str, dict[str, str]]] = [("default", {})]
+    for item in items:
+        if item == "none":
+            continue
+        name, _, value = item.partition("=")
+        if not name or not _:
+            raise SystemExit(f"--env wants NAME=VALUE, got {item!r}")
+        sets.append((item, {name: value}))
+    return sets
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Run every measurement ``args.rounds`` times; return the report dict."""
+    common = {
+        "batch": args.batch,
+        "height": args.height,
+        "width": args.width,
+        "outputs": args.outputs,
+        "threads": args.threads,
+        "warmup": args.warmup,
+        "steps": args.steps,
+    }
+    envs = _parse_env(args.env if args.env is not None else list(DEFAULT_ENVS))
+    torch_python = args.torch_python or sys.executable
+    plan: list[tuple[str, dict[str, Any], dict[str, str], str]] = [
+        ("probe", {"kind": "probe"}, {}, sys.executable)
+    ]
+    for label, extra in envs:
+        suffix = "" if label == "default" else f" [{label}]"
+        for formulation in ("plain", "fast"):
+            spec = {**common, "kind": "step", "formulation": formulation}
+            plan.append((formulation + suffix, spec, extra, sys.executable))
+    if args.xla:
+        for formulation in ("plain", "fast"):
+            spec = {**common, "kind": "step", "formulation": formulation, "xla": True}
+            plan.append((formulation + "+xla", spec, {}, sys.executable))
+    torch_ok = _torch_available(torch_python)
+    if torch_ok:
+        plan.append(("torch", {**common, "kind": "torch"}, {}, torch_python))
+
+    rounds: list[dict[str, Any]] = []
+    for r in range(args.rounds):
+        results: dict[str, Any] = {}
+        for name, spec, extra, python in plan:
+            print(f"round {r + 1}/{args.rounds}: {name} ...", file=sys.stderr, flush=True)
+            results[name] = run_worker(spec, _thread_env(args.threads, extra), python)
+        rounds.append(results)
+
+    def med(name: str, key: str) -> float | None:
+        vals = [rd[name][key] for rd in rounds if key in rd.get(name, {})]
+        return statistics.median(vals) if vals else None
+
+    flops = train_flops(args.height, args.width, args.outputs)
+    summary: dict[str, Any] = {}
+    for name, *_ in plan:
+        if name == "probe":
+            summary[name] = {"gflops": med(name, "gflops")}
+            continue
+        wall, cpu = med(name, "wall_s"), med(name, "cpu_s")
+        entry: dict[str, Any] = {"step_ms": None if wall is None else round(wall * 1e3, 1)}
+        if wall is not None:
+            entry["samples_per_s"] = round(args.batch / wall)
+            entry["cpu_ms"] = round((cpu or 0) * 1e3, 1)
+            entry["gflops"] = round(flops * args.batch / wall / 1e9, 2)
+        errors = [rd[name]["error"] for rd in rounds if "error" in rd.get(name, {})]
+        if errors:
+            entry["errors"] = errors
+        summary[name] = entry
+
+    def ratio(a: str, b: str) -> float | None:
+        sa, sb = summary.get(a, {}).get("samples_per_s"), summary.get(b, {}).get("samples_per_s")
+        return round(sa / sb, 2) if sa and sb else None
+
+    probe = summary["probe"]["gflops"]
+    ratios: dict[str, Any] = {}
+    for label, _ in envs:
+        suffix = "" if label == "default" else f" [{label}]"
+        ratios["fast_over_plain" + suffix] = ratio("fast" + suffix, "plain" + suffix)
+        fast = summary.get("fast" + suffix, {}).get("gflops")
+        ratios["fast_flop_rate_pct_of_probe" + suffix] = (
+            round(100 * fast / probe, 1) if fast and probe else None
+        )
+    ratios["fast_over_torch"] = ratio("fast", "torch") if torch_ok else None
+    return {
+        "benchmark": "model_step",
+        "config": common,
+        "train_flops_per_sample": flops,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "affinity": len(os.sched_getaffinity(0)),
+            "processor": platform.processor() or platform.machine(),
+            "loadavg_end": [round(v, 2) for v in os.getloadavg()],
+        },
+        "summary": summary,
+        "ratios": ratios,
+        "torch": None if torch_ok else f"torch not importable in {torch_python}",
+        "rounds": rounds,
+    }
+
+
+def table(report: dict[str, Any]) -> str:
+    """The summary as a fixed-width table."""
+    lines = [
+        f"{'measurement':36s} {'step ms':>9s} {'cpu ms':>9s} {'samples/s':>10s} {'GFLOP/s':>8s}"
+    ]
+    for name, e in report["summary"].items():
+        if name == "probe":
+            lines.append(
+                f"{'matmul probe 2048²':36s} {'':>9s} {'':>9s} {'':>10s} {e['gflops']:8.1f}"
+            )
+            continue
+        if e.get("step_ms") is None:
+            lines.append(f"{name:36s} failed: {e.get('errors')}")
+            continue
+        lines.append(
+            f"{name:36s} {e['step_ms']:9.1f} {e['cpu_ms']:9.1f} {e['samples_per_s']:10d} "
+            f"{e['gflops']:8.2f}"
+        )
+    for key, value in report["ratios"].items():
+        lines.append(f"{key:36s} {value}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse options, run the measurements, print JSON (stdout) and a table (stderr)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    p.add_argument("--batch", type=int, default=1000)
+    p.add_argument("--height", type=int, default=20)
+    p.add_argument("--width", type=int, default=195)
+    p.add_argument("--outputs", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument(
+        "--env",
+        action="append",
+        help="extra NAME=VALUE environment for another plain/fast pair (repeatable; "
+        f"'none' for none; default {' '.join(DEFAULT_ENVS)})",
+    )
+    p.add_argument("--no-xla", dest="xla", action="store_false")
+    p.add_argument("--torch-python", help="interpreter with torch (default: this one)")
+    p.add_argument("--json-out", type=Path)
+    args = p.parse_args(argv)
+    if args.worker:
+        _worker_main(args.worker)
+        return
+    report = measure(args)
+    text = json.dumps(report, indent=2)
+    if args.json_out:
+        args.json_out.write_text(text + "\n")
+    print(text)
+    print(table(report), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
