@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -31,10 +32,7 @@ def test_conversion_matches_the_text_and_statistics(tiny_data: Path, tmp_path: P
 def test_unchanged_sources_reuse_the_cache_and_changed_ones_convert_again(
     tiny_data: Path, tmp_path: Path
 ) -> None:
-    data = tmp_path / "data"
-    data.mkdir()
-    for f in tiny_data.iterdir():
-        (data / f.name).write_bytes(f.read_bytes())
+    data = shutil.copytree(tiny_data, tmp_path / "data")
     config = _config(data, tmp_path)
     first = cache.prepare(config)
     assert cache.prepare(config).path == first.path
@@ -51,10 +49,7 @@ def test_unchanged_sources_reuse_the_cache_and_changed_ones_convert_again(
 def test_line_count_mismatch_names_both_files_and_leaves_no_cache(
     tiny_data: Path, tmp_path: Path
 ) -> None:
-    data = tmp_path / "data"
-    data.mkdir()
-    for f in tiny_data.iterdir():
-        (data / f.name).write_bytes(f.read_bytes())
+    data = shutil.copytree(tiny_data, tmp_path / "data")
     lines = (data / "train_labels.txt").read_text().splitlines()
     (data / "train_labels.txt").write_text("\n".join(lines[:-1]) + "\n")
     config = _config(data, tmp_path)
