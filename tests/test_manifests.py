@@ -405,7 +405,7 @@ def test_job_failure_handling_follows_the_exit_codes(job: dict[str, Any]) -> Non
     assert spec["podFailurePolicy"]["rules"] == [
         {
             "action": "FailJob",
-            "onExitCodes": {"containerName": "coretrain", "operator": "In", "values": [2, 3]},
+            "onExitCodes": {"containerName": "coretrain", "operator": "In", "values": [2, 3, 5]},
         },
         {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
     ]
