@@ -22,10 +22,10 @@ RUN python3 -m venv /opt/venv
 WORKDIR /src
 # Dependencies first, from pyproject.toml alone, so this slow layer (TensorFlow
 # is ~0.6 GB of wheels) is reused while only app/ changes.
-COPY pyproject.toml ./
+COPY pyproject.toml constraints.txt ./
 RUN python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
       > /tmp/requirements.txt \
- && /opt/venv/bin/pip install --no-cache-dir -r /tmp/requirements.txt
+ && /opt/venv/bin/pip install --no-cache-dir -c constraints.txt -r /tmp/requirements.txt
 # Size trim, runtime-neutral (~0.5 GB): TF's C++ headers (only for building
 # custom ops), the static symbol tables of TF's shared libraries (`strip
 # --strip-unneeded` keeps the dynamic symbols the loader and TF's op registry

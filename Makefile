@@ -10,10 +10,10 @@ DEMO_TRAIN_ARGS ?= --max-steps 300 --eval-every 50 --checkpoint-every 100
 
 .PHONY: install train test lint typecheck unit bench container-test clean
 
-$(BIN)/coretrain: pyproject.toml
+$(BIN)/coretrain: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
 	@touch $@
 
 install: $(BIN)/coretrain
