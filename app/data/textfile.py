@@ -42,7 +42,7 @@ import numpy as np
 
 from app.errors import DataError
 
-__all__ = ["MAX_LINE_BYTES", "iter_chunks", "parse_field"]
+__all__ = ["MAX_LINE_BYTES", "Span", "is_gzip", "iter_chunks", "parse_field"]
 
 #: A longer line is an error (a binary file, or no newlines); with ``chunk_rows`` this
 #: bounds the memory of one chunk.
@@ -79,6 +79,35 @@ def parse_field(token: bytes) -> float | None:
     return float(token)
 
 
+@dataclass
+class Span:
+    """A part of a plain-text file, bytes ``[start, stop)``, that begins at a line start.
+
+    For parsing one file in several processes (:mod:`app.data.parallel`). Set by the
+    caller: ``start`` / ``stop`` byte offsets (``stop`` None: to the end of the file);
+    ``first_line``, the 1-based number of the line at ``start``; ``blank_line``, the
+    first line of the run of blank lines that ends just before ``start`` (None when the
+    line before is not blank) -- the state the lines before ``start`` leave, so that
+    messages match reading the whole file. Updated by :func:`iter_chunks` as it reads:
+    ``lines`` (lines read, blank ones included), ``rows`` (samples) and ``blank_line``
+    (first line of the blank run at the end of the span, or None).
+    """
+
+    start: int = 0
+    stop: int | None = None
+    first_line: int = 1
+    blank_line: int | None = None
+    lines: int = 0
+    rows: int = 0
+
+
+def is_gzip(path: str | os.PathLike[str]) -> bool:
+    """True when the file starts with the gzip magic bytes. Raises DataError (unreadable)."""
+    raw, stream = _open(os.fspath(path))
+    with raw, stream:
+        return stream is not raw
+
+
 def iter_chunks(
     path: str | os.PathLike[str],
     *,
@@ -86,6 +115,7 @@ def iter_chunks(
     allow_nonfinite: bool = False,
     chunk_rows: int = 512,
     width_hint: str = "",
+    span: Span | None = None,
 ) -> Iterator[np.ndarray]:
     """Yield the file's samples as float32 arrays of shape (rows <= chunk_rows, width), in order.
 
@@ -94,6 +124,9 @@ def iter_chunks(
     float32's range, which becomes Inf); by default they are errors. ``chunk_rows``: at
     most this many samples per array (fewer when that many lines exceed 64 MiB).
     ``width_hint``: added in parentheses to a wrong-width message, e.g. ``"H×W = 20×195"``.
+    ``span``: read only that part of a plain (not gzip) file, numbering lines from
+    ``span.first_line``; the span records the lines, rows and trailing blank run it read,
+    and an empty span is no error. A UTF-8 BOM is only recognised at offset 0.
 
     Memory: one chunk of lines as bytes (plus a 1 MiB read), its float32 array and
     temporaries for ~256 KiB of lines (a copy of the chunk on the np.loadtxt and error
@@ -104,19 +137,28 @@ def iter_chunks(
     number of fields, a field that is not a number, NaN/Inf when not allowed, data after a
     blank line (named: the blank line), a line over MAX_LINE_BYTES; ``<path>: <problem>``
     for a missing, unreadable (permissions, a directory) or empty file, and truncated or
-    corrupt gzip data. ValueError for ``chunk_rows < 1`` or ``width < 1``.
+    corrupt gzip data. ValueError for ``chunk_rows < 1`` or ``width < 1``, and for a span
+    of a gzip file other than the whole file.
     """
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
     if width is not None and width < 1:
         raise ValueError(f"width must be >= 1, got {width}")
     state = _State(os.fspath(path), width, None, width_hint, allow_nonfinite)
-    for first_line, buf, begin, ends in _read_blocks(state.path, chunk_rows):
+    part = span if span is not None else Span()
+    state.blank_line = part.blank_line
+    next_line = part.first_line
+    for first_line, buf, begin, ends in _read_blocks(state.path, chunk_rows, part):
+        next_line = first_line + len(ends)
         values = _parse_block(state, buf, begin, first_line, ends)
         if len(values):
             state.rows += len(values)
+            part.rows = state.rows
             yield values
-    if state.rows == 0:
+    part.lines = next_line - part.first_line
+    part.rows = state.rows
+    part.blank_line = state.blank_line
+    if state.rows == 0 and span is None:
         raise DataError(f"{state.path}: empty file (no data lines)")
 
 
@@ -198,6 +240,14 @@ def _open(path: str) -> tuple[BinaryIO, BinaryIO]:
     return raw, raw
 
 
+def _seek(raw: BinaryIO, offset: int, path: str) -> None:
+    """Seek a plain file; I/O failures become DataError."""
+    try:
+        raw.seek(offset)
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
 def _read_into(stream: BinaryIO, view: memoryview, path: str) -> int:
     """One readinto(); 0 at the end. gzip and I/O failures become DataError."""
     try:
@@ -210,22 +260,31 @@ def _read_into(stream: BinaryIO, view: memoryview, path: str) -> int:
         raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
 
 
-def _read_blocks(path: str, chunk_rows: int) -> Iterator[tuple[int, np.ndarray, int, np.ndarray]]:
+def _read_blocks(
+    path: str, chunk_rows: int, span: Span
+) -> Iterator[tuple[int, np.ndarray, int, np.ndarray]]:
     """Yield (first line number, buffer, begin, line ends) for up to chunk_rows whole lines.
 
     ``buffer``: uint8, 8-aligned; the lines are ``buffer[begin:ends[-1]]``, with at least
     _PAD bytes in front ending in whitespace and at least 8 readable bytes after; valid
     until the next item is requested. ``ends``: int64 offsets just past each line's newline
-    (one is added to a last line without it). A UTF-8 BOM at the start becomes whitespace.
-    Raises DataError.
+    (one is added to a last line without it). A UTF-8 BOM at offset 0 becomes whitespace.
+    Only ``span``'s bytes are read, lines numbered from its first line. Raises DataError;
+    ValueError for a span of a gzip file other than the whole file.
     """
     raw, stream = _open(path)
     with raw, stream:
+        if span.start or span.stop is not None:
+            if stream is not raw:
+                raise ValueError(f"{path}: a gzip file can only be read as a whole")
+            _seek(raw, span.start, path)
+        left = None if span.stop is None else max(0, span.stop - span.start)  # bytes to read
+        bom = span.start == 0  # the next read is the file's first
         buf = np.full(_PAD + 2 * _READ_BYTES + 8, 32, np.uint8)
         begin = end = _PAD  # unconsumed data: buf[begin:end]
         nls = np.empty(0, np.int64)  # offsets just past the newlines in there
         eof = False
-        line = 1
+        line = span.first_line
         while True:
             while (
                 not eof
@@ -242,9 +301,13 @@ def _read_blocks(path: str, chunk_rows: int) -> Iterator[tuple[int, np.ndarray, 
                     moved[_PAD : _PAD + end - begin] = buf[begin:end].copy()
                     nls = nls - (begin - _PAD)
                     buf, begin, end = moved, _PAD, _PAD + end - begin
-                got = _read_into(stream, buf.data[end : end + _READ_BYTES], path)
-                if line == 1 and end == _PAD and buf[_PAD : _PAD + 3].tobytes() == _BOM:
+                want = _READ_BYTES if left is None else min(_READ_BYTES, left)
+                got = _read_into(stream, buf.data[end : end + want], path) if want else 0
+                if left is not None:
+                    left -= got
+                if bom and buf[_PAD : _PAD + 3].tobytes() == _BOM:
                     buf[_PAD : _PAD + 3] = 32
+                bom = False
                 found = np.flatnonzero(buf[end : end + got] == 10) + (end + 1)
                 if len(found):
                     lengths = np.diff(found, prepend=int(nls[-1]) if len(nls) else begin) - 1
