@@ -1,0 +1,411 @@
+"""Convert one text data file into raw float32 rows, in several processes when it pays.
+
+A plain-text file is cut into byte ranges that begin at line starts (:func:`split_lines`,
+a few per process). Each range is parsed by :func:`app.data.textfile.iter_chunks` and its
+rows are written to its own part file next to the destination; the parts are then joined
+in file order. Ranges are handed out one at a time through a shared counter, and this
+process parses ranges too, so a worker that started late (a fresh interpreter takes a
+fraction of a second to import numpy) or runs on a busier CPU holds nobody up. The
+result is bit for bit the one of reading the file in one pass; the column sums used for
+the statistics are added in another order (equal to float64 rounding).
+
+Errors name the right ``file:line``: a range is parsed with its lines numbered from 1,
+and the line number of its start (and the blank-line state the lines before it leave)
+become known once the ranges before it are parsed. The first range in file order that
+failed -- or that holds data after a blank line that ended an earlier range -- is parsed
+again in this process with that state, which raises exactly the DataError one pass gives.
+Newlines are therefore counted only when there is an error to report.
+
+gzip files are read in one pass: a compressed stream can't be entered in the middle.
+
+Signals and failures: workers ignore SIGINT and SIGTERM (a signal to the process group
+reaches this process, whose ``stop`` callable is polled between chunks); on a stop
+request or an error every process abandons its range at the next chunk, this process
+waits for them, removes the parts and the destination, and raises. Nothing is left
+behind and nothing writes to the output directory after the call returns.
+
+Workers are started with the ``forkserver`` method: a fresh interpreter (started once per
+process, on the first parallel conversion) imports this module and forks each worker, so
+no worker inherits TensorFlow's threads (forking a process that has imported TensorFlow is
+unsafe) and none pays numpy's import again. As with any ``spawn``/``forkserver`` user, the
+program's main module must start its work under ``if __name__ == "__main__":`` (it is
+imported again in each worker). No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import signal
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from app.data import textfile
+from app.errors import DataError, Preempted
+
+__all__ = ["MIN_RANGE_BYTES", "RANGES_PER_PROCESS", "Converted", "convert_file", "split_lines"]
+
+#: Ranges per process: enough that a late or slow process gets fewer, few enough that
+#: the per-range costs (a part file, the first chunk) stay small.
+RANGES_PER_PROCESS = 4
+#: Files are not cut into ranges smaller than this (bytes): below it the start of a
+#: worker process costs more than it saves.
+MIN_RANGE_BYTES = 4 << 20
+_SCAN_BYTES = 1 << 16  # read at a time when looking for the end of a line
+_POLL_S = 0.05  # how often a waiting parent checks its stop request
+
+
+@dataclass(frozen=True)
+class Converted:
+    """What :func:`convert_file` wrote: ``rows`` samples of ``width`` float32 values.
+
+    ``sums`` / ``sums_sq``: float64 column sums of the values and of their squares,
+    shape (width,). ``processes``: processes that parsed (1 for one pass); ``ranges``:
+    byte ranges the file was cut into (1 for one pass).
+    """
+
+    rows: int
+    sums: np.ndarray
+    sums_sq: np.ndarray
+    processes: int
+    ranges: int
+
+
+def split_lines(
+    path: str | os.PathLike[str], parts: int, min_bytes: int = MIN_RANGE_BYTES
+) -> list[tuple[int, int]]:
+    """Cut a file into at most ``parts`` byte ranges ``[start, stop)`` at line starts.
+
+    The ranges cover the file in order, each at least about ``min_bytes`` long (bytes)
+    and starting just after a newline (or at 0); cut points are near equal shares of the
+    size, moved forward to the next line start. One range for a small file, and for a
+    file without newlines past the first cut. Raises DataError when the file can't be
+    read; ValueError for ``parts < 1`` or ``min_bytes < 1``.
+    """
+    if parts < 1 or min_bytes < 1:
+        raise ValueError(f"parts and min_bytes must be >= 1, got {parts} and {min_bytes}")
+    name = os.fspath(path)
+    try:
+        with open(name, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            count = max(1, min(parts, size // min_bytes))
+            cuts = [0]
+            for i in range(1, count):
+                target = max(size * i // count, cuts[-1] + 1)
+                cut = _line_start(f, target, size)
+                if cut >= size:
+                    break
+                cuts.append(cut)
+    except FileNotFoundError:
+        raise DataError(f"{name}: no such file") from None
+    except OSError as exc:
+        raise DataError(f"{name}: cannot read: {exc.strerror or exc}") from None
+    return list(zip(cuts, [*cuts[1:], size], strict=True))
+
+
+def _line_start(f: Any, offset: int, size: int) -> int:
+    """The first line start at or after ``offset`` (``size`` when there is none)."""
+    pos = offset - 1  # a newline just before offset makes offset itself a line start
+    f.seek(pos)
+    while pos < size:
+        block = f.read(_SCAN_BYTES)
+        if not block:
+            break
+        found = block.find(b"\n")
+        if found >= 0:
+            return pos + found + 1
+        pos += len(block)
+    return size
+
+
+def convert_file(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    width: int,
+    width_hint: str = "",
+    allow_nonfinite: bool = False,
+    processes: int = 1,
+    stop: Callable[[], bool] = lambda: False,
+    min_range_bytes: int | None = None,
+) -> Converted:
+    """Parse the text file ``src`` into ``dst``: rows of ``width`` native float32, in order.
+
+    ``processes``: processes that parse (this one included; 1 reads in one pass, as do
+    gzip files and files under ``2 * min_range_bytes``, default :data:`MIN_RANGE_BYTES`);
+    the caller sizes it from the CPU budget (:attr:`app.plan.ThreadPlan.intra_op_threads`).
+    ``stop`` is polled between chunks of 512 lines. ``width_hint`` and ``allow_nonfinite``
+    as in :func:`app.data.textfile.iter_chunks`.
+
+    Memory per process: one chunk of lines and its rows (textfile's bound), never the file.
+
+    Raises DataError (``file:line: problem``, the same message as one pass), Preempted
+    when ``stop`` returns True, OSError when ``dst`` or a part can't be written,
+    concurrent.futures.process.BrokenProcessPool when a worker dies (killed, out of
+    memory). On any of them ``dst`` and the part files are removed.
+    """
+    if processes < 1:
+        raise ValueError(f"processes must be >= 1, got {processes}")
+    out = Path(dst)
+    ranges = [(0, 0)]
+    if processes > 1 and not textfile.is_gzip(src):
+        min_bytes = MIN_RANGE_BYTES if min_range_bytes is None else min_range_bytes
+        ranges = split_lines(src, processes * RANGES_PER_PROCESS, min_bytes)
+    parts = [out.with_name(f"{out.name}.{i}.part") for i in range(len(ranges))]
+    done = False
+    try:
+        if len(ranges) == 1:
+            result = _one_pass(src, out, width, width_hint, allow_nonfinite, stop)
+        else:
+            result = _in_ranges(
+                src, out, parts, ranges, width, width_hint, allow_nonfinite, processes, stop
+            )
+        done = True
+        return result
+    finally:
+        if len(ranges) > 1:
+            for part in parts:
+                part.unlink(missing_ok=True)
+        if not done:
+            out.unlink(missing_ok=True)
+
+
+def _one_pass(
+    src: str | os.PathLike[str],
+    dst: Path,
+    width: int,
+    hint: str,
+    allow_nonfinite: bool,
+    stop: Callable[[], bool],
+) -> Converted:
+    with open(dst, "wb") as f:
+        result = _write_rows(src, f, None, width, hint, allow_nonfinite, stop)
+    if result.status == "stopped":
+        raise Preempted(f"{os.fspath(src)}: stopped by signal during cache conversion")
+    return Converted(result.rows, result.sums, result.sums_sq, processes=1, ranges=1)
+
+
+@dataclass
+class _Result:
+    """One range (or the whole file) parsed: how it went and what it held.
+
+    ``status``: "ok", "data_error" (parse it again to get the message) or "stopped".
+    ``lines``, ``rows``, ``blank_line`` as in :class:`app.data.textfile.Span` (numbered
+    from the range's first line).
+    """
+
+    status: str
+    rows: int = 0
+    lines: int = 0
+    blank_line: int | None = None
+    sums: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    sums_sq: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+
+def _write_rows(
+    src: str | os.PathLike[str],
+    f: Any,
+    span: textfile.Span | None,
+    width: int,
+    hint: str,
+    allow_nonfinite: bool,
+    stopped: Callable[[], bool],
+) -> _Result:
+    """Parse ``src`` (or its span) into the open file ``f``; DataError only without a span."""
+    rows = 0
+    total = np.zeros(width, np.float64)
+    total_sq = np.zeros(width, np.float64)
+    try:
+        for chunk in textfile.iter_chunks(
+            src, width=width, allow_nonfinite=allow_nonfinite, width_hint=hint, span=span
+        ):
+            if stopped():
+                return _Result("stopped")
+            f.write(np.ascontiguousarray(chunk, np.float32).tobytes())
+            c64 = chunk.astype(np.float64)
+            total += c64.sum(axis=0)
+            total_sq += np.square(c64).sum(axis=0)
+            rows += len(chunk)
+    except DataError:
+        if span is None:
+            raise
+        return _Result("data_error")
+    if span is None:
+        return _Result("ok", rows, sums=total, sums_sq=total_sq)
+    return _Result("ok", span.rows, span.lines, span.blank_line, total, total_sq)
+
+
+# --- ranges -------------------------------------------------------------------------------
+
+# Set in each worker by _init_worker (and passed to _take in this process).
+_NEXT: Any = None  # multiprocessing.Value("q"): the next range to hand out
+_HALT: Any = None  # multiprocessing.Event: abandon the current range at the next chunk
+
+
+@dataclass(frozen=True)
+class _Job:
+    """Everything a process needs to parse any of the ranges (picklable)."""
+
+    src: str
+    parts: tuple[str, ...]
+    ranges: tuple[tuple[int, int], ...]
+    width: int
+    hint: str
+    allow_nonfinite: bool
+
+
+def _init_worker(next_range: Any, halt: Any) -> None:
+    """Worker start: share the counter and the halt flag; leave signals to the parent."""
+    global _NEXT, _HALT
+    _NEXT, _HALT = next_range, halt
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _take(next_range: Any, count: int) -> int | None:
+    """The next range to parse, or None when all are handed out (or handing out ended)."""
+    with next_range.get_lock():
+        i = int(next_range.value)
+        if i >= count:
+            return None
+        next_range.value = i + 1
+        return i
+
+
+def _parse_range(job: _Job, i: int, stopped: Callable[[], bool]) -> _Result:
+    start, stop = job.ranges[i]
+    span = textfile.Span(start, stop)
+    with open(job.parts[i], "wb") as f:
+        return _write_rows(job.src, f, span, job.width, job.hint, job.allow_nonfinite, stopped)
+
+
+def _parse_ranges(
+    job: _Job, next_range: Any, halt: Any, stop: Callable[[], bool]
+) -> list[tuple[int, _Result]]:
+    """Take ranges until none is left; after a bad range hand out no more (the ranges
+    before it are all taken: they still finish, their line counts are needed)."""
+    results = []
+    while not halt.is_set() and (i := _take(next_range, len(job.ranges))) is not None:
+        result = _parse_range(job, i, lambda: halt.is_set() or stop())
+        results.append((i, result))
+        if result.status == "data_error":
+            with next_range.get_lock():
+                next_range.value = len(job.ranges)
+        elif result.status == "stopped":
+            halt.set()
+    return results
+
+
+def _worker(job: _Job) -> list[tuple[int, _Result]]:
+    """A worker process's task: parse ranges until none is left."""
+    return _parse_ranges(job, _NEXT, _HALT, lambda: False)
+
+
+def _in_ranges(
+    src: str | os.PathLike[str],
+    dst: Path,
+    parts: list[Path],
+    ranges: list[tuple[int, int]],
+    width: int,
+    hint: str,
+    allow_nonfinite: bool,
+    processes: int,
+    stop: Callable[[], bool],
+) -> Converted:
+    name = os.fspath(src)
+    job = _Job(name, tuple(map(str, parts)), tuple(ranges), width, hint, allow_nonfinite)
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])  # numpy and the parser imported once, not per worker
+    next_range = ctx.Value("q", 0)
+    halt = ctx.Event()
+    workers = min(processes, len(ranges)) - 1
+    results: dict[int, _Result] = {}
+    pool = ProcessPoolExecutor(
+        workers, mp_context=ctx, initializer=_init_worker, initargs=(next_range, halt)
+    )
+    try:
+        futures = [pool.submit(_worker, job) for _ in range(workers)]
+        results.update(_parse_ranges(job, next_range, halt, stop))
+        pending: set[Future] = set(futures)
+        while pending and not halt.is_set():
+            if stop():
+                halt.set()
+                break
+            finished, pending = wait(pending, timeout=_POLL_S, return_when=FIRST_EXCEPTION)
+            if any(f.exception() is not None for f in finished):
+                halt.set()
+        for future in futures:
+            results.update(future.result())  # waits; re-raises a worker's exception
+    except BaseException:
+        halt.set()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    if halt.is_set() or any(r.status == "stopped" for r in results.values()):
+        raise Preempted(f"{name}: stopped by signal during cache conversion")
+    rows = _check_in_order(job, results)
+    _join(dst, parts)
+    sums = np.sum([results[i].sums for i in range(len(ranges))], axis=0)
+    sums_sq = np.sum([results[i].sums_sq for i in range(len(ranges))], axis=0)
+    return Converted(rows, sums, sums_sq, processes=workers + 1, ranges=len(ranges))
+
+
+def _check_in_order(job: _Job, results: dict[int, _Result]) -> int:
+    """Walk the ranges in file order with the state one pass would have; return the rows.
+
+    Parses the first range that failed, or that holds data after a blank line ending an
+    earlier range, again with its real first line and blank-line state: that raises the
+    DataError of one pass. Raises DataError for a file without data lines.
+    """
+    line, blank, rows = 1, None, 0
+    for i, (start, stop) in enumerate(job.ranges):
+        result = results[i]
+        if result.status != "ok" or (blank is not None and result.rows):
+            span = textfile.Span(start, stop, first_line=line, blank_line=blank)
+            for _ in textfile.iter_chunks(
+                job.src,
+                width=job.width,
+                allow_nonfinite=job.allow_nonfinite,
+                width_hint=job.hint,
+                span=span,
+            ):
+                pass
+            raise AssertionError(f"{job.src}: range {start}-{stop} parsed the second time")
+        if blank is None and result.blank_line is not None:
+            blank = line + result.blank_line - 1
+        line += result.lines
+        rows += result.rows
+    if rows == 0:
+        raise DataError(f"{job.src}: empty file (no data lines)")
+    return rows
+
+
+def _join(dst: Path, parts: list[Path]) -> None:
+    """Concatenate the part files into ``dst`` in order (the first is renamed, not copied)."""
+    os.replace(parts[0], dst)
+    with open(dst, "r+b") as out:  # not "ab": copy_file_range(2) refuses O_APPEND
+        out.seek(0, os.SEEK_END)
+        for part in parts[1:]:
+            with open(part, "rb") as f:
+                _copy(f, out)
+            part.unlink()
+
+
+def _copy(f: Any, out: Any) -> None:
+    """Append all of ``f`` to ``out``: copy_file_range(2) in the kernel, else read/write."""
+    left = os.fstat(f.fileno()).st_size
+    try:
+        while left > 0:
+            n = os.copy_file_range(f.fileno(), out.fileno(), left)
+            if n == 0:
+                break
+            left -= n
+    except OSError:  # not supported between these files: copy through user space
+        f.seek(os.fstat(f.fileno()).st_size - left)
+        shutil.copyfileobj(f, out, 1 << 20)

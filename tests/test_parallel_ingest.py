@@ -1,0 +1,201 @@
+"""Parallel conversion (app.data.parallel): byte ranges at line starts, parsed in worker
+processes, give the bytes and the error messages of one pass, and leave no partial files.
+
+Ranges are forced small (``min_range_bytes``) so that small files are cut into several;
+every parallel call here really starts a worker process (``Converted.processes``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.config import TrainConfig
+from app.data import cache, parallel, synthetic, textfile
+from app.errors import DataError, Preempted
+
+DATA = Path(__file__).parent / "fixtures" / "data"
+FIXTURES = sorted((DATA / "good").glob("*.txt")) + sorted((DATA / "bad").glob("*.txt"))
+
+
+def lines_of(n: int, width: int) -> bytes:
+    """n lines of ``width`` distinct integers."""
+    return b"".join(
+        b" ".join(b"%d" % (i * width + j) for j in range(width)) + b"\n" for i in range(n)
+    )
+
+
+def first_width(path: Path) -> int:
+    """Fields on the first non-blank line (1 for a file without any)."""
+    for line in path.read_bytes().removeprefix(b"\xef\xbb\xbf").splitlines():
+        if line.split():
+            return len(line.split())
+    return 1
+
+
+def convert(src: Path, dst: Path, processes: int, **kwargs) -> parallel.Converted | DataError:
+    """convert_file's result, or the DataError it raised."""
+    try:
+        return parallel.convert_file(src, dst, processes=processes, **kwargs)
+    except DataError as exc:
+        return exc
+
+
+def test_split_lines_cuts_at_line_starts_and_covers_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "f.txt"
+    text = lines_of(1000, 7)
+    path.write_bytes(text)
+    ranges = parallel.split_lines(path, 8, min_bytes=1000)
+    assert len(ranges) == 8
+    assert ranges[0][0] == 0 and ranges[-1][1] == len(text)
+    for (_, stop), (start, _) in itertools.pairwise(ranges):
+        assert stop == start
+        assert text[start - 1 : start] == b"\n"  # each range starts a line
+    sizes = [stop - start for start, stop in ranges]
+    assert max(sizes) - min(sizes) < 2 * max(len(line) for line in text.splitlines(True))
+
+
+def test_split_lines_keeps_small_files_and_single_lines_whole(tmp_path: Path) -> None:
+    path = tmp_path / "f.txt"
+    path.write_bytes(lines_of(100, 3))
+    assert parallel.split_lines(path, 8) == [(0, path.stat().st_size)]  # < MIN_RANGE_BYTES
+    path.write_bytes(b"1 " * 5000)  # no newline at all: nowhere to cut
+    assert parallel.split_lines(path, 4, min_bytes=100) == [(0, 10000)]
+    with pytest.raises(DataError, match="no such file"):
+        parallel.split_lines(tmp_path / "missing.txt", 2)
+
+
+def test_parallel_result_is_bit_identical_to_one_process(tmp_path: Path) -> None:
+    feats, _ = synthetic.make_samples(60, np.random.default_rng(3))
+    rows = feats.reshape(60, -1)
+    rows[::7, ::11] *= 1e-7  # exponents too (%.4g writes 1.234e-08)
+    src = tmp_path / "train_features.txt"
+    np.savetxt(src, rows, fmt="%.4g")
+    one = parallel.convert_file(src, tmp_path / "one.f32", width=3900)
+    two = parallel.convert_file(
+        src, tmp_path / "two.f32", width=3900, processes=2, min_range_bytes=50_000
+    )
+    assert (one.processes, one.ranges) == (1, 1)
+    assert two.processes == 2 and two.ranges == 8
+    assert (tmp_path / "one.f32").read_bytes() == (tmp_path / "two.f32").read_bytes()
+    expected = np.loadtxt(src, dtype=np.float32)
+    got = np.fromfile(tmp_path / "two.f32", np.float32).reshape(60, 3900)
+    np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
+    assert two.rows == one.rows == 60
+    # Column sums are added in another order: equal to float64 rounding.
+    np.testing.assert_allclose(two.sums, one.sums, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(two.sums_sq, one.sums_sq, rtol=1e-12)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "one.f32",
+        "train_features.txt",
+        "two.f32",
+    ]
+
+
+def test_an_error_in_the_second_range_names_its_line_in_the_file(tmp_path: Path) -> None:
+    src = tmp_path / "train_features.txt"
+    src.write_bytes(lines_of(400, 6))
+    ranges = parallel.split_lines(src, 2 * parallel.RANGES_PER_PROCESS, min_bytes=1000)
+    start, stop = ranges[1]
+    text = src.read_bytes()
+    bad_line = text[:start].count(b"\n") + 3  # the third line of the second range
+    lines = text.splitlines(True)
+    fields = lines[bad_line - 1].split()
+    token = fields[2][:-1] + b"x"  # the same length: the cuts stay where they were
+    fields[2] = token
+    lines[bad_line - 1] = b" ".join(fields) + b"\n"
+    src.write_bytes(b"".join(lines))
+    assert parallel.split_lines(src, 8, min_bytes=1000)[1] == (start, stop)  # same cuts
+    for processes in (2, 1):
+        with pytest.raises(DataError) as caught:
+            parallel.convert_file(
+                src, tmp_path / "x.f32", width=6, processes=processes, min_range_bytes=1000
+            )
+        message = f"{src}:{bad_line}: field 3: not a number: '{token.decode()}'"
+        assert str(caught.value) == message
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["train_features.txt"]
+
+
+def test_a_blank_line_ending_one_range_before_data_in_the_next(tmp_path: Path) -> None:
+    src = tmp_path / "f.txt"
+    src.write_bytes(lines_of(400, 6))
+    start, _ = parallel.split_lines(src, 8, min_bytes=1000)[2]
+    text = src.read_bytes()
+    blank = text[:start].count(b"\n")  # the last line of the second range becomes blank
+    lines = text.splitlines(True)
+    lines[blank - 1] = b" " * (len(lines[blank - 1]) - 1) + b"\n"  # the same length
+    src.write_bytes(b"".join(lines))
+    assert parallel.split_lines(src, 8, min_bytes=1000)[2][0] == start
+    with pytest.raises(DataError) as caught:
+        parallel.convert_file(src, tmp_path / "x.f32", width=6, processes=2, min_range_bytes=1000)
+    assert (
+        str(caught.value) == f"{src}:{blank}: blank line followed by more data on line {blank + 1}"
+    )
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: f"{p.parent.name}-{p.stem}")
+def test_every_fixture_gives_what_one_pass_gives(path: Path, tmp_path: Path) -> None:
+    """Every line its own range (or nearly): BOM, CRLF, blank lines, no final newline..."""
+    kwargs = {"width": first_width(path), "allow_nonfinite": path.stem == "nonfinite"}
+    one = convert(path, tmp_path / "one.f32", 1, **kwargs)
+    many = convert(path, tmp_path / "many.f32", 3, min_range_bytes=1, **kwargs)
+    if isinstance(one, DataError):
+        assert isinstance(many, DataError) and str(many) == str(one)
+        assert list(tmp_path.iterdir()) == []
+    else:
+        assert isinstance(many, parallel.Converted), many
+        assert many.rows == one.rows
+        assert (tmp_path / "one.f32").read_bytes() == (tmp_path / "many.f32").read_bytes()
+
+
+def test_gzip_is_read_in_one_pass(tmp_path: Path) -> None:
+    src = tmp_path / "f.txt.gz"
+    src.write_bytes(gzip.compress(lines_of(2000, 5)))
+    done = parallel.convert_file(src, tmp_path / "x.f32", width=5, processes=2, min_range_bytes=1)
+    assert (done.processes, done.ranges, done.rows) == (1, 1, 2000)
+    got = np.fromfile(tmp_path / "x.f32", np.float32)
+    np.testing.assert_array_equal(got, np.arange(10000, dtype=np.float32))
+    with pytest.raises(ValueError, match="gzip"):
+        next(textfile.iter_chunks(src, span=textfile.Span(100, 200)))
+
+
+def test_a_stop_request_leaves_no_files(tmp_path: Path) -> None:
+    src = tmp_path / "f.txt"
+    src.write_bytes(lines_of(3000, 6))
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(Preempted, match="stopped by signal during cache conversion"):
+        parallel.convert_file(
+            src, out / "x.f32", width=6, processes=2, min_range_bytes=1000, stop=lambda: True
+        )
+    assert list(out.iterdir()) == []
+
+
+def test_an_unwritable_part_leaves_no_files(tmp_path: Path) -> None:
+    src = tmp_path / "f.txt"
+    src.write_bytes(lines_of(3000, 6))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "x.f32.3.part").mkdir()  # the fourth range can't be opened for writing
+    with pytest.raises(IsADirectoryError):
+        parallel.convert_file(src, out / "x.f32", width=6, processes=2, min_range_bytes=1000)
+    assert [p.name for p in out.iterdir()] == ["x.f32.3.part"]  # only what was there
+
+
+def test_cache_with_two_processes_matches_one(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(parallel, "MIN_RANGE_BYTES", 100_000)
+    data = shutil.copytree(tiny_data, tmp_path / "data")
+    one = cache.prepare(TrainConfig(data_dir=data, output_dir=tmp_path / "one"))
+    two = cache.prepare(TrainConfig(data_dir=data, output_dir=tmp_path / "two"), processes=2)
+    for name in ("train_x.f32", "train_y.f32", "test_x.f32", "test_y.f32"):
+        assert (one.path / name).read_bytes() == (two.path / name).read_bytes()
+    np.testing.assert_allclose(two.feature_mean, one.feature_mean, rtol=1e-6)
+    np.testing.assert_allclose(two.feature_std, one.feature_std, rtol=1e-6)
+    assert sorted(p.name for p in two.path.iterdir()) == sorted(p.name for p in one.path.iterdir())
