@@ -19,15 +19,14 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 
 from app import logs
 from app.atomic import temp_dir, write_json
 from app.config import TrainConfig
-from app.data import textfile
-from app.errors import DataError, Preempted, StorageError
+from app.data import parallel, textfile
+from app.errors import DataError, StorageError
 
 FORMAT_VERSION = 1
 ROLES = ("train_features", "train_labels", "test_features", "test_labels")
@@ -91,26 +90,6 @@ def source_key(config: TrainConfig) -> str:
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
-def _convert_file(
-    src: Path, dst: BinaryIO, width: int, hint: str, allow_nonfinite: bool, stop: Callable
-) -> tuple[int, np.ndarray, np.ndarray]:
-    """Stream ``src`` into ``dst``; return (rows, column sums, column sums of squares)."""
-    rows = 0
-    total = np.zeros(width, np.float64)
-    total_sq = np.zeros(width, np.float64)
-    for chunk in textfile.iter_chunks(
-        src, width=width, allow_nonfinite=allow_nonfinite, width_hint=hint
-    ):
-        if stop():
-            raise Preempted(f"{src}: stopped by signal during cache conversion")
-        dst.write(np.ascontiguousarray(chunk, np.float32).tobytes())
-        c64 = chunk.astype(np.float64)
-        total += c64.sum(axis=0)
-        total_sq += np.square(c64).sum(axis=0)
-        rows += len(chunk)
-    return rows, total, total_sq
-
-
 def _label_width(path: Path) -> int:
     """K: the number of fields on the first line of the label file."""
     for chunk in textfile.iter_chunks(path, chunk_rows=1):
@@ -126,7 +105,7 @@ def _std(total: np.ndarray, total_sq: np.ndarray, n: int) -> tuple[np.ndarray, n
     return mean.astype(np.float32), std.astype(np.float32)
 
 
-def _convert(config: TrainConfig, tmp: Path, stop: Callable[[], bool]) -> dict:
+def _convert(config: TrainConfig, tmp: Path, stop: Callable[[], bool], processes: int) -> dict:
     hw = config.height * config.width
     hint = f"H×W = {config.height}×{config.width}"
     k = _label_width(config.data_path("train_labels"))
@@ -134,12 +113,23 @@ def _convert(config: TrainConfig, tmp: Path, stop: Callable[[], bool]) -> dict:
     sums: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for role in ROLES:
         width, what = (hw, hint) if role.endswith("features") else (k, f"K = {k} labels")
-        with open(tmp / _FILES[role], "wb") as dst:
-            n, s, sq = _convert_file(
-                config.data_path(role), dst, width, what, config.allow_nonfinite, stop
-            )
-        sizes[role], sums[role] = n, (s, sq)
-        logs.event("cache_progress", f"converted {config.data_path(role)}", file=role, rows=n)
+        done = parallel.convert_file(
+            config.data_path(role),
+            tmp / _FILES[role],
+            width=width,
+            width_hint=what,
+            allow_nonfinite=config.allow_nonfinite,
+            processes=processes,
+            stop=stop,
+        )
+        sizes[role], sums[role] = done.rows, (done.sums, done.sums_sq)
+        logs.event(
+            "cache_progress",
+            f"converted {config.data_path(role)}",
+            file=role,
+            rows=done.rows,
+            processes=done.processes,
+        )
     for split in ("train", "test"):
         nf, nl = sizes[f"{split}_features"], sizes[f"{split}_labels"]
         if nf != nl:
@@ -219,8 +209,14 @@ def _remove_stale(root: Path, keep: str) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def prepare(config: TrainConfig, stop: Callable[[], bool] = lambda: False) -> DataCache:
+def prepare(
+    config: TrainConfig, stop: Callable[[], bool] = lambda: False, processes: int = 1
+) -> DataCache:
     """Return the cache for ``config``'s data, converting the text files if needed.
+
+    ``processes``: processes that parse a large plain-text file, each a byte range of
+    it (:mod:`app.data.parallel`); the caller sizes it from the CPU budget. 1 reads
+    each file in one pass.
 
     ``stop`` is polled between chunks; when it returns True the partial
     conversion is removed and Preempted is raised. Raises DataError for bad
@@ -241,7 +237,7 @@ def prepare(config: TrainConfig, stop: Callable[[], bool] = lambda: False) -> Da
         raise StorageError(f"{root}: cannot create the data cache: {exc.strerror}") from exc
     logs.event("cache", f"converting text data into {final}", path=str(final), reused=False)
     try:
-        manifest = _convert(config, tmp, stop)
+        manifest = _convert(config, tmp, stop, processes)
         os.replace(tmp, final)
     except OSError as exc:
         raise StorageError(f"{root}: cannot write the data cache: {exc.strerror}") from exc
