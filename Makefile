@@ -6,7 +6,7 @@ DATA   ?= data/demo
 OUTPUT ?= output
 # Demo training length: long enough to beat the mean predictor clearly,
 # short enough for a 2-core machine (see README "Quick start").
-DEMO_TRAIN_ARGS ?= --max-steps 300 --eval-every 50 --checkpoint-every 100
+DEMO_TRAIN_ARGS ?= --max-steps 200 --eval-every 50 --checkpoint-every 100
 
 .PHONY: install train test lint typecheck unit bench container-test clean
 
