@@ -13,10 +13,11 @@ imported, because thread pools are process-global and fixed at first use:
 * ``torch``: the same CNN in PyTorch eager (optional; only when ``torch`` imports in
   ``--torch-python``, default this interpreter).
 
-Each ``--env NAME=VALUE`` set adds another full plain/fast pair under that environment
-(default: one pair with ``TF_CPU_ALLOCATOR_USE_BFC=true``, which keeps TensorFlow from
-returning large tensors to the OS after every op; page faults on fresh memory are costly on
-virtual machines). ``--env none`` measures the default environment only.
+Each ``--env NAME=VALUE[,NAME=VALUE]`` adds another probe/plain/fast set under that
+environment (default: ``TF_CPU_ALLOCATOR_USE_BFC=true``, which keeps TensorFlow from handing
+large tensors back to the OS after every op, and ``TF_ENABLE_ONEDNN_OPTS=1``, oneDNN
+kernels, off by default on AMD CPUs); ``--env none`` measures the default environment only.
+Ratios compare measurements taken under the same environment.
 
 Per step: median wall seconds and median process CPU seconds of ``--steps`` timed steps after
 ``--warmup`` steps; samples/s = batch / median wall. FLOPs per sample are the model's
@@ -43,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_ENVS = ("TF_CPU_ALLOCATOR_USE_BFC=true",)
+DEFAULT_ENVS = ("TF_CPU_ALLOCATOR_USE_BFC=true", "TF_ENABLE_ONEDNN_OPTS=1")
 
 
 # ---------------------------------------------------------------------------
@@ -227,11 +228,18 @@ def _parse_env(items: list[str]) -> list[tuple[str, dict[str, str]]]:
     for item in items:
         if item == "none":
             continue
-        name, _, value = item.partition("=")
-        if not name or not _:
-            raise SystemExit(f"--env wants NAME=VALUE, got {item!r}")
-        sets.append((item, {name: value}))
+        extra = {}
+        for pair in item.split(","):
+            name, eq, value = pair.partition("=")
+            if not name or not eq:
+                raise SystemExit(f"--env wants NAME=VALUE[,NAME=VALUE], got {item!r}")
+            extra[name] = value
+        sets.append((item, extra))
     return sets
+
+
+def _suffix(label: str) -> str:
+    return "" if label == "default" else f" [{label}]"
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -247,14 +255,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
     envs = _parse_env(args.env if args.env is not None else list(DEFAULT_ENVS))
     torch_python = args.torch_python or sys.executable
-    plan: list[tuple[str, dict[str, Any], dict[str, str], str]] = [
-        ("probe", {"kind": "probe"}, {}, sys.executable)
-    ]
+    plan: list[tuple[str, dict[str, Any], dict[str, str], str]] = []
     for label, extra in envs:
-        suffix = "" if label == "default" else f" [{label}]"
+        plan.append(("probe" + _suffix(label), {"kind": "probe"}, extra, sys.executable))
         for formulation in ("plain", "fast"):
             spec = {**common, "kind": "step", "formulation": formulation}
-            plan.append((formulation + suffix, spec, extra, sys.executable))
+            plan.append((formulation + _suffix(label), spec, extra, sys.executable))
     if args.xla:
         for formulation in ("plain", "fast"):
             spec = {**common, "kind": "step", "formulation": formulation, "xla": True}
@@ -268,7 +274,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         results: dict[str, Any] = {}
         for name, spec, extra, python in plan:
             print(f"round {r + 1}/{args.rounds}: {name} ...", file=sys.stderr, flush=True)
+            load, t0 = os.getloadavg()[0], time.perf_counter()
             results[name] = run_worker(spec, _thread_env(args.threads, extra), python)
+            results[name].update(
+                load1_before=round(load, 2), process_s=round(time.perf_counter() - t0, 1)
+            )
         rounds.append(results)
 
     def med(name: str, key: str) -> float | None:
@@ -278,34 +288,37 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     flops = train_flops(args.height, args.width, args.outputs)
     summary: dict[str, Any] = {}
     for name, *_ in plan:
-        if name == "probe":
-            summary[name] = {"gflops": med(name, "gflops")}
-            continue
-        wall, cpu = med(name, "wall_s"), med(name, "cpu_s")
-        entry: dict[str, Any] = {"step_ms": None if wall is None else round(wall * 1e3, 1)}
-        if wall is not None:
-            entry["samples_per_s"] = round(args.batch / wall)
-            entry["cpu_ms"] = round((cpu or 0) * 1e3, 1)
-            entry["gflops"] = round(flops * args.batch / wall / 1e9, 2)
         errors = [rd[name]["error"] for rd in rounds if "error" in rd.get(name, {})]
+        if name.startswith("probe"):
+            gflops = med(name, "gflops")
+            summary[name] = {"gflops": None if gflops is None else round(gflops, 1)}
+        else:
+            wall, cpu = med(name, "wall_s"), med(name, "cpu_s")
+            entry: dict[str, Any] = {"step_ms": None}
+            if wall is not None:
+                entry["step_ms"] = round(wall * 1e3, 1)
+                entry["cpu_ms"] = round((cpu or 0) * 1e3, 1)
+                entry["samples_per_s"] = round(args.batch / wall)
+                entry["gflops"] = round(flops * args.batch / wall / 1e9, 2)
+            summary[name] = entry
         if errors:
-            entry["errors"] = errors
-        summary[name] = entry
+            summary[name]["errors"] = errors
 
-    def ratio(a: str, b: str) -> float | None:
-        sa, sb = summary.get(a, {}).get("samples_per_s"), summary.get(b, {}).get("samples_per_s")
-        return round(sa / sb, 2) if sa and sb else None
+    def ratio(a: str, b: str, key: str = "samples_per_s") -> float | None:
+        va, vb = summary.get(a, {}).get(key), summary.get(b, {}).get(key)
+        return round(va / vb, 2) if va and vb else None
 
-    probe = summary["probe"]["gflops"]
     ratios: dict[str, Any] = {}
     for label, _ in envs:
-        suffix = "" if label == "default" else f" [{label}]"
-        ratios["fast_over_plain" + suffix] = ratio("fast" + suffix, "plain" + suffix)
-        fast = summary.get("fast" + suffix, {}).get("gflops")
-        ratios["fast_flop_rate_pct_of_probe" + suffix] = (
+        sx = _suffix(label)
+        ratios["fast_over_plain" + sx] = ratio("fast" + sx, "plain" + sx)
+        ratios["plain_cpu_over_fast_cpu" + sx] = ratio("plain" + sx, "fast" + sx, "cpu_ms")
+        fast, probe = summary["fast" + sx].get("gflops"), summary["probe" + sx]["gflops"]
+        ratios["fast_flop_rate_pct_of_probe" + sx] = (
             round(100 * fast / probe, 1) if fast and probe else None
         )
-    ratios["fast_over_torch"] = ratio("fast", "torch") if torch_ok else None
+        if torch_ok:
+            ratios["fast_over_torch" + sx] = ratio("fast" + sx, "torch")
     return {
         "benchmark": "model_step",
         "config": common,
@@ -325,24 +338,20 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def table(report: dict[str, Any]) -> str:
     """The summary as a fixed-width table."""
-    lines = [
-        f"{'measurement':36s} {'step ms':>9s} {'cpu ms':>9s} {'samples/s':>10s} {'GFLOP/s':>8s}"
-    ]
+    head = f"{'measurement':44s} {'step ms':>8s} {'cpu ms':>8s} {'samples/s':>9s} {'GFLOP/s':>8s}"
+    lines = [head]
     for name, e in report["summary"].items():
-        if name == "probe":
+        if name.startswith("probe"):
+            label = "matmul probe 2048²" + name[len("probe") :]
+            lines.append(f"{label:44s} {'':>8s} {'':>8s} {'':>9s} {e['gflops'] or 0:8.1f}")
+        elif e.get("step_ms") is None:
+            lines.append(f"{name:44s} failed: {e.get('errors')}")
+        else:
             lines.append(
-                f"{'matmul probe 2048²':36s} {'':>9s} {'':>9s} {'':>10s} {e['gflops']:8.1f}"
+                f"{name:44s} {e['step_ms']:8.1f} {e['cpu_ms']:8.1f} {e['samples_per_s']:9d} "
+                f"{e['gflops']:8.2f}"
             )
-            continue
-        if e.get("step_ms") is None:
-            lines.append(f"{name:36s} failed: {e.get('errors')}")
-            continue
-        lines.append(
-            f"{name:36s} {e['step_ms']:9.1f} {e['cpu_ms']:9.1f} {e['samples_per_s']:10d} "
-            f"{e['gflops']:8.2f}"
-        )
-    for key, value in report["ratios"].items():
-        lines.append(f"{key:36s} {value}")
+    lines.extend(f"{key:44s} {value}" for key, value in report["ratios"].items())
     return "\n".join(lines)
 
 
