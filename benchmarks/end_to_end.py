@@ -1,0 +1,197 @@
+"""End-to-end training speed: ``train()`` reading its on-disk cache vs in-memory tensors.
+
+Both variants run the project's entry point, :func:`app.train.train`, in a fresh process
+with the thread plan applied by :func:`app.runtime.apply` (as ``coretrain train`` does),
+on the same prepared cache, config and steps. ``cache`` is the real job: batches gathered
+from the memory-mapped cache by the tf.data pipeline (:mod:`app.data.pipeline`).
+``memory`` replaces only that pipeline with one batch held in memory as tensors and fed
+again every step, so the difference is what the input pipeline costs the training loop.
+
+samples/s come from the ``progress`` events in ``logs/train.jsonl``: the first window
+(``--e2e-window`` steps; tracing, warm-up) is dropped, the rest are pooled (samples over
+seconds; each window also holds one evaluation of the test set, in both variants). The
+``cache`` worker also times the pipeline's batch gather alone (numpy, one thread) as the
+input's cost per batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import worker
+
+MODULE = "benchmarks.end_to_end"
+
+
+def _plan() -> Any:
+    """The thread plan ``coretrain train`` would make here (explicit TF_NUM_* win)."""
+    from app import cgroups, plan, topology
+
+    budget = cgroups.detect_budget("/")
+    sources, intra, inter = {}, None, None
+    if os.environ.get("TF_NUM_INTRAOP_THREADS"):
+        intra = int(os.environ["TF_NUM_INTRAOP_THREADS"])
+        sources["intra_op_threads"] = "TF_NUM_INTRAOP_THREADS env"
+    if os.environ.get("TF_NUM_INTEROP_THREADS"):
+        inter = int(os.environ["TF_NUM_INTEROP_THREADS"])
+        sources["inter_op_threads"] = "TF_NUM_INTEROP_THREADS env"
+    overrides = plan.Overrides(intra_op_threads=intra, inter_op_threads=inter, sources=sources)
+    return plan.make_plan(budget, topology.detect_topology("/", budget.cpuset), overrides)
+
+
+def _gather_ms(data: Any, batch: int, seed: int, batches: int = 5) -> float:
+    """Median milliseconds of the pipeline's numpy gather of one training batch."""
+    import numpy as np
+
+    from app.data import pipeline
+
+    feats, labels = data.features("train"), data.labels("train")
+    times = []
+    for step in range(batches):
+        idx = np.sort(pipeline.batch_indices(seed, step, batch, data.train_size))
+        t0 = time.perf_counter()
+        _ = feats[idx][..., None], labels[idx]
+        times.append(time.perf_counter() - t0)
+    return round(1e3 * sorted(times)[len(times) // 2], 1)
+
+
+def _train(spec: dict[str, Any]) -> dict[str, Any]:
+    import logging
+
+    from app import logs, runtime
+
+    plan = _plan()
+    runtime.apply(plan)
+    logging.getLogger(logs.LOGGER_NAME).setLevel(logging.INFO)  # events to the file only
+
+    import tensorflow as tf
+
+    from app import train as train_lib
+    from app.config import TrainConfig
+    from app.data import cache as cache_lib
+    from app.data import pipeline
+
+    window, steps = spec["window"], spec["steps"]
+    with tempfile.TemporaryDirectory(dir=spec["tmp"]) as out:
+        config = TrainConfig(
+            data_dir=Path(spec["data"]),
+            output_dir=Path(out),
+            cache_dir=Path(spec["cache"]),
+            max_steps=window + steps,
+            eval_every=window,
+            checkpoint_every=10 * (window + steps),
+            batch_size=spec["batch"],
+            target_loss=0.0,
+        )
+        gather = None
+        if spec["variant"] == "memory":
+            real = pipeline.train_dataset
+
+            def in_memory(data: Any, plan: Any, **kw: Any) -> Any:
+                first = real(data, plan, **{**kw, "end_step": kw["start_step"] + 1})
+                x, y = next(iter(first))
+                count = kw["end_step"] - kw["start_step"]
+                return tf.data.Dataset.from_tensors((x, y)).repeat(count)
+
+            pipeline.train_dataset = in_memory  # type: ignore[assignment]
+        else:
+            gather = _gather_ms(cache_lib.prepare(config), spec["batch"], config.seed)
+        summary = train_lib.train(config, plan)
+        records = [json.loads(line) for line in (Path(out) / "logs" / "train.jsonl").open()]
+    progress = [r for r in records if r.get("event") == "progress"][1:]  # drop warm-up
+    samples = sum(window * spec["batch"] for _ in progress)
+    seconds = sum(window * spec["batch"] / r["examples_per_sec"] for r in progress)
+    return {
+        "samples_per_s": round(samples / seconds, 1) if seconds else None,
+        "windows": [r["examples_per_sec"] for r in progress],
+        "cpu_util": [r["cpu_util"] for r in progress],
+        "steps": summary["steps_trained"],
+        "train_size": summary["train_size"],
+        "gather_ms_per_batch": gather,
+        "intra_op_threads": plan.intra_op_threads,
+        "inter_op_threads": plan.inter_op_threads,
+        "cpu_budget": plan.cpu_budget,
+    }
+
+
+def _prepare(spec: dict[str, Any]) -> dict[str, Any]:
+    """Convert the whole data set into the cache, as ``train`` does first (timed)."""
+    from app.config import TrainConfig
+    from app.data import cache as cache_lib
+
+    with tempfile.TemporaryDirectory(dir=spec["tmp"]) as out:
+        config = TrainConfig(
+            data_dir=Path(spec["data"]), output_dir=Path(out), cache_dir=Path(spec["cache"])
+        )
+        data, wall, cpu = worker.timed(
+            lambda: cache_lib.prepare(config, processes=spec["processes"])
+        )
+    from benchmarks.ingest import _stop_forkserver
+
+    _stop_forkserver()  # its workers' rusage then reaches this process and wait4
+    return {
+        "wall_s": round(wall, 3),
+        "cpu_self_s": round(cpu, 3),
+        "train_size": data.train_size,
+        "test_size": data.test_size,
+        "processes": spec["processes"],
+    }
+
+
+WORKERS = {"train": _train, "prepare": _prepare}
+
+
+def prepare(data_dir: Path, cache_dir: Path, env: dict[str, str], processes: int) -> dict:
+    """Build the cache for ``data_dir`` in a fresh process (removing an old one first)."""
+    import shutil
+
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    spec = {
+        "kind": "prepare",
+        "data": str(data_dir),
+        "cache": str(cache_dir),
+        "tmp": str(cache_dir.parent),
+        "processes": processes,
+    }
+    return worker.run(MODULE, spec, env)
+
+
+def measure(
+    data_dir: Path,
+    cache_dir: Path,
+    env: dict[str, str],
+    *,
+    batch: int = 1000,
+    window: int = 10,
+    steps: int = 30,
+    log: Any = print,
+) -> dict[str, Any]:
+    """Both variants on the prepared cache under ``cache_dir``; returns the report part."""
+    out: dict[str, Any] = {"batch": batch, "window_steps": window, "timed_steps": steps}
+    for variant in ("cache", "memory"):
+        log(f"end to end: train() reading {variant} ...")
+        spec = {
+            "kind": "train",
+            "variant": variant,
+            "data": str(data_dir),
+            "cache": str(cache_dir),
+            "tmp": str(cache_dir.parent),
+            "batch": batch,
+            "window": window,
+            "steps": steps,
+        }
+        out[variant] = worker.run(MODULE, spec, env)
+    return out
+
+
+if __name__ == "__main__":
+    if not worker.serve(WORKERS):
+        sys.exit("benchmarks.end_to_end runs as a worker of benchmarks.run (make bench)")
+    sys.stdout.flush()
+    os._exit(0)  # TF's threads can hang a normal interpreter exit

@@ -1,0 +1,311 @@
+"""``make bench``: every performance figure of issue #7 measured side by side in one run.
+
+``python -m benchmarks.run [--quick]`` generates the data (``app.data.synthetic``, 4,000
+train / 400 test samples, ~130 MB of text, kept in ``bench-output/data`` for the next
+run), then measures, each in a fresh process with the thread plan applied before
+TensorFlow is imported (:mod:`benchmarks.worker`):
+
+(a) the matmul probe, GFLOP/s, and (b) train-step samples/s of the plain Keras seed CNN vs
+    the project's fast formulation, both by :mod:`benchmarks.model_step`'s workers;
+(c) end-to-end samples/s of ``train()`` on its on-disk cache vs the same loop fed from
+    memory (:mod:`benchmarks.end_to_end`);
+(d) ingest MB/s and samples/s: decode_csv, pandas (optional), the converter at 1 and N
+    processes (:mod:`benchmarks.ingest`);
+(e) peak RSS (ru_maxrss via wait4) of every measurement, training and conversion included.
+
+Every worker gets the same environment: the project's thread plan for this machine
+(:func:`app.plan.make_plan` on the detected CPU budget, applied by
+:func:`app.runtime.apply` to a copy of the environment), so compared variants share one
+thread plan. The targets are ratios within this one run. Prints a table and the JSON report
+on stdout and writes the JSON to ``bench-output/report.json``. The machine's load average
+is recorded before and after: other processes distort wall-clock figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import end_to_end, ingest, model_step
+
+REPO = Path(__file__).resolve().parent.parent
+TARGETS = {
+    "converter_1p_over_pandas": 3.0,
+    "converter_2p_over_1p": 1.8,
+    "end_to_end_over_in_memory": 0.95,
+}
+
+
+def log(message: str) -> None:
+    """Progress on stderr (stdout carries the report)."""
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, CPU counts, kernel, Python and the load average now."""
+    model = platform.processor() or platform.machine()
+    try:
+        text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        for line in text.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "Model name":
+                model = value.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {
+        "cpu_model": model,
+        "cpus": os.cpu_count(),
+        "affinity": len(os.sched_getaffinity(0)),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "loadavg": [round(v, 2) for v in os.getloadavg()],
+    }
+
+
+def thread_plan() -> tuple[Any, dict[str, str]]:
+    """The plan ``coretrain train`` would make here and the environment it would run in."""
+    from app import runtime
+    from benchmarks.end_to_end import _plan
+
+    plan = _plan()
+    env = dict(os.environ)
+    runtime.apply(plan, environ=env)
+    return plan, env
+
+
+def ensure_data(directory: Path, train: int, test: int) -> Path:
+    """Generate the benchmark data set once per size (a stamp file records the sizes)."""
+    from app.data import synthetic
+
+    stamp = directory / "sizes.json"
+    want = {"train": train, "test": test, "seed": 0}
+    if stamp.is_file() and json.loads(stamp.read_text()) == want:
+        return directory
+    log(f"generating {train} train / {test} test samples into {directory} ...")
+    synthetic.generate(directory, train=train, test=test, seed=0)
+    stamp.write_text(json.dumps(want))
+    return directory
+
+
+def model_steps(env: dict[str, str], threads: int, steps: int, warmup: int) -> dict[str, Any]:
+    """(a) probe and (b) plain vs fast train step through model_step's workers."""
+    common = {"batch": 1000, "height": 20, "width": 195, "outputs": 3, "threads": threads}
+    common.update(warmup=warmup, steps=steps)
+    out: dict[str, Any] = {}
+    log("matmul probe ...")
+    out["probe"] = model_step.run_worker({"kind": "probe"}, env)
+    flops = model_step.train_flops()
+    for formulation in ("plain", "fast"):
+        log(f"train step, {formulation} formulation ...")
+        result = model_step.run_worker({**common, "kind": "step", "formulation": formulation}, env)
+        if "samples_per_s" in result:
+            result["gflops"] = round(flops * result["samples_per_s"] / 1e9, 2)
+        out[formulation] = result
+    return out
+
+
+def _get(report: dict[str, Any], *keys: str) -> float | None:
+    value: Any = report
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _div(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 2) if a and b else None
+
+
+def ratios(report: dict[str, Any], processes: list[int]) -> dict[str, Any]:
+    """All ratios of the run; the issue's targets are in TARGETS."""
+    out = {
+        "fast_over_plain": _div(
+            _get(report, "model", "fast", "samples_per_s"),
+            _get(report, "model", "plain", "samples_per_s"),
+        ),
+        "end_to_end_over_in_memory": _div(
+            _get(report, "end_to_end", "cache", "samples_per_s"),
+            _get(report, "end_to_end", "memory", "samples_per_s"),
+        ),
+        "end_to_end_over_model_step_fast": _div(
+            _get(report, "end_to_end", "cache", "samples_per_s"),
+            _get(report, "model", "fast", "samples_per_s"),
+        ),
+    }
+    out.update(ingest.ratios(report.get("ingest", {}), processes))
+    return out
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def table(report: dict[str, Any]) -> str:
+    """The report as a fixed-width text table (also pasted into docs/performance.md)."""
+    rows: list[tuple[str, str, str, str, str]] = []
+    model = report.get("model", {})
+    probe = model.get("probe", {})
+    rows.append(("(a) matmul probe 2048²", "", "", _fmt(probe.get("gflops")) + " GFLOP/s", ""))
+    for name in ("plain", "fast"):
+        r = model.get(name, {})
+        label = f"(b) train step, {name}"
+        if "error" in r:
+            rows.append((label, "failed", "", str(r["error"])[:60], ""))
+            continue
+        rows.append(
+            (
+                label,
+                _fmt(r.get("samples_per_s"), 0),
+                "",
+                _fmt(r.get("gflops"), 2) + " GFLOP/s",
+                f"step {_fmt(1e3 * r['wall_s'] if 'wall_s' in r else None, 0)} ms",
+            )
+        )
+    e2e = report.get("end_to_end", {})
+    for name, label in (("cache", "on-disk cache"), ("memory", "in-memory tensors")):
+        r = e2e.get(name, {})
+        rows.append(
+            (
+                f"(c) train(), {label}",
+                _fmt(r.get("samples_per_s"), 0) if "error" not in r else "failed",
+                "",
+                "",
+                f"peak RSS {_fmt(r.get('peak_rss_mb'), 0)} MB",
+            )
+        )
+    ing = report.get("ingest", {})
+    names = [("decode_csv", "decode_csv (seed)"), ("pandas", "pandas read_csv")]
+    names += [(k, k.replace("_", " ")) for k in ing if k.startswith("converter_") and "p" in k]
+    for key, label in names:
+        r = ing.get(key)
+        if not isinstance(r, dict) or key == "converter_profile":
+            if key == "pandas":
+                rows.append(("(d) pandas read_csv", "-", "-", ing.get("pandas_note", ""), ""))
+            continue
+        if "error" in r:
+            rows.append((f"(d) {label}", "failed", "", str(r["error"])[:60], ""))
+            continue
+        rows.append(
+            (
+                f"(d) {label}",
+                _fmt(r.get("samples_per_s"), 0),
+                _fmt(r.get("mb_per_s")),
+                f"{_fmt(r.get('mb_per_cpu_s'))} MB/CPU-s",
+                f"peak RSS {_fmt(r.get('peak_rss_mb'), 0)} MB ({_fmt(r.get('mb'))} MB file)",
+            )
+        )
+    prep = report.get("prepare", {})
+    rows.append(
+        (
+            f"(e) cache conversion, {prep.get('processes', '?')} proc",
+            "",
+            "",
+            f"{_fmt(prep.get('wall_s'))} s",
+            f"peak RSS {_fmt(prep.get('peak_rss_mb'), 0)} MB",
+        )
+    )
+    head = ("measurement", "samples/s", "MB/s", "other", "notes")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(5)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(head, widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines.append("")
+    lines.append("ratios (target)")
+    for key, value in report.get("ratios", {}).items():
+        target = TARGETS.get(key)
+        mark = ""
+        if target is not None and value is not None:
+            mark = f"  (target >= {target}: {'met' if value >= target else 'NOT met'})"
+        lines.append(f"  {key:38s} {_fmt(value, 2)}{mark}")
+    m = report.get("machine", {})
+    lines.append("")
+    lines.append(
+        f"machine: {m.get('cpu_model')}, {m.get('cpus')} CPUs; load average "
+        f"{m.get('loadavg')} before, {report.get('loadavg_end')} after"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse options, run everything, print the table and the JSON, write report.json."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=REPO / "bench-output")
+    p.add_argument("--train", type=int, default=4000, help="training samples generated")
+    p.add_argument("--test", type=int, default=400, help="test samples generated")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of each ingest measurement")
+    p.add_argument("--processes", default=None, help="converter processes, e.g. 1,2")
+    p.add_argument("--decode-csv-lines", type=int, default=1000)
+    p.add_argument("--pandas-python", help="an interpreter with pandas (default: this one)")
+    p.add_argument("--steps", type=int, default=10, help="timed train steps (model_step)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--e2e-window", type=int, default=10, help="steps per progress window")
+    p.add_argument("--e2e-steps", type=int, default=30, help="timed end-to-end steps")
+    p.add_argument("--quick", action="store_true", help="tiny sizes: checks that it runs")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.train, args.test, args.rounds, args.decode_csv_lines = 400, 100, 1, 100
+        args.steps, args.warmup, args.e2e_window, args.e2e_steps = 2, 1, 2, 4
+    started = time.perf_counter()
+    report: dict[str, Any] = {
+        "benchmark": "coretrain make bench",
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+    }
+    plan, env = thread_plan()
+    report["plan"] = {
+        "cpu_budget": plan.cpu_budget,
+        "intra_op_threads": plan.intra_op_threads,
+        "inter_op_threads": plan.inter_op_threads,
+        "reasons": list(plan.reasons),
+    }
+    processes = sorted(
+        {1, max(2, plan.intra_op_threads)}
+        if args.processes is None
+        else {int(x) for x in args.processes.split(",")}
+    )
+    report["config"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    data = ensure_data(args.out / "data", args.train, args.test)
+    cache_dir = args.out / "cache"
+
+    report["model"] = model_steps(env, plan.intra_op_threads, args.steps, args.warmup)
+    log(f"cache conversion of the whole data set, {plan.intra_op_threads} process(es) ...")
+    report["prepare"] = end_to_end.prepare(data, cache_dir, env, plan.intra_op_threads)
+    report["end_to_end"] = end_to_end.measure(
+        data, cache_dir, env, window=args.e2e_window, steps=args.e2e_steps, log=log
+    )
+    report["ingest"] = ingest.measure(
+        data,
+        env,
+        processes=processes,
+        pandas_py=args.pandas_python,
+        rounds=args.rounds,
+        decode_csv_lines=args.decode_csv_lines,
+        log=log,
+    )
+    report["ratios"] = ratios(report, processes)
+    report["targets"] = TARGETS
+    report["loadavg_end"] = [round(v, 2) for v in os.getloadavg()]
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    text = json.dumps(report, indent=2)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "report.json").write_text(text + "\n")
+    print(table(report))
+    print()
+    print(text)
+    log(f"done in {report['seconds']} s; report in {args.out / 'report.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
