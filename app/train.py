@@ -171,7 +171,8 @@ def train(config: TrainConfig, plan: ThreadPlan, stop: StopRequest | None = None
         config=config.to_json(),
         plan=plan.to_json(),
     )
-    data = cache_lib.prepare(config, stop=stop)
+    # Parse large text files in as many processes as TensorFlow gets threads.
+    data = cache_lib.prepare(config, stop=stop, processes=plan.intra_op_threads)
     if stop():
         raise Preempted("stopped by signal before training started")
     trainer = _Trainer(config, plan, data)
