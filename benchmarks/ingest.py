@@ -10,12 +10,19 @@ Each measurement runs in its own process (:mod:`benchmarks.worker`) on the same
   pandas imports in ``pandas_python`` (never a dependency of the project: skipped with a
   note otherwise);
 * ``converter Np``: :func:`app.data.parallel.convert_file` with N processes, into a
-  temporary file; 1 is one pass in one process. The workers are started (forkserver) inside
-  the timed call, as in a real conversion.
+  temporary file; 1 is one pass in one process. The workers' server (forkserver) starts
+  inside the timed call, as in a conversion run by itself; ``_prestarted``: it was started
+  by :func:`app.data.parallel.prestart` ``PRESTART_WAIT_S`` before, as a caller can do
+  while importing TensorFlow.
 
 MB are 10^6 bytes of text. ``cpu_s`` counts every process of the measurement (workers
 included); ``MB per CPU-s`` is therefore what one fully used core converts, an estimate that
-load from other processes on the machine hardly moves. ``peak_rss_mb``: the largest
+load from other processes on the machine hardly moves. ``cpu_critical_s`` of an N-process
+run is its busiest process's CPU time (the parent, or the server and its workers): about
+its wall time on N idle cores, hence the ``*_cpu_estimate`` ratios, which hold when the
+machine is shared (with Linux's autogroup scheduling all processes of one session share
+one session's CPU share however many they are, so on a busy machine a second process
+gains no wall time). ``peak_rss_mb``: the largest
 resident set among the processes (ru_maxrss). A cProfile of the one-process converter
 on the first lines shows which functions bound it.
 """
@@ -31,6 +38,9 @@ from typing import Any
 from benchmarks import worker
 
 MODULE = "benchmarks.ingest"
+#: Seconds a prestarted worker server gets before the timed conversion (its interpreter
+#: imports numpy: ~0.3 CPU-seconds here).
+PRESTART_WAIT_S = 2.0
 
 
 # --- workers (run in subprocesses) ----------------------------------------------------------
@@ -73,9 +83,13 @@ def _stop_forkserver() -> None:
 
 def _convert(spec: dict[str, Any]) -> dict[str, Any]:
     import resource
+    import time
 
     from app.data import parallel
 
+    if spec.get("prestart"):
+        parallel.prestart(spec["processes"])
+        time.sleep(PRESTART_WAIT_S)  # what coretrain's TensorFlow import would give it
     with tempfile.TemporaryDirectory(dir=spec.get("tmp")) as tmp:
         done, wall, cpu = worker.timed(
             lambda: parallel.convert_file(
@@ -159,6 +173,9 @@ def _rates(result: dict[str, Any], nbytes: int) -> dict[str, Any]:
         return result
     wall = result["wall_s"]
     cpu = result["cpu_self_s"] + result.get("cpu_children_s", 0.0)
+    if result.get("processes", 1) > 1:
+        # The busiest core's CPU time: the wall time on idle cores, about.
+        result["cpu_critical_s"] = round(max(result["cpu_self_s"], result["cpu_children_s"]), 3)
     result.update(
         mb=round(nbytes / 1e6, 1),
         mb_per_s=round(nbytes / 1e6 / wall, 1),
@@ -220,14 +237,16 @@ def measure(
             runs.append(_rates(worker.run(MODULE, spec, env, python=python), nbytes))
         out["pandas"] = _median(runs)
 
-    for p in processes:
+    variants = [(p, False) for p in processes] + [(p, True) for p in processes if p > 1]
+    for p, prestart in variants:
+        name = f"converter_{p}p" + ("_prestarted" if prestart else "")
         runs = []
         for r in range(rounds):
-            log(f"ingest: converter with {p} process(es), round {r + 1}/{rounds} ...")
+            log(f"ingest: {name}, round {r + 1}/{rounds} ...")
             spec = {"kind": "convert", "path": str(src), "width": width, "processes": p}
-            spec["tmp"] = str(scratch)
+            spec.update(tmp=str(scratch), prestart=prestart)
             runs.append(_rates(worker.run(MODULE, spec, env), nbytes))
-        out[f"converter_{p}p"] = _median(runs)
+        out[name] = _median(runs)
     log(f"ingest: converter with 1 process on the first {decode_csv_lines} lines (memory) ...")
     spec = {"kind": "convert", "path": str(subset), "width": width, "processes": 1}
     spec["tmp"] = str(scratch)
@@ -258,9 +277,12 @@ def ratios(part: dict[str, Any], processes: list[int]) -> dict[str, Any]:
     }
     for p in processes:
         if p > 1:
-            out[f"converter_{p}p_over_1p"] = div(
-                rate(f"converter_{p}p", "mb_per_s"), rate(one, "mb_per_s")
-            )
+            for name in (f"converter_{p}p", f"converter_{p}p_prestarted"):
+                out[f"{name}_over_1p"] = div(rate(name, "mb_per_s"), rate(one, "mb_per_s"))
+                # From CPU time: one process's CPU-s over the busiest core's CPU-s.
+                out[f"{name}_over_1p_cpu_estimate"] = div(
+                    rate(one, "cpu_s_measured"), rate(name, "cpu_critical_s")
+                )
     return out
 
 

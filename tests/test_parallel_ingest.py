@@ -199,3 +199,16 @@ def test_cache_with_two_processes_matches_one(
     np.testing.assert_allclose(two.feature_mean, one.feature_mean, rtol=1e-6)
     np.testing.assert_allclose(two.feature_std, one.feature_std, rtol=1e-6)
     assert sorted(p.name for p in two.path.iterdir()) == sorted(p.name for p in one.path.iterdir())
+
+
+def test_prestarted_server_converts_the_same(tmp_path: Path) -> None:
+    src = tmp_path / "f.txt"
+    src.write_bytes(lines_of(2000, 6))
+    parallel.prestart(1)  # one process: nothing to start
+    parallel.prestart(2)
+    done = parallel.convert_file(
+        src, tmp_path / "x.f32", width=6, processes=2, min_range_bytes=1000
+    )
+    assert (done.processes, done.rows) == (2, 2000)
+    got = np.fromfile(tmp_path / "x.f32", np.float32)
+    np.testing.assert_array_equal(got, np.arange(12000, dtype=np.float32))
