@@ -257,7 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="rounds of each ingest measurement")
     p.add_argument("--processes", default=None, help="converter processes, e.g. 1,2")
     p.add_argument("--decode-csv-lines", type=int, default=1000)
-    p.add_argument("--pandas-python", help="an interpreter with pandas (default: this one)")
+    p.add_argument(
+        "--pandas-python",
+        default=os.environ.get("BENCH_PANDAS_PYTHON"),
+        help="an interpreter with pandas (default: $BENCH_PANDAS_PYTHON, else this one)",
+    )
     p.add_argument("--steps", type=int, default=10, help="timed train steps (model_step)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--e2e-window", type=int, default=10, help="steps per progress window")
