@@ -12,6 +12,7 @@ partial cache. Never imports TensorFlow.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -29,6 +30,7 @@ from app.data import parallel, textfile
 from app.errors import DataError, StorageError
 
 FORMAT_VERSION = 1
+OWNER = ".owner"  # flock-ed by the process converting into a temporary directory
 ROLES = ("train_features", "train_labels", "test_features", "test_labels")
 _FILES = {
     "train_features": "train_x.f32",
@@ -195,17 +197,39 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _remove_stale(root: Path, keep: str) -> None:
-    """Remove older caches and temporary directories left by killed conversions."""
+def _in_use(tmp: Path) -> bool:
+    """Whether a live conversion owns the temporary directory ``tmp``.
+
+    The converting process holds an flock on ``tmp/.owner``; the kernel drops it when
+    that process dies however it dies, and flock works across PID namespaces (two
+    containers sharing a cache volume, both pid 7). Without ``.owner`` (the moment
+    after mkdtemp) the pid in the name decides.
+    """
+    try:
+        handle = open(tmp / OWNER, "rb")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        fields = tmp.name.split(".")  # ".<key>.<pid>.<random>"
+        return len(fields) > 2 and fields[2].isdigit() and _pid_alive(int(fields[2]))
+    except OSError:
+        return True  # can't tell: leave it
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        return False
+
+
+def _remove_stale(root: Path, keep: str, temporary_only: bool = False) -> None:
+    """Remove temporary directories left by killed conversions and (unless
+    ``temporary_only``) older caches other than ``keep``."""
     for old in root.iterdir():
         if old.name == keep or not old.is_dir():
             continue
         if old.name.startswith("."):
-            fields = old.name.split(".")  # ".<key>.<pid>.<random>"
-            if len(fields) > 2 and fields[2].isdigit() and _pid_alive(int(fields[2])):
-                continue
-            shutil.rmtree(old, ignore_errors=True)
-        elif (old / "manifest.json").exists():
+            if not _in_use(old):
+                shutil.rmtree(old, ignore_errors=True)
+        elif not temporary_only and (old / "manifest.json").exists():
             shutil.rmtree(old, ignore_errors=True)
 
 
@@ -221,28 +245,47 @@ def prepare(
     ``stop`` is polled between chunks; when it returns True the partial
     conversion is removed and Preempted is raised. Raises DataError for bad
     input (file:line: problem), StorageError when the cache can't be written.
-    Older caches in the same directory are removed after a successful conversion.
+    Older caches in the same directory are removed after a successful conversion;
+    temporary directories of dead conversions (no process holds their ``.owner``
+    lock) whenever the cache is used. Two runs converting the same data into a
+    shared cache directory at once both succeed: the second rename finds the
+    first one's complete cache.
     """
     root = config.resolved_cache_dir
     key = source_key(config)
     final = root / key
     if (final / "manifest.json").is_file():
         cache = _load(final)
+        _remove_stale(root, keep=key, temporary_only=True)
         logs.event("cache", f"reusing data cache {final}", path=str(final), reused=True)
         return cache
     try:
         root.mkdir(parents=True, exist_ok=True)
         tmp = temp_dir(root, f".{key}.{os.getpid()}.")
+        owner = open(tmp / OWNER, "wb")  # noqa: SIM115 - held until the conversion ends
+        fcntl.flock(owner, fcntl.LOCK_EX)
     except OSError as exc:
         raise StorageError(f"{root}: cannot create the data cache: {exc.strerror}") from exc
     logs.event("cache", f"converting text data into {final}", path=str(final), reused=False)
     try:
         manifest = _convert(config, tmp, stop, processes)
-        os.replace(tmp, final)
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            # ENOTEMPTY/EEXIST: another run sharing --cache-dir finished the same data set
+            # first; its cache is complete (rename is atomic) and identical, so use it.
+            if not (final / "manifest.json").is_file():
+                raise
+            logs.event(
+                "cache", f"using the same cache built by another run: {final}", path=str(final)
+            )
+        else:
+            (final / OWNER).unlink(missing_ok=True)
     except OSError as exc:
         raise StorageError(f"{root}: cannot write the data cache: {exc.strerror}") from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        owner.close()
     _remove_stale(root, keep=key)
     logs.event(
         "cache",
