@@ -4,17 +4,24 @@
 its layers are registered) and ``model/saved_model/`` (TensorFlow SavedModel,
 signature ``serve``: float32 (n, H·W) → (n, K)). The training-set statistics
 are baked in as Normalization layers, so callers pass a data-file line as is.
-The directory is built under a temporary name and swapped in by rename.
+The directory is built under a temporary name and swapped in by rename:
+``renameat2(RENAME_EXCHANGE)`` where the kernel and file system have it (Linux
+3.15+, glibc 2.28+; ext4, xfs, btrfs, tmpfs, overlayfs), so a reader always
+finds a complete ``model/``; elsewhere two renames, with a moment without one.
+What a killed export leaves (``.model.*`` directories) is removed by the next.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import shutil
 from pathlib import Path
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from app.atomic import temp_dir
 from app.data.cache import DataCache
@@ -22,6 +29,44 @@ from app.errors import StorageError
 
 KERAS_FILE = "model.keras"
 SAVED_MODEL_DIR = "saved_model"
+_AT_FDCWD = -100  # <fcntl.h>
+_RENAME_EXCHANGE = 2  # <linux/fs.h>
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths atomically (``renameat2(..., RENAME_EXCHANGE)``).
+
+    Returns False where that is not available (no ``renameat2`` in libc, a kernel
+    or file system answering ENOSYS/EINVAL/EOPNOTSUPP); raises OSError for any
+    other failure (e.g. ENOENT, EXDEV).
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    done = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if done == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def remove_partial(directory: Path) -> list[str]:
+    """Remove ``.<name>.*`` siblings of ``directory`` left by killed exports; return them.
+
+    The caller must hold the output lock (app.lock): a running export's temporary
+    directory looks the same. Errors are ignored (the names are retried next time).
+    """
+    final = Path(directory)
+    if not final.parent.is_dir():
+        return []
+    removed = sorted(p.name for p in final.parent.glob(f".{final.name}.*") if p.is_dir())
+    for name in removed:
+        shutil.rmtree(final.parent / name, ignore_errors=True)
+    return removed
 
 
 def wrap(model: keras.Model, cache: DataCache, standardize: bool) -> keras.Model:
@@ -53,9 +98,11 @@ def export(model: keras.Model, cache: DataCache, standardize: bool, directory: P
     """Write ``directory`` (``model.keras`` + ``saved_model/``) atomically; return it.
 
     Raises StorageError when the files can't be written; the previous export, if
-    any, stays in place until the new one is complete.
+    any, stays in place until the new one is complete. Removes what killed
+    exports left first (:func:`remove_partial`).
     """
     final = Path(directory)
+    remove_partial(final)
     try:
         tmp = temp_dir(final.parent, f".{final.name}.")
     except OSError as exc:
@@ -64,15 +111,17 @@ def export(model: keras.Model, cache: DataCache, standardize: bool, directory: P
         wrapped = wrap(model, cache, standardize)
         wrapped.save(tmp / KERAS_FILE)
         wrapped.export(str(tmp / SAVED_MODEL_DIR), format="tf_saved_model", verbose=False)
-        old = None
-        if final.exists():
+        if not final.exists():
+            os.replace(tmp, final)
+        elif not exchange(tmp, final):  # exchanged: tmp holds the old export, removed below
             old = final.with_name(f".{final.name}.old.{os.getpid()}")
             os.replace(final, old)
-        os.replace(tmp, final)
-        if old is not None:
+            os.replace(tmp, final)
             shutil.rmtree(old, ignore_errors=True)
     except OSError as exc:
         raise StorageError(f"{final}: cannot write the export: {exc.strerror}") from exc
+    except tf.errors.OpError as exc:  # SavedModel writing, e.g. no space left on device
+        raise StorageError(f"{final}: cannot write the export: {exc.message}") from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
