@@ -109,12 +109,28 @@ class _Trainer:
             count += int(tf.size(err))
         return math.sqrt(sq / max(count, 1))
 
+    def finite(self) -> bool:
+        """True when every floating-point model and optimizer variable is free of NaN/Inf."""
+        for variable in [*self.model.variables, *self.optimizer.variables]:
+            value = tf.convert_to_tensor(variable)
+            if value.dtype.is_floating and not bool(tf.reduce_all(tf.math.is_finite(value))):
+                return False
+        return True
+
     def save(self, step: int) -> str:
+        """Save checkpoint ``step``; never one holding NaN/Inf (TrainingDiverged instead)."""
         t0 = time.perf_counter()
+        if not self.finite():
+            raise TrainingDiverged(
+                f"weights became NaN/Inf at step {step} (not saved); the last good checkpoint "
+                f"is kept in {self.ckpt_dir}; lower --learning-rate"
+            )
         try:
             path = self.manager.save(checkpoint_number=step)
         except (OSError, tf.errors.OpError) as exc:
-            raise StorageError(f"{self.ckpt_dir}: cannot save checkpoint {step}: {exc}") from exc
+            raise StorageError(
+                f"{self.ckpt_dir}: cannot save checkpoint {step}: {checkpoints.describe(exc)}"
+            ) from exc
         logs.event(
             "checkpoint",
             f"saved checkpoint at step {step}",
@@ -148,6 +164,32 @@ def _check_writable(directory: Path) -> None:
         raise StorageError(f"{directory}: output directory not writable: {exc.strerror}") from exc
 
 
+def _drop_partial_record(path: Path) -> None:
+    """Cut an incomplete last line off the JSON-lines log (a run killed mid-write, a full disk).
+
+    Without this the next run's first record would be glued to the fragment. Raises
+    StorageError when the file exists but can't be repaired.
+    """
+    try:
+        with open(path, "rb+") as f:
+            end = f.seek(0, os.SEEK_END)
+            pos = end
+            while pos > 0:
+                start = max(0, pos - 65536)
+                f.seek(start)
+                newline = f.read(pos - start).rfind(b"\n")
+                if newline >= 0:
+                    pos = start + newline + 1
+                    break
+                pos = start
+            if pos != end:
+                f.truncate(pos)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise StorageError(f"{path}: cannot repair the log: {exc.strerror}") from exc
+
+
 def train(config: TrainConfig, plan: ThreadPlan, stop: StopRequest | None = None) -> dict[str, Any]:
     """Train to ``config.max_steps`` (or the target loss) and export; return the summary.
 
@@ -160,6 +202,7 @@ def train(config: TrainConfig, plan: ThreadPlan, stop: StopRequest | None = None
     stop = stop or StopRequest()
     out = config.output_dir
     _check_writable(out)
+    _drop_partial_record(out / "logs" / "train.jsonl")
     logs.add_file(out / "logs" / "train.jsonl")
     t_start = time.perf_counter()
     logs.event(
@@ -172,11 +215,17 @@ def train(config: TrainConfig, plan: ThreadPlan, stop: StopRequest | None = None
         plan=plan.to_json(),
     )
     # Parse large text files in as many processes as TensorFlow gets threads.
-    data = cache_lib.prepare(config, stop=stop, processes=plan.intra_op_threads)
-    if stop():
-        raise Preempted("stopped by signal before training started")
-    trainer = _Trainer(config, plan, data)
-    start = trainer.restore()
+    try:
+        data = cache_lib.prepare(config, stop=stop, processes=plan.intra_op_threads)
+        if stop():
+            raise Preempted("stopped by signal before training started")
+        trainer = _Trainer(config, plan, data)
+        start = trainer.restore()
+        if stop():  # e.g. during model building: nothing new to save
+            raise Preempted(f"stopped by signal before training resumed at step {start}")
+    except Preempted as exc:
+        logs.event("end", str(exc), status="preempted")
+        raise
     status, test_rmse, first_step = "completed", None, start
     evals = 0
     t_loop = t_mark = time.perf_counter()
@@ -204,6 +253,11 @@ def train(config: TrainConfig, plan: ThreadPlan, stop: StopRequest | None = None
         last = step == config.max_steps
         if step % config.eval_every == 0 or last or stop():
             test_rmse = trainer.evaluate()
+            if not math.isfinite(test_rmse):  # the weights to be checkpointed are broken
+                raise TrainingDiverged(
+                    f"test RMSE became {test_rmse} at step {step} (loss {loss_value:.4g}); the "
+                    f"last good checkpoint is kept in {trainer.ckpt_dir}; lower --learning-rate"
+                )
             evals += 1
             now, cpu_now = time.perf_counter(), time.process_time()
             wall = max(now - t_mark, 1e-9)
