@@ -2,13 +2,16 @@
 
 Input (N, H, W, 1) float32, already standardised (default H×W = 20×195)::
 
-    conv1  5 filters 3×30, stride (1, 5), VALID, ReLU → (N, H-2, Wo, 5)     Wo = (W-30)//5 + 1
-    pool1  max 2×2 / 2                                → (N, Hp, Wp, 5)      Hp, Wp = (H-2)//2, Wo//2
-    conv2  5 filters 2×2, VALID, bias init 0.1, ReLU  → (N, Hp-1, Wp-1, 5)
-    pool2  max 2×2 / 2                                → (N, Hq, Wq, 5)      Hq, Wq = halves, floor
-    flatten (row-major, NHWC)                         → (N, Hq·Wq·5)        160 for 20×195
+    conv1  5 filters 3×30, stride (1, 5), VALID, ReLU  → (N, Ho, Wo, 5)
+    pool1  max 2×2 / 2                                 → (N, Hp, Wp, 5)
+    conv2  5 filters 2×2, VALID, bias init 0.1, ReLU   → (N, Hp-1, Wp-1, 5)
+    pool2  max 2×2 / 2                                 → (N, Hq, Wq, 5)
+    flatten (row-major, NHWC)                          → (N, Hq·Wq·5)
     [dropout, keep 0.5, training only: :func:`forward`]
-    dense1 20 units, ReLU; dense2 K units, linear     → (N, K)
+    dense1 20 units, ReLU; dense2 K units, linear      → (N, K)
+
+with Ho = H-2, Wo = (W-30)//5 + 1, Hp = Ho//2, Wp = Wo//2, Hq = (Hp-1)//2 and
+Wq = (Wp-1)//2: 18×34, 9×17, 8×16, 4×8 and 160 features for 20×195.
 
 ``formulation="plain"`` runs Keras layers exactly as listed. ``"fast"`` (issue #7)
 computes the same function with the same variables as a few wide matrix
@@ -36,8 +39,9 @@ GFLOP/s, mostly in the filter gradient. The fast path instead:
    whose rows are ordered (pool-window element, output column, channel), so the
    2×2 max-pool is a max over 4 contiguous row blocks;
 4. does conv2 + pool2 the same way (gather 2×2×5 patches, one (5, 20) matrix
-   product, max over the pool window), and the dense layers on the (160, N)
-   result after one small transpose.
+   product, max over the pool window), then gathers the (160, N) result into
+   NHWC flatten order and transposes it back to (N, 160) for dropout and the
+   dense layers, which are the same Keras layers in both formulations.
 
 A custom gradient routes each pooled gradient to the *first* maximum of its
 window in row-major order, as ``tf.nn.max_pool2d``'s gradient does, so outputs
@@ -252,7 +256,7 @@ def matmul_maxpool(w: tf.Tensor, p: tf.Tensor, *, window_axis: int) -> tf.Tensor
 def _fast_features(model: SeedCNN, x: tf.Tensor) -> tf.Tensor:
     """conv1 … flatten of the fast formulation: (N, H, W, 1) → (N, Hq·Wq·5)."""
     g = model.geometry
-    t = fast_tables(g.height, g.width)
+    t = fast_tables(g.height, g.width, PHASES)
     dtype = model.conv1.kernel.dtype
     xt = tf.transpose(tf.reshape(tf.cast(x, dtype), (-1, g.height * g.width)))  # (H·W, N)
     patches = tf.reshape(tf.gather(xt, t.patch_rows), (t.inner, -1))
