@@ -9,7 +9,10 @@ again every step, so the difference is what the input pipeline costs the trainin
 
 samples/s come from the ``progress`` events in ``logs/train.jsonl``: the first window
 (``--e2e-window`` steps; tracing, warm-up) is dropped, the rest are pooled (samples over
-seconds; each window also holds one evaluation of the test set, in both variants). The
+seconds; each window also holds one evaluation of the test set, in both variants).
+samples per CPU-second divide by the process's CPU time instead (``cpu_util`` × budget ×
+seconds): it does not move with the CPU share other sessions leave the run, but it does
+not see a stall either (an idle wait costs wall time, not CPU). The
 ``cache`` worker also times the pipeline's batch gather alone (numpy, one thread) as the
 input's cost per batch.
 """
@@ -107,8 +110,14 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
     progress = [r for r in records if r.get("event") == "progress"][1:]  # drop warm-up
     samples = sum(window * spec["batch"] for _ in progress)
     seconds = sum(window * spec["batch"] / r["examples_per_sec"] for r in progress)
+    # cpu_util = process CPU seconds / (wall seconds × CPU budget), per window.
+    cpu_seconds = sum(
+        window * spec["batch"] / r["examples_per_sec"] * r["cpu_util"] * plan.cpu_budget
+        for r in progress
+    )
     return {
         "samples_per_s": round(samples / seconds, 1) if seconds else None,
+        "samples_per_cpu_s": round(samples / cpu_seconds, 1) if cpu_seconds else None,
         "windows": [r["examples_per_sec"] for r in progress],
         "cpu_util": [r["cpu_util"] for r in progress],
         "steps": summary["steps_trained"],

@@ -137,7 +137,26 @@ def _profile(spec: dict[str, Any]) -> dict[str, Any]:
     return {"total_s": round(total, 3), "top": rows[: spec.get("top", 8)]}
 
 
-WORKERS = {"decode_csv": _decode_csv, "pandas": _pandas, "convert": _convert, "profile": _profile}
+def _generate(spec: dict[str, Any]) -> dict[str, Any]:
+    """Write the synthetic data set (in a worker: its arrays would otherwise stay in the
+    driver, whose resident set every later fork+exec'd worker's ru_maxrss includes)."""
+    from app.data import synthetic
+
+    _, wall, _ = worker.timed(
+        lambda: synthetic.generate(
+            Path(spec["out"]), train=spec["train"], test=spec["test"], seed=spec["seed"]
+        )
+    )
+    return {"wall_s": round(wall, 2)}
+
+
+WORKERS = {
+    "decode_csv": _decode_csv,
+    "pandas": _pandas,
+    "convert": _convert,
+    "profile": _profile,
+    "generate": _generate,
+}
 
 
 # --- driver ---------------------------------------------------------------------------------
