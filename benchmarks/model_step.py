@@ -11,7 +11,9 @@ imported, because thread pools are process-global and fixed at first use:
   in-memory standardised tensors, batch 1000 by default;
 * ``plain+xla`` / ``fast+xla`` (with ``--xla``): the same step with ``jit_compile=True``;
 * ``torch``: the same CNN in PyTorch eager (optional; only when ``torch`` imports in
-  ``--torch-python``, default this interpreter).
+  ``--torch-python``, default this interpreter). Its OpenMP threads spin at barriers, so
+  on a busy machine its median step suffers far more than TensorFlow's; compare the
+  fastest steps too.
 
 Each ``--env NAME=VALUE[,NAME=VALUE]`` adds another probe/plain/fast set under that
 environment (default: ``TF_CPU_ALLOCATOR_USE_BFC=true``, which keeps TensorFlow from handing
@@ -325,6 +327,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         )
         if torch_ok:
             ratios["fast_over_torch" + sx] = ratio("fast" + sx, "torch")
+            ratios["fast_over_torch_fastest_steps" + sx] = ratio(
+                "torch", "fast" + sx, "step_ms_min"
+            )
     return {
         "benchmark": "model_step",
         "config": common,
