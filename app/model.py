@@ -86,8 +86,9 @@ DENSE_UNITS = 20
 CONV_WEIGHT_DECAY = 0.001
 DENSE_WEIGHT_DECAY = 0.004
 # conv1 output columns per tile of the fast formulation (even). 4 measured best of
-# {2, 4, 6} on 2 cores: wider tiles mean a smaller patch matrix but more zero
-# products in the block-Toeplitz kernel (benchmarks/model_step.py).
+# {2, 4, 6} (train step, 2 cores, with and without oneDNN): wider tiles mean a
+# smaller patch matrix and wider matrix products but more zero products in the
+# block-Toeplitz kernel (50 % zeros at 4).
 PHASES = 4
 
 
