@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from app import __version__, checkpoints, export, logs
+from app import __version__, checkpoints, distributed, export, logs
 from app import model as model_lib
 from app.atomic import write_json
 from app.config import TrainConfig
@@ -154,6 +156,153 @@ class _Trainer:
         return start
 
 
+def weight_decay(model: model_lib.SeedCNN) -> tf.Tensor:
+    """The weight-decay part of :func:`app.model.regularized_loss` (a scalar).
+
+    0.001·(l2(conv1) + l2(conv2)) + 0.004·(l2(dense1) + l2(dense2)) on the
+    kernels, l2(w) = sum(w²)/2 (DESIGN.md "The model").
+    """
+    conv = tf.nn.l2_loss(model.conv1.kernel) + tf.nn.l2_loss(model.conv2.kernel)
+    dense = tf.nn.l2_loss(model.dense1.kernel) + tf.nn.l2_loss(model.dense2.kernel)
+    return model_lib.CONV_WEIGHT_DECAY * conv + model_lib.DENSE_WEIGHT_DECAY * dense
+
+
+class _DistributedTrainer(_Trainer):
+    """One worker of a MultiWorkerMirroredStrategy run (see :mod:`app.distributed`).
+
+    The variables live under the strategy's scope, so each step all-reduces
+    the gradients (the optimizer sums them over the workers). The loss is the
+    RMSE over the *global* batch: each step also all-reduces the workers'
+    squared-error sums and counts, and worker w differentiates
+    sq_w / (2·rmse·count) + decay/N, whose sum over the workers has exactly
+    the gradient of rmse + decay on the global batch. Dropout uses the rows
+    of the single-process mask for the global batch, so N workers follow the
+    single-process run with batch N·B (up to float summation order; tested).
+    The same all-reduce carries the workers' stop requests
+    (:class:`app.distributed.AgreedStop`).
+    The test set is evaluated in shards, one per worker, and all-reduced.
+    Every worker restores the chief's ``checkpoints/`` (the chief first); a
+    non-chief worker saves its copies to ``workers/worker-<i>/checkpoints``.
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        plan: ThreadPlan,
+        data: cache_lib.DataCache,
+        cluster: distributed.Cluster,
+        stop: Callable[[], bool],
+    ) -> None:
+        self.cluster = cluster
+        self.strategy = distributed.create_strategy(cluster)
+        self.peers = distributed.Peers(self.strategy, cluster)
+        self.stop = distributed.AgreedStop(stop)
+        # Different data or options would break the variables' broadcast: compare first.
+        self.peers.check_same(
+            "the data set and training options",
+            train_size=data.train_size,
+            test_size=data.test_size,
+            num_outputs=data.num_outputs,
+            height=data.height,
+            width=data.width,
+            batch_size=config.batch_size,
+            max_steps=config.max_steps,
+            seed=config.seed,
+        )
+        with self.strategy.scope():
+            super().__init__(config, plan, data)
+        self.train_step = self._run_step
+        self._step_fn = tf.function(self._replica_steps, reduce_retracing=True)
+
+    def _replica_step(self, x: tf.Tensor, y: tf.Tensor, step: tf.Tensor, flag: tf.Tensor) -> tuple:
+        ctx = tf.distribute.get_replica_context()
+        workers, index = self.cluster.count, self.cluster.index
+        xs = (x - self.f_mean) * self.f_inv
+        ys = (y - self.l_mean) / self.l_std
+        with tf.GradientTape() as tape:
+            h = self.model.features(xs)
+            if self.config.keep_prob < 1:
+                # The single-process dropout mask of the global batch (seed, step), rows
+                # index::workers: this worker's rows (app.distributed.shard_indices).
+                size = h.shape[0] * workers
+                mask = model_lib.dropout(
+                    tf.ones((size, h.shape[1]), h.dtype),
+                    tf.stack([self.seed, step]),
+                    self.config.keep_prob,
+                )
+                h = h * tf.gather(mask, tf.range(index, size, workers))
+            pred = self.model.head(h)
+            sq = tf.reduce_sum(tf.square(pred - tf.cast(ys, pred.dtype)))
+            local = tf.stack([sq, tf.cast(tf.size(pred), sq.dtype), tf.cast(flag, sq.dtype)])
+            total = tf.stop_gradient(
+                ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.stop_gradient(local))
+            )
+            rmse = tf.sqrt(total[0] / total[1])
+            decay = weight_decay(self.model)
+            surrogate = sq / (2.0 * tf.maximum(rmse, 1e-12) * total[1]) + decay / workers
+        grads = tape.gradient(surrogate, self.model.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
+        return rmse + decay, rmse, total[2]
+
+    def _replica_steps(self, x: tf.Tensor, y: tf.Tensor, step: tf.Tensor, flag: tf.Tensor) -> tuple:
+        out = self.strategy.run(self._replica_step, args=(x, y, step, flag))
+        return tuple(self.strategy.experimental_local_results(v)[0] for v in out)
+
+    def _run_step(self, x: tf.Tensor, y: tf.Tensor, step: tf.Tensor) -> tuple:
+        """One synchronous step; updates the agreed stop request. Returns (loss, rmse)."""
+        flag = tf.constant(self.stop.local_flag(), tf.float32)
+        with distributed.collective(self.cluster, f"training step {int(step) + 1}"):
+            loss, rmse, stops = self._step_fn(x, y, step, flag)
+            self.stop.update(float(stops))
+        return loss, rmse
+
+    def evaluate(self) -> float:
+        """Test RMSE over all outputs (raw label units); each worker evaluates a shard."""
+        sq, count = 0.0, 0
+        batches = pipeline.eval_dataset(self.data, self.plan, self.config.batch_size)
+        with distributed.collective(self.cluster, "evaluation"):
+            for x, y in batches.shard(self.cluster.count, self.cluster.index):
+                err = self.predict(x) - y
+                sq += float(tf.reduce_sum(tf.square(err)))
+                count += int(tf.size(err))
+        total = self.peers.sum([sq, count], "evaluation")
+        return math.sqrt(total[0] / max(total[1], 1.0))
+
+    def save(self, step: int) -> str:
+        with distributed.collective(self.cluster, f"checkpoint {step}"):
+            return super().save(step)
+
+    def restore(self) -> int:
+        """Restore the chief's newest checkpoint on every worker; agree on the step.
+
+        The chief restores first (it also removes partial saves); then the
+        others read the same directory. A non-chief worker then switches its
+        manager to ``workers/worker-<i>/checkpoints`` (emptied: only copies).
+        """
+        if self.cluster.is_chief:
+            start = super().restore()
+            self.peers.sum([0.0], "restore")  # a barrier: the others read after the chief
+        else:
+            self.peers.sum([0.0], "restore")
+            start = super().restore()
+            own = distributed.worker_dir(self.config.output_dir, self.cluster) / "checkpoints"
+            shutil.rmtree(own, ignore_errors=True)
+            self.ckpt_dir = own
+            self.manager = tf.train.CheckpointManager(
+                self.ckpt, str(own), max_to_keep=1, checkpoint_name=checkpoints.PREFIX
+            )
+        self.peers.check_same("the checkpoint to resume from", start_step=start)
+        self.stop.update(self.peers.sum([self.stop.local_flag()], "restore")[0])
+        return start
+
+
+def _cluster_fields(cluster: distributed.Cluster | None, global_batch: int) -> dict[str, Any]:
+    """Extra ``start`` event fields of a multi-worker run (none for a single process)."""
+    if cluster is None:
+        return {}
+    return {"cluster": cluster.to_json(), "global_batch_size": global_batch}
+
+
 def _check_writable(directory: Path) -> None:
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -190,8 +339,18 @@ def _drop_partial_record(path: Path) -> None:
         raise StorageError(f"{path}: cannot repair the log: {exc.strerror}") from exc
 
 
-def train(config: TrainConfig, plan: ThreadPlan, stop: StopRequest | None = None) -> dict[str, Any]:
+def train(
+    config: TrainConfig,
+    plan: ThreadPlan,
+    stop: Callable[[], bool] | None = None,
+    cluster: distributed.Cluster | None = None,
+) -> dict[str, Any]:
     """Train to ``config.max_steps`` (or the target loss) and export; return the summary.
+
+    With ``cluster`` this process is one worker of a multi-worker run
+    (:mod:`app.distributed`): ``config.batch_size`` is per worker, only the
+    chief (worker 0) writes checkpoints/, model/ and metrics.json, and a lost
+    or failing peer raises ClusterError (exit 6).
 
     The summary (also ``metrics.json``) has ``status`` ("completed",
     "target_reached"), ``final_step``, ``test_rmse`` and ``baseline_rmse`` (raw
@@ -201,9 +360,11 @@ def train(config: TrainConfig, plan: ThreadPlan, stop: StopRequest | None = None
     """
     stop = stop or StopRequest()
     out = config.output_dir
-    _check_writable(out)
-    _drop_partial_record(out / "logs" / "train.jsonl")
-    logs.add_file(out / "logs" / "train.jsonl")
+    own = distributed.worker_dir(out, cluster)  # == out unless a non-chief worker
+    global_batch = config.batch_size * (cluster.count if cluster else 1)
+    _check_writable(own)
+    _drop_partial_record(own / "logs" / "train.jsonl")
+    logs.add_file(own / "logs" / "train.jsonl", worker=cluster.index if cluster else None)
     t_start = time.perf_counter()
     logs.event(
         "start",
@@ -213,13 +374,22 @@ def train(config: TrainConfig, plan: ThreadPlan, stop: StopRequest | None = None
         tensorflow=tf.__version__,
         config=config.to_json(),
         plan=plan.to_json(),
+        **_cluster_fields(cluster, global_batch),
     )
-    # Parse large text files in as many processes as TensorFlow gets threads.
     try:
-        data = cache_lib.prepare(config, stop=stop, processes=plan.intra_op_threads)
+        # Parse large text files in as many processes as TensorFlow gets threads.
+        data = cache_lib.prepare(
+            distributed.worker_config(config, cluster),
+            stop=stop,
+            processes=plan.intra_op_threads,
+        )
         if stop():
             raise Preempted("stopped by signal before training started")
-        trainer = _Trainer(config, plan, data)
+        if cluster is None:
+            trainer = _Trainer(config, plan, data)
+        else:
+            trainer = _DistributedTrainer(config, plan, data, cluster, stop)
+            stop = trainer.stop  # from here on: the request all workers agreed on
         start = trainer.restore()
         if stop():  # e.g. during model building: nothing new to save
             raise Preempted(f"stopped by signal before training resumed at step {start}")
@@ -232,14 +402,25 @@ def train(config: TrainConfig, plan: ThreadPlan, stop: StopRequest | None = None
     cpu_mark = time.process_time()
     step_mark = start
     step = start
-    ds = pipeline.train_dataset(
-        data,
-        plan,
-        seed=config.seed,
-        batch_size=config.batch_size,
-        start_step=start,
-        end_step=config.max_steps,
-    )
+    if cluster is None:
+        ds = pipeline.train_dataset(
+            data,
+            plan,
+            seed=config.seed,
+            batch_size=config.batch_size,
+            start_step=start,
+            end_step=config.max_steps,
+        )
+    else:
+        ds = distributed.train_dataset(
+            data,
+            plan,
+            cluster,
+            seed=config.seed,
+            batch_size=config.batch_size,
+            start_step=start,
+            end_step=config.max_steps,
+        )
     for x, y in ds:
         loss, rmse = trainer.train_step(x, y, tf.constant(step, tf.int64))
         step += 1
@@ -261,7 +442,7 @@ def train(config: TrainConfig, plan: ThreadPlan, stop: StopRequest | None = None
             evals += 1
             now, cpu_now = time.perf_counter(), time.process_time()
             wall = max(now - t_mark, 1e-9)
-            rate = (step - step_mark) * config.batch_size / wall
+            rate = (step - step_mark) * global_batch / wall
             logs.event(
                 "progress",
                 f"step {step}/{config.max_steps} loss {loss_value:.4f} test_rmse {test_rmse:.4f}",
@@ -307,7 +488,7 @@ def train(config: TrainConfig, plan: ThreadPlan, stop: StopRequest | None = None
         "steps_trained": trained,
         "test_rmse": test_rmse,
         "baseline_rmse": data.baseline_rmse,
-        "examples_per_sec": round(trained * config.batch_size / max(loop_seconds, 1e-9), 1),
+        "examples_per_sec": round(trained * global_batch / max(loop_seconds, 1e-9), 1),
         "wall_seconds": round(time.perf_counter() - t_start, 2),
         "train_size": data.train_size,
         "test_size": data.test_size,
@@ -316,6 +497,11 @@ def train(config: TrainConfig, plan: ThreadPlan, stop: StopRequest | None = None
     if status == "preempted":
         logs.event("end", f"preempted at step {step}; rerun to resume", **summary)
         raise Preempted(f"stopped by signal at step {step}; checkpoint saved, rerun to resume")
+    if cluster is not None:
+        summary.update(workers=cluster.count, global_batch_size=global_batch)
+        if not cluster.is_chief:  # the chief exports and writes metrics.json
+            logs.event("end", f"{status} at step {step}: test RMSE {test_rmse:.4g}", **summary)
+            return summary
     t_export = time.perf_counter()
     export_dir = export.export(trainer.model, data, config.standardize, out / "model")
     logs.event(
