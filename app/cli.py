@@ -123,6 +123,54 @@ def build_plan(
     return plan.make_plan(budget, topo, overrides)
 
 
+def cluster_options(f: F) -> F:
+    """Options of ``train`` that make this process one worker of several (docs/distributed.md)."""
+    from app.distributed import DEFAULT_CLUSTER_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT
+
+    for decorator in reversed(
+        [
+            opt(
+                "--workers",
+                type=click.IntRange(min=1),
+                default=None,
+                help="Train with N worker processes (MultiWorkerMirroredStrategy), e.g. the "
+                "pods of an Indexed Job; --batch-size is per worker. TF_CONFIG, if set, "
+                "defines the cluster instead.  [default: 1, or TF_CONFIG's]",
+                show_default=False,
+            ),
+            opt(
+                "--worker-hosts",
+                default=None,
+                help='Every worker\'s host[:port]: a pattern with "{index}" '
+                '(e.g. "coretrain-{index}.coretrain-workers:12345") or N comma-separated '
+                "hosts; the port defaults to 12345.",
+            ),
+            opt(
+                "--worker-index",
+                type=click.IntRange(min=0),
+                default=None,
+                help="This worker's index, 0 = chief.  [default: JOB_COMPLETION_INDEX]",
+                show_default=False,
+            ),
+            opt(
+                "--cluster-timeout",
+                type=click.FloatRange(min=0, min_open=True),
+                default=DEFAULT_CLUSTER_TIMEOUT,
+                help="Seconds to wait for all workers to start before failing (exit 6).",
+            ),
+            opt(
+                "--heartbeat-timeout",
+                type=click.FloatRange(min=0, min_open=True),
+                default=DEFAULT_HEARTBEAT_TIMEOUT,
+                help="Seconds without heartbeats after which a worker counts as lost; "
+                "the others then stop (exit 6).",
+            ),
+        ]
+    ):
+        f = decorator(f)
+    return f
+
+
 def _fail(exc: BaseException) -> None:
     """Report an error in one line on stderr (and as a log event) and exit."""
     if isinstance(exc, AppError):
@@ -270,31 +318,50 @@ def generate_cmd(out: Path, n_train: int, n_test: int, seed: int) -> None:
     help="CNN implementation (same function and checkpoint layout).",
 )
 @plan_options
+@cluster_options
 def train_cmd(
     cpus: float | None,
     intra_op_threads: int | None,
     inter_op_threads: int | None,
     pin: str,
     rounding: str,
+    workers: int | None,
+    worker_hosts: str | None,
+    worker_index: int | None,
+    cluster_timeout: float,
+    heartbeat_timeout: float,
     **options: Any,
 ) -> None:
     """Train the CNN on --data, writing checkpoints, model, logs and metrics to --output."""
-    from app import lock, runtime
+    from app import distributed, lock, runtime
     from app.config import TrainConfig
     from app.signals import StopRequest
 
     logs.setup()
     stop = StopRequest().install()
+    cluster = None
     try:
+        cluster = distributed.resolve(
+            os.environ,
+            workers=workers,
+            worker_index=worker_index,
+            hosts=worker_hosts,
+            cluster_timeout=cluster_timeout,
+            heartbeat_timeout=heartbeat_timeout,
+        )
+        if cluster is not None:
+            logs.setup(worker=cluster.index)  # every record carries the worker index
         config = TrainConfig(**options)
-        held = lock.acquire(config.output_dir)
+        held = lock.acquire(distributed.worker_dir(config.output_dir, cluster))
         plan = build_plan("/", cpus, intra_op_threads, inter_op_threads, pin, rounding)
         runtime.apply(plan)
         from app.train import train
 
-        train(config, plan, stop)
+        train(config, plan, stop, cluster)
         held.close()
     except Exception as exc:  # one place turns every failure into a message + exit code
+        if cluster is not None:
+            distributed.report_failure(cluster, exc)  # the others stop instead of waiting
         _fail(exc)
 
 
