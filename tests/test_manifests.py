@@ -28,6 +28,9 @@ VENV_BIN = Path(sys.executable).parent
 #: Oldest Kubernetes the manifests support (podFailurePolicy with onPodConditions and
 #: CronJob timeZone are on by default there) and the newest schema kubernetes-validate ships.
 K8S_VERSIONS = ["1.29.0", "1.37.0"]
+#: Manifests that need a newer Kubernetes: the multi-worker Job's successPolicy is beta (on
+#: by default) from 1.31.
+MIN_K8S_VERSION = {"k8s/distributed.yaml": "1.31.0"}
 
 IMAGE_UID = 10001
 IMAGE_GID = 10001
@@ -282,12 +285,22 @@ def test_compose_uses_one_cpu_setting_for_cpus_and_deploy_limits() -> None:
 # --- Kubernetes ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("version", K8S_VERSIONS)
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))
+
+
+@pytest.mark.parametrize("version", sorted({*K8S_VERSIONS, *MIN_K8S_VERSION.values()}))
 def test_manifests_pass_strict_schema_validation(version: str) -> None:
-    manifests = sorted(str(p.relative_to(REPO)) for p in K8S.glob("*.yaml"))
+    manifests = sorted(
+        name
+        for name in (str(p.relative_to(REPO)) for p in K8S.glob("*.yaml"))
+        if _version(version) >= _version(MIN_K8S_VERSION.get(name, version))
+    )
     assert {"k8s/job.yaml", "k8s/cronjob.yaml", "k8s/pvc.yaml", "k8s/configmap.yaml"} <= set(
         manifests
     )
+    if _version(version) >= _version(MIN_K8S_VERSION["k8s/distributed.yaml"]):
+        assert "k8s/distributed.yaml" in manifests
     result = subprocess.run(
         [_tool("kubernetes-validate"), "--strict", "-k", version, *manifests],
         capture_output=True,
@@ -425,3 +438,97 @@ def test_cronjob_schedule_and_history(job: dict[str, Any], cronjob: dict[str, An
     assert spec["failedJobsHistoryLimit"] >= 1
     # A run ends before the next night's run is due.
     assert job["spec"]["activeDeadlineSeconds"] < 24 * 3600
+
+
+# --- multi-worker Indexed Job (k8s/distributed.yaml) -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def distributed_docs() -> dict[str, dict[str, Any]]:
+    return {
+        doc["kind"]: doc
+        for doc in _load_all(K8S / "distributed.yaml")
+        if doc["kind"] != "PersistentVolumeClaim"
+    }
+
+
+def test_distributed_job_is_indexed_with_one_pod_per_worker(
+    distributed_docs: dict[str, dict[str, Any]],
+) -> None:
+    spec = distributed_docs["Job"]["spec"]
+    (container,) = spec["template"]["spec"]["containers"]
+    workers = int(_env(container)["CORETRAIN_WORKERS"]["value"])
+    assert workers >= 2
+    assert spec["completionMode"] == "Indexed"
+    assert spec["completions"] == spec["parallelism"] == workers
+    assert spec["podReplacementPolicy"] == "Failed"
+    assert spec["successPolicy"] == {"rules": [{"succeededIndexes": "0"}]}
+    assert spec["template"]["spec"]["restartPolicy"] == "Never"
+    # One incident can fail every worker (the cause and its peers, exit 6).
+    assert spec["backoffLimit"] >= 4 * workers
+
+
+def test_distributed_workers_find_each_other_through_the_headless_service(
+    distributed_docs: dict[str, dict[str, Any]],
+) -> None:
+    from app import distributed
+
+    service, job = distributed_docs["Service"], distributed_docs["Job"]
+    pod = job["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert pod["spec"]["subdomain"] == service["metadata"]["name"]
+    (port,) = container["ports"]
+    (service_port,) = service["spec"]["ports"]
+    assert service_port["targetPort"] == port["name"]
+    # What coretrain derives in pod i: the Indexed Job's pod host names, on the gRPC port.
+    env = _env(container)
+    hosts = env["CORETRAIN_WORKER_HOSTS"]["value"].replace("$(JOB_NAME)", job["metadata"]["name"])
+    workers = int(env["CORETRAIN_WORKERS"]["value"])
+    cluster = distributed.resolve({"JOB_COMPLETION_INDEX": "1"}, workers=workers, hosts=hosts)
+    assert cluster is not None and cluster.index == 1
+    assert cluster.hosts == tuple(
+        f"{job['metadata']['name']}-{i}.{service['metadata']['name']}:{port['containerPort']}"
+        for i in range(workers)
+    )
+
+
+def test_distributed_pods_match_the_single_job_pod(
+    distributed_docs: dict[str, dict[str, Any]], job: dict[str, Any], pod_spec: dict[str, Any]
+) -> None:
+    from app.cli import cli
+
+    spec = distributed_docs["Job"]["spec"]
+    pod = spec["template"]["spec"]
+    (container,) = pod["containers"]
+    (single,) = pod_spec["containers"]
+    for key in ("securityContext", "terminationGracePeriodSeconds", "automountServiceAccountToken"):
+        assert pod[key] == pod_spec[key], key
+    for key in ("image", "args", "resources", "securityContext", "envFrom", "volumeMounts"):
+        assert container[key] == single[key], key
+    assert spec["podFailurePolicy"]["rules"][:2] == job["spec"]["podFailurePolicy"]["rules"]
+    # The coordinated stop makes every peer of an evicted pod exit 143: not a failure.
+    assert spec["podFailurePolicy"]["rules"][2] == {
+        "action": "Ignore",
+        "onExitCodes": {"containerName": "coretrain", "operator": "In", "values": [143]},
+    }
+    train_envvars = {param.envvar for param in cli.commands["train"].params}
+    for name in _env(container):
+        assert name.startswith(("CPU_", "JOB_")) or name in train_envvars, name
+    seen: set[str] = set()
+    for item in container["env"]:
+        for ref in re.findall(r"\$\((\w+)\)", item.get("value", "")):
+            assert ref in seen, f"{item['name']} uses $({ref}) before it is defined"
+        seen.add(item["name"])
+
+
+def test_distributed_storage_is_shared_between_nodes() -> None:
+    docs = _load_all(K8S / "distributed.yaml")
+    claims = {d["metadata"]["name"]: d for d in docs if d["kind"] == "PersistentVolumeClaim"}
+    (job,) = [d for d in docs if d["kind"] == "Job"]
+    volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
+    for name in ("data", "output"):
+        claim = volumes[name]["persistentVolumeClaim"]["claimName"]
+        assert claims[claim]["spec"]["accessModes"] == ["ReadWriteMany"], claim
