@@ -166,9 +166,9 @@ def test_dockerfile_is_multistage_non_root_with_tini_and_train_default() -> None
 def test_builder_installs_the_dependencies_declared_in_pyproject() -> None:
     builder = _stages()["builder"]
     builder_text = "\n".join(f"{kw} {rest}" for kw, rest in builder)
-    assert "COPY pyproject.toml ./" in builder_text
+    assert "COPY pyproject.toml constraints.txt ./" in builder_text
     assert '["project"]["dependencies"]' in builder_text
-    assert "pip install --no-cache-dir -r /tmp/requirements.txt" in builder_text
+    assert "pip install --no-cache-dir -c constraints.txt -r /tmp/requirements.txt" in builder_text
     assert "pip install --no-cache-dir --no-deps ." in builder_text
 
 
