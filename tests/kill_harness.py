@@ -15,12 +15,14 @@ SIGKILL at a random moment, then reruns it to the end and checks the rerun:
 - exported a model that loads (Keras and SavedModel agree; checked for every round in
   one process at the end, so TensorFlow is imported once).
 
-The moment of the kill rotates through four triggers, each followed by a random delay:
-``cache`` (the cache is deleted first, the kill lands in the text conversion),
-``checkpoint`` (right after a ``progress`` event at a checkpoint step: inside or around
-the save), ``export`` (after the final checkpoint: inside the export), ``anytime``
-(uniform over the run after TensorFlow started). What the kill left behind is recorded
-per round as evidence of where it landed. The harness itself never imports TensorFlow.
+The moment of the kill rotates through four triggers, each followed by a random delay
+drawn from the duration the reruns measured for that operation: ``cache`` (the cache is
+deleted first; trigger: the conversion's temporary directory appears), ``checkpoint``
+(after a ``progress`` event at a checkpoint step, ``ckpt-N_temp`` appears: inside the
+save), ``export`` (after the final checkpoint, ``.model.*`` appears: inside the export),
+``anytime`` (uniform over the run after TensorFlow started). The output directory is
+polled every millisecond for those names. What the kill left behind is recorded per
+round as evidence of where it landed. The harness itself never imports TensorFlow.
 Exit status 0 when every round passed; the JSON summary goes to stdout.
 """
 
@@ -60,7 +62,8 @@ class Round:
     index: int
     max_steps: int
     trigger: str
-    delay: float = 0.0
+    delay: float = 0.0  # seconds from the trigger to SIGKILL
+    seen: bool = False  # the trigger happened (the operation's temporary file appeared)
     killed: bool = False
     last_event: str | None = None  # the last event the killed run printed
     leftovers: list[str] = field(default_factory=list)  # temporary files the kill left
@@ -167,14 +170,37 @@ class Child:
         return rc, "".join(self.text)
 
 
-def _kill_after(child: Child, trigger: str, rnd: Round, rng: random.Random, est: dict) -> None:
-    """Wait for the trigger event, sleep a random delay, SIGKILL (if still running)."""
+def _appears(child: Child, directory: Path, match: Any, timeout: float) -> bool:
+    """Poll ``directory`` (every ms) until a name for which ``match(name)`` is true appears."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and child.proc.poll() is None:
+        try:
+            if any(match(name) for name in os.listdir(directory)):
+                return True
+        except FileNotFoundError:
+            pass
+        time.sleep(0.001)
+    return False
+
+
+def _kill_after(
+    child: Child, out: Path, rnd: Round, rng: random.Random, est: dict[str, float]
+) -> None:
+    """Wait for the trigger, sleep a random delay, SIGKILL (if still running).
+
+    For ``cache``, ``checkpoint`` and ``export`` the trigger is the operation's first
+    temporary file appearing on disk (after the event that precedes the operation), so
+    the kill lands inside the write with a good chance; ``rnd.seen`` says if it appeared.
+    """
     max_steps = rnd.max_steps
-    if trigger == "cache":
-        seen = child.wait_for(lambda r: r.get("event") == "cache")
+    every = int(TRAIN_ARGS[TRAIN_ARGS.index("--checkpoint-every") + 1])
+    if rnd.trigger == "cache":
+        seen = child.wait_for(lambda r: r.get("event") == "cache" and r.get("reused") is False)
+        rnd.seen = seen is not None and _appears(
+            child, out / "cache", lambda n: n.startswith("."), 30.0
+        )
         rnd.delay = rng.uniform(0.0, est["cache"])
-    elif trigger == "checkpoint":
-        every = int(TRAIN_ARGS[TRAIN_ARGS.index("--checkpoint-every") + 1])
+    elif rnd.trigger == "checkpoint":
         seen = child.wait_for(
             lambda r: (
                 r.get("event") == "progress"
@@ -182,14 +208,21 @@ def _kill_after(child: Child, trigger: str, rnd: Round, rng: random.Random, est:
                 and r.get("step") != max_steps
             )
         )
+        rnd.seen = seen is not None and _appears(
+            child, out / "checkpoints", lambda n: "_temp" in n, 10.0
+        )
         rnd.delay = rng.uniform(0.0, est["save"])
-    elif trigger == "export":
+    elif rnd.trigger == "export":
         seen = child.wait_for(
             lambda r: r.get("event") == "checkpoint" and r.get("step") == max_steps
+        )
+        rnd.seen = seen is not None and _appears(
+            child, out, lambda n: n.startswith(".model."), 60.0
         )
         rnd.delay = rng.uniform(0.0, est["export"])
     else:
         seen = child.wait_for(lambda r: r.get("event") == "start")
+        rnd.seen = seen is not None
         rnd.delay = rng.uniform(0.0, est["run"])
     if seen is None or child.proc.poll() is not None:
         return
@@ -281,7 +314,7 @@ def run(n: int, workdir: Path, data: Path, seed: int = 0, log: Any = None) -> di
     saved_models.mkdir(parents=True, exist_ok=True)
     # Random delays are drawn from these windows (seconds); they follow the measured
     # durations of the reruns, so a slow machine still gets kills spread over each phase.
-    est = {"cache": 0.3, "save": 0.15, "export": 3.0, "run": 15.0}
+    est = {"cache": 0.3, "save": 0.1, "export": 3.0, "run": 15.0}
     newest: int | None = None  # newest checkpoint step any run has logged
     rounds: list[Round] = []
     for i in range(n):
@@ -293,7 +326,7 @@ def run(n: int, workdir: Path, data: Path, seed: int = 0, log: Any = None) -> di
             shutil.rmtree(out / "cache", ignore_errors=True)
         args = ["--data", str(data), "--output", str(out), "--max-steps", str(rnd.max_steps)]
         killed = Child([*args, *TRAIN_ARGS], workdir / f"round-{i}-killed.stderr")
-        _kill_after(killed, rnd.trigger, rnd, rng, est)
+        _kill_after(killed, out, rnd, rng, est)
         rc, stdout = killed.finish()
         records, _ = parse_lines(stdout)  # the last line may be cut by the kill
         rnd.last_event = records[-1].get("event") if records else None
@@ -315,7 +348,7 @@ def run(n: int, workdir: Path, data: Path, seed: int = 0, log: Any = None) -> di
         for r in records:
             if r.get("event") == "checkpoint":
                 newest = max(newest or 0, r["step"])
-                est["save"] = max(0.05, 1.5 * float(r.get("seconds", 0.0)))
+                est["save"] = max(0.02, float(r.get("seconds", 0.0)))
             if r.get("event") == "export":
                 est["export"] = max(0.5, 1.2 * float(r.get("seconds", 0.0)))
         stamps = [r["timestamp"] for r in records if r.get("event") in ("start", "end")]
