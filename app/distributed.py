@@ -56,12 +56,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from app import logs
 from app.errors import AppError, ConfigError
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from app.config import TrainConfig
     from app.data.cache import DataCache
     from app.plan import ThreadPlan
@@ -336,6 +336,8 @@ def shard_indices(
     ``index::workers``. The shards are disjoint and their union is the global
     batch; the training step picks the same positions of the global dropout mask.
     """
+    import numpy as np
+
     from app.data.pipeline import batch_indices
 
     rows = np.sort(batch_indices(seed, step, batch_size * workers, n))
@@ -631,6 +633,7 @@ class Peers:
 
     def sum(self, values: Sequence[float] | np.ndarray, what: str = "all-reduce") -> np.ndarray:
         """Element-wise sum over the workers: float64 array of ``len(values)``."""
+        import numpy as np
         import tensorflow as tf
 
         with collective(self.cluster, what):
@@ -642,6 +645,8 @@ class Peers:
 
         (Equal iff N·Σv² = (Σv)², for the small integers compared here.)
         """
+        import numpy as np
+
         names = sorted(values)
         local = np.array([float(values[k]) for k in names])
         total = self.sum(np.concatenate([local, local * local]), what)
