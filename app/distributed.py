@@ -359,27 +359,18 @@ def train_dataset(
     Elements: x (batch_size, H, W, 1) raw float32, y (batch_size, K) raw; the
     rows are :func:`shard_indices`. Same options as the single-process pipeline.
     """
-    import tensorflow as tf
-
     from app.data import pipeline
 
-    feats = cache.features("train")
-    labels = cache.labels("train")
     n, workers, index = cache.train_size, cluster.count, cluster.index
-
-    def load(step: np.int64) -> tuple[np.ndarray, np.ndarray]:
-        idx = shard_indices(seed, int(step), batch_size, n, workers, index)
-        return feats[idx][..., None], labels[idx]
-
-    def fetch(step: Any) -> tuple[Any, Any]:
-        x, y = tf.numpy_function(load, [step], (tf.float32, tf.float32), stateful=False)
-        x.set_shape((batch_size, cache.height, cache.width, 1))
-        y.set_shape((batch_size, cache.num_outputs))
-        return x, y
-
-    ds = tf.data.Dataset.range(start_step, end_step)
-    ds = ds.map(fetch, num_parallel_calls=min(2, plan.tfdata_threads), deterministic=True)
-    return ds.prefetch(pipeline.PREFETCH_BATCHES).with_options(pipeline.dataset_options(plan))
+    return pipeline.train_dataset(
+        cache,
+        plan,
+        seed=seed,
+        batch_size=batch_size,
+        start_step=start_step,
+        end_step=end_step,
+        rows=lambda step: shard_indices(seed, step, batch_size, n, workers, index),
+    )
 
 
 # ---------------------------------------------------------------------------

@@ -38,10 +38,10 @@ def apply(plan: ThreadPlan, environ: MutableMapping[str, str] | None = None) -> 
     ):
         env[name] = str(value)
         done.append(f"{name}={value}")
-    for name, value in DEFAULTS.items():
+    for name, default in DEFAULTS.items():
         if name not in env:
-            env[name] = value
-            done.append(f"{name}={value}")
+            env[name] = default
+            done.append(f"{name}={default}")
     if plan.pin_cpus is not None:
         os.sched_setaffinity(0, plan.pin_cpus)
         done.append(f"sched_setaffinity({list(plan.pin_cpus)})")

@@ -80,3 +80,11 @@ def test_temporary_dirs_of_dead_conversions_are_removed(tiny_data: Path, tmp_pat
     alive.mkdir()
     cache.prepare(config)
     assert not dead.exists() and alive.exists()
+
+
+def test_read_rows_matches_the_memory_map(tiny_data: Path, tmp_path: Path) -> None:
+    c = cache.prepare(_config(tiny_data, tmp_path))
+    idx = np.array([0, 1, 2, 7, 7, 100, 239])  # runs, a repeat, the last row
+    assert np.array_equal(c.read_rows("train", "features", idx), c.features("train")[idx])
+    assert np.array_equal(c.read_rows("train", "labels", idx), c.labels("train")[idx])
+    assert c.read_rows("test", "labels", np.arange(0)).shape == (0, 3)

@@ -68,6 +68,33 @@ class DataCache:
             self.path / f"{split}_x.f32", np.float32, "r", shape=(n, self.height, self.width)
         )
 
+    def read_rows(self, split: str, what: str, idx: np.ndarray) -> np.ndarray:
+        """Rows ``idx`` (sorted int array) of ``what`` ("features" → (len, H, W), "labels" →
+        (len, K)) read with ``preadv``, one call per run of consecutive rows.
+
+        Unlike slicing the memory map, the pages read are not left mapped in the
+        process, so its RSS stays bounded by a batch however large the data set.
+        Raises StorageError if the cache file is shorter than the manifest says.
+        """
+        shape = (self.height, self.width) if what == "features" else (self.num_outputs,)
+        path = self.path / f"{split}_{'x' if what == 'features' else 'y'}.f32"
+        row_bytes = 4 * int(np.prod(shape))
+        out = np.empty((len(idx), *shape), np.float32)
+        if len(idx) == 0:
+            return out
+        buf = memoryview(out.reshape(-1).view(np.uint8).data)
+        starts = np.flatnonzero(np.diff(idx, prepend=idx[0] - 2) != 1)
+        ends = [*starts[1:].tolist(), len(idx)]
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for a, b in zip(starts.tolist(), ends, strict=True):
+                got = os.preadv(fd, [buf[a * row_bytes : b * row_bytes]], int(idx[a]) * row_bytes)
+                if got != (b - a) * row_bytes:
+                    raise StorageError(f"{path}: cache file is truncated; delete {self.path}")
+        finally:
+            os.close(fd)
+        return out
+
     def labels(self, split: str) -> np.memmap:
         """Memory-mapped raw labels of ``split``, shape (N, K)."""
         n = self.train_size if split == "train" else self.test_size

@@ -9,6 +9,8 @@ batches however large the data set is.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import tensorflow as tf
 
@@ -59,15 +61,24 @@ def train_dataset(
     batch_size: int,
     start_step: int,
     end_step: int,
+    rows: Callable[[int], np.ndarray] | None = None,
 ) -> tf.data.Dataset:
-    """Batches for steps ``start_step .. end_step-1``: (x (B,H,W,1) raw float32, y (B,K) raw)."""
-    feats = cache.features("train")
-    labels = cache.labels("train")
+    """Batches for steps ``start_step .. end_step-1``: (x (B,H,W,1) raw float32, y (B,K) raw).
+
+    ``rows(step)`` gives the sorted training-row indices of a step (``batch_size``
+    of them); default: :func:`batch_indices` (a multi-worker run passes its shard).
+    """
     n = cache.train_size
 
+    def default_rows(step: int) -> np.ndarray:
+        return np.sort(batch_indices(seed, step, batch_size, n))
+
+    rows_of = rows or default_rows
+
     def load(step: np.int64) -> tuple[np.ndarray, np.ndarray]:
-        idx = np.sort(batch_indices(seed, int(step), batch_size, n))
-        return feats[idx][..., None], labels[idx]
+        idx = rows_of(int(step))
+        x = cache.read_rows("train", "features", idx)
+        return x[..., None], cache.read_rows("train", "labels", idx)
 
     def fetch(step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         x, y = tf.numpy_function(load, [step], (tf.float32, tf.float32), stateful=False)
@@ -82,14 +93,11 @@ def train_dataset(
 
 def eval_dataset(cache: DataCache, plan: ThreadPlan, batch_size: int) -> tf.data.Dataset:
     """The test set in order: (x (b,H,W,1) raw, y (b,K) raw), last batch may be short."""
-    feats = cache.features("test")
-    labels = cache.labels("test")
 
     def load(start: np.int64) -> tuple[np.ndarray, np.ndarray]:
-        s = int(start)
-        return np.asarray(feats[s : s + batch_size])[..., None], np.asarray(
-            labels[s : s + batch_size]
-        )
+        idx = np.arange(int(start), min(int(start) + batch_size, cache.test_size))
+        x = cache.read_rows("test", "features", idx)
+        return x[..., None], cache.read_rows("test", "labels", idx)
 
     def fetch(start: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         x, y = tf.numpy_function(load, [start], (tf.float32, tf.float32), stateful=False)
