@@ -38,6 +38,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import threading
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -73,8 +74,9 @@ class Converted:
     """What :func:`convert_file` wrote: ``rows`` samples of ``width`` float32 values.
 
     ``sums`` / ``sums_sq``: float64 column sums of the values and of their squares,
-    shape (width,). ``processes``: processes that parsed (1 for one pass); ``ranges``:
-    byte ranges the file was cut into (1 for one pass).
+    shape (width,). ``processes``: processes allowed to parse (1 for one pass; a worker
+    that starts after the last range was handed out parses none); ``ranges``: byte ranges
+    the file was cut into (1 for one pass).
     """
 
     rows: int
@@ -357,9 +359,28 @@ def _in_ranges(
     pool = ProcessPoolExecutor(
         workers, mp_context=ctx, initializer=_init_worker, initargs=(next_range, halt)
     )
+    # submit() blocks until the worker server has started and forked the worker (a fresh
+    # interpreter importing numpy: a fraction of a second); this process parses meanwhile.
+    futures: list[Future] = []
+    failed: list[BaseException] = []
+
+    def start_workers() -> None:
+        try:
+            for _ in range(workers):
+                if halt.is_set() or next_range.value >= len(ranges):
+                    return  # nothing left to hand out: no need for another process
+                futures.append(pool.submit(_worker, job))
+        except BaseException as exc:  # reported by the parsing thread below
+            failed.append(exc)
+            halt.set()
+
+    starter = threading.Thread(target=start_workers, name="start-workers", daemon=True)
     try:
-        futures = [pool.submit(_worker, job) for _ in range(workers)]
+        starter.start()
         results.update(_parse_ranges(job, next_range, halt, stop))
+        starter.join()
+        if failed:
+            raise failed[0]
         pending: set[Future] = set(futures)
         while pending and not halt.is_set():
             if stop():
@@ -374,6 +395,7 @@ def _in_ranges(
         halt.set()
         raise
     finally:
+        starter.join()
         pool.shutdown(wait=True, cancel_futures=True)
     if halt.is_set() or any(r.status == "stopped" for r in results.values()):
         raise Preempted(f"{name}: stopped by signal during cache conversion")
