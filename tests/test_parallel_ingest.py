@@ -212,3 +212,58 @@ def test_prestarted_server_converts_the_same(tmp_path: Path) -> None:
     assert (done.processes, done.rows) == (2, 2000)
     got = np.fromfile(tmp_path / "x.f32", np.float32)
     np.testing.assert_array_equal(got, np.arange(12000, dtype=np.float32))
+
+
+def _marked_processes(marker: str) -> list[int]:
+    """Pids of live processes whose environment holds ``marker`` (a converter's tree)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (entry / "environ").read_bytes():
+                state = (entry / "stat").read_bytes().rpartition(b")")[2].split()[0]
+                if state != b"Z":
+                    pids.append(int(entry.name))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
+def test_workers_exit_when_the_converting_process_is_killed(tmp_path: Path) -> None:
+    """SIGKILL of the parent (no chance to clean up): no worker or server stays behind."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    src = tmp_path / "big.txt"
+    src.write_bytes((b" ".join(b"%d" % i for i in range(60)) + b"\n") * 200_000)  # ~34 MB
+    out = tmp_path / "out"
+    out.mkdir()
+    marker = f"CONVERTER_TEST_{uuid.uuid4().hex}"
+    code = (
+        "from app.data import parallel\n"
+        "if __name__ == '__main__':\n"
+        f"    parallel.convert_file({str(src)!r}, {str(out / 'x.f32')!r}, width=60, processes=2,"
+        " min_range_bytes=1 << 20)\n"
+    )
+    script = tmp_path / "convert.py"
+    script.write_text(code)
+    env = {**os.environ, marker: "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    child = subprocess.Popen([sys.executable, str(script)], env=env)
+    deadline = time.monotonic() + 120
+    while len(list(out.glob("*.part"))) < 2 and child.poll() is None:
+        assert time.monotonic() < deadline, "the conversion never started"
+        time.sleep(0.01)
+    if child.poll() is not None:
+        pytest.skip("the conversion ended before it could be killed (a very fast machine)")
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    deadline = time.monotonic() + 60  # a worker checks every 0.5 s; generous for a busy host
+    while _marked_processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _marked_processes(marker) == []

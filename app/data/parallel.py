@@ -22,7 +22,9 @@ Signals and failures: workers ignore SIGINT and SIGTERM (a signal to the process
 reaches this process, whose ``stop`` callable is polled between chunks); on a stop
 request or an error every process abandons its range at the next chunk, this process
 waits for them, removes the parts and the destination, and raises. Nothing is left
-behind and nothing writes to the output directory after the call returns.
+behind and nothing writes to the output directory after the call returns. If this process
+is killed outright (SIGKILL, the OOM killer), each worker notices within half a second and
+exits; the parts it left in the (temporary) directory are the caller's to remove.
 
 Workers are started with the ``forkserver`` method: a fresh interpreter (started once per
 process, on the first parallel conversion) imports this module and forks each worker, so
@@ -39,6 +41,7 @@ import os
 import shutil
 import signal
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -67,6 +70,7 @@ RANGES_PER_PROCESS = 4
 MIN_RANGE_BYTES = 4 << 20
 _SCAN_BYTES = 1 << 16  # read at a time when looking for the end of a line
 _POLL_S = 0.05  # how often a waiting parent checks its stop request
+_WATCH_S = 0.5  # how often a worker checks that the converting process is still there
 
 
 @dataclass(frozen=True)
@@ -291,12 +295,39 @@ class _Job:
     allow_nonfinite: bool
 
 
-def _init_worker(next_range: Any, halt: Any) -> None:
-    """Worker start: share the counter and the halt flag; leave signals to the parent."""
+def _init_worker(next_range: Any, halt: Any, parent: int) -> None:
+    """Worker start: share the counter and the halt flag; leave signals to the parent
+    (process ``parent``), and leave when it is gone."""
     global _NEXT, _HALT
     _NEXT, _HALT = next_range, halt
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    threading.Thread(target=_watch, args=(parent,), name="watch-parent", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie does not: killed, not yet reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+def _watch(parent: int) -> None:
+    """Exit this worker soon after the converting process died (SIGKILL, out of memory):
+    nobody would read its results, and a worker blocked writing them would never end."""
+    while _alive(parent):
+        time.sleep(_WATCH_S)
+    os._exit(1)
 
 
 def _take(next_range: Any, count: int) -> int | None:
@@ -357,7 +388,10 @@ def _in_ranges(
     workers = min(processes, len(ranges)) - 1
     results: dict[int, _Result] = {}
     pool = ProcessPoolExecutor(
-        workers, mp_context=ctx, initializer=_init_worker, initargs=(next_range, halt)
+        workers,
+        mp_context=ctx,
+        initializer=_init_worker,
+        initargs=(next_range, halt, os.getpid()),
     )
     # submit() blocks until the worker server has started and forked the worker (a fresh
     # interpreter importing numpy: a fraction of a second); this process parses meanwhile.
