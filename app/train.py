@@ -260,8 +260,9 @@ class _DistributedTrainer(_Trainer):
         """Test RMSE over all outputs (raw label units); each worker evaluates a shard."""
         sq, count = 0.0, 0
         batches = pipeline.eval_dataset(self.data, self.plan, self.config.batch_size)
+        shard = batches.shard(self.cluster.count, self.cluster.index)
         with distributed.collective(self.cluster, "evaluation"):
-            for x, y in batches.shard(self.cluster.count, self.cluster.index):
+            for x, y in distributed.without_autotune(shard):
                 err = self.predict(x) - y
                 sq += float(tf.reduce_sum(tf.square(err)))
                 count += int(tf.size(err))
