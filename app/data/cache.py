@@ -214,16 +214,6 @@ def _load(path: Path) -> DataCache:
         )
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _in_use(tmp: Path) -> bool:
     """Whether a live conversion owns the temporary directory ``tmp``.
 
@@ -236,7 +226,7 @@ def _in_use(tmp: Path) -> bool:
         handle = open(tmp / OWNER, "rb")  # noqa: SIM115 - closed below
     except FileNotFoundError:
         fields = tmp.name.split(".")  # ".<key>.<pid>.<random>"
-        return len(fields) > 2 and fields[2].isdigit() and _pid_alive(int(fields[2]))
+        return len(fields) > 2 and fields[2].isdigit() and parallel.pid_alive(int(fields[2]))
     except OSError:
         return True  # can't tell: leave it
     with handle:

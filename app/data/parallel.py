@@ -305,7 +305,7 @@ def _init_worker(next_range: Any, halt: Any, parent: int) -> None:
     threading.Thread(target=_watch, args=(parent,), name="watch-parent", daemon=True).start()
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` still runs (a zombie does not: killed, not yet reaped)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -325,7 +325,7 @@ def _alive(pid: int) -> bool:
 def _watch(parent: int) -> None:
     """Exit this worker soon after the converting process died (SIGKILL, out of memory):
     nobody would read its results, and a worker blocked writing them would never end."""
-    while _alive(parent):
+    while pid_alive(parent):
         time.sleep(_WATCH_S)
     os._exit(1)
 
