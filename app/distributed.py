@@ -378,12 +378,12 @@ def train_dataset(
 def without_autotune(ds: Any) -> Any:
     """``ds`` with tf.data autotuning off (its map and prefetch sizes are fixed anyway).
 
-    Under the multi-worker runtime an iterator's destructor waits for tf.data's
-    autotune thread to wake up by itself (it sleeps 10 ms, 20 ms, … doubling
-    between rounds) instead of cancelling it: the end of a 25 s training loop
-    was held until 41 s after its start (measured with gdb: the main thread in
-    ``~LogicalThreadWrapper`` of ``RootDataset::Iterator``, the other in
-    ``Model::OptimizeLoop``). A single process does not show this.
+    An iterator's destructor can wait for tf.data's autotune thread to wake up
+    by itself (it sleeps 10 ms, 20 ms, … doubling between rounds) instead of
+    cancelling it: the end of a 25 s training loop was held until 41 s after
+    its start (seen with gdb: the main thread in ``~LogicalThreadWrapper`` of
+    ``RootDataset::Iterator``, the other in ``Model::OptimizeLoop``). It
+    happens intermittently, in single-process runs too.
     """
     import tensorflow as tf
 
