@@ -353,6 +353,7 @@ def train_dataset(
     batch_size: int,
     start_step: int,
     end_step: int,
+    resident: bool | None = None,
 ) -> Any:
     """This worker's batches for steps ``start_step .. end_step-1`` (a tf.data.Dataset).
 
@@ -371,6 +372,7 @@ def train_dataset(
         start_step=start_step,
         end_step=end_step,
         rows=lambda step: shard_indices(seed, step, batch_size, n, workers, index),
+        resident=resident,
     )
     return without_autotune(ds)
 

@@ -403,10 +403,21 @@ def train(
     cpu_mark = time.process_time()
     step_mark = start
     step = start
+    resident = pipeline.split_bytes(data) <= pipeline.resident_limit(plan)
+    logs.event(
+        "input",
+        "training split held in memory (batches gathered in tf.data)"
+        if resident
+        else "training split read from the cache file batch by batch (larger than the limit)",
+        resident=resident,
+        split_bytes=pipeline.split_bytes(data),
+        resident_limit=pipeline.resident_limit(plan),
+    )
     if cluster is None:
         ds = pipeline.train_dataset(
             data,
             plan,
+            resident=resident,
             seed=config.seed,
             batch_size=config.batch_size,
             start_step=start,
@@ -417,6 +428,7 @@ def train(
             data,
             plan,
             cluster,
+            resident=resident,
             seed=config.seed,
             batch_size=config.batch_size,
             start_step=start,

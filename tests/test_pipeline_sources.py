@@ -1,0 +1,81 @@
+"""The resident (in-memory gather) and streamed (preadv) training pipelines give the same batches.
+
+tf.data and TensorFlow's thread pools are process-global: the pipelines run in a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tests.conftest import REPO
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    import numpy as np
+    from app import plan as plan_lib
+    from app.cgroups import CpuBudget
+    from app.config import TrainConfig
+    from app.data import cache, pipeline
+
+    data, tmp = Path(sys.argv[1]), Path(sys.argv[2])
+    config = TrainConfig(data_dir=data, output_dir=tmp / "out", cache_dir=tmp / "cache")
+    c = cache.prepare(config)
+    limit = json.loads(sys.argv[3])
+    budget = CpuBudget(cpu_quota=None, cpuset=(0,), memory_limit=limit, quota_source="none")
+    plan = plan_lib.make_plan(budget)
+    kw = dict(seed=3, batch_size=100, start_step=0, end_step=7)  # 700 of 240 rows: 3 epochs
+    out = {"limit": pipeline.resident_limit(plan), "bytes": pipeline.split_bytes(c)}
+    got = {}
+    for resident in (True, False):
+        ds = pipeline.train_dataset(c, plan, resident=resident, **kw)
+        got[resident] = [(x.numpy(), y.numpy()) for x, y in ds]
+    x_all, y_all = np.asarray(c.features("train")), np.asarray(c.labels("train"))
+    same = expected = True
+    for step, ((xr, yr), (xs, ys)) in enumerate(zip(got[True], got[False], strict=True)):
+        idx = np.sort(pipeline.batch_indices(3, step, 100, c.train_size))
+        same &= bool(np.array_equal(xr, xs) and np.array_equal(yr, ys))
+        expected &= bool(np.array_equal(xr[..., 0], x_all[idx]) and np.array_equal(yr, y_all[idx]))
+    out.update(steps=len(got[True]), shape=list(got[True][0][0].shape), same=same,
+               expected=expected)
+    print(json.dumps(out))
+    """
+)
+
+
+def _run(tiny_data: Path, tmp_path: Path, memory_limit: int | None) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tiny_data), str(tmp_path), json.dumps(memory_limit)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_resident_and_streamed_batches_are_identical_and_the_right_rows(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    r = _run(tiny_data, tmp_path, memory_limit=1 << 30)
+    assert r["limit"] == (1 << 30) // 4
+    assert r["bytes"] == 4 * 240 * (20 * 195 + 3)
+    assert r["steps"] == 7
+    assert r["shape"] == [100, 20, 195, 1]
+    assert r["same"] is True
+    assert r["expected"] is True
+
+
+def test_without_a_memory_limit_the_limit_is_a_share_of_physical_memory(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    import os
+
+    r = _run(tiny_data, tmp_path, memory_limit=None)
+    assert r["limit"] == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
