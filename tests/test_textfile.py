@@ -65,6 +65,16 @@ BAD: dict[str, tuple[str, dict]] = {
 }
 
 
+@pytest.fixture(autouse=True, params=["compiled", "numpy"])
+def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs with the compiled fast path (when built) and with the numpy path alone."""
+    if request.param == "compiled" and textfile._compiled is None:
+        pytest.skip("app.data._fastparse is not built (no C compiler at install time)")
+    if request.param == "numpy":
+        monkeypatch.setattr(textfile, "_compiled", None)
+    return request.param
+
+
 def bits(a: np.ndarray) -> np.ndarray:
     """float32 bit patterns: tells -0.0 from 0.0 and compares NaN exactly."""
     return np.ascontiguousarray(a, np.float32).view(np.uint32)

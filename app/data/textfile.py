@@ -36,11 +36,18 @@ import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import ModuleType
 from typing import BinaryIO
 
 import numpy as np
 
 from app.errors import DataError
+
+_compiled: ModuleType | None
+try:  # built from _fastparse.c by setup.py where a C compiler is present
+    from app.data import _fastparse as _compiled
+except ImportError:  # no compiler at install time: the numpy path alone
+    _compiled = None
 
 __all__ = ["MAX_LINE_BYTES", "Span", "is_gzip", "iter_chunks", "parse_field"]
 
@@ -339,6 +346,31 @@ def _parse_block(
     state: _State, u: np.ndarray, begin: int, first_line: int, ends: np.ndarray
 ) -> np.ndarray:
     """The samples of the lines ``u[begin:ends[-1]]`` as float32 (rows, width).
+
+    The compiled parser (:mod:`app.data._fastparse`, when built) takes the lines it can,
+    all of them in a well-formed file of plain decimals; the numpy path below parses the
+    rest from the first line it did not take (same values, and the precise errors).
+    """
+    if state.width is None:
+        fields = len(u[begin : ends[0]].tobytes().split())
+        if fields:  # (a blank first line is the numpy path's to report)
+            state.width, state.width_line = fields, first_line
+    if _compiled is None or state.width is None or state.blank_line is not None:
+        return _parse_block_numpy(state, u, begin, first_line, ends)
+    out = np.empty((len(ends), state.width), np.float32)
+    done = _compiled.parse_lines(u, begin, int(ends[-1]), state.width, out)
+    if done == len(ends):
+        return out
+    rest = _parse_block_numpy(
+        state, u, begin if not done else int(ends[done - 1]), first_line + done, ends[done:]
+    )
+    return np.concatenate([out[:done], rest]) if done else rest
+
+
+def _parse_block_numpy(
+    state: _State, u: np.ndarray, begin: int, first_line: int, ends: np.ndarray
+) -> np.ndarray:
+    """:func:`_parse_block` without the compiled parser.
 
     Fields are found group by group (~_GROUP_BYTES of lines) and decoded with one word,
     then the block's leftovers with two words, with exponents, and one by one. Any

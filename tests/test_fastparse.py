@@ -1,0 +1,108 @@
+"""The compiled fast path (app/data/_fastparse.c): built, exact, hands over what it can't take."""
+
+from __future__ import annotations
+
+import shutil
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.data import textfile
+
+fast = pytest.importorskip(
+    "app.data._fastparse", reason="app.data._fastparse is not built (no C compiler at install)"
+)
+
+
+def test_built_wherever_a_compiler_is_present() -> None:
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(cc) is None:
+        pytest.skip(f"no C compiler ({cc}) on this machine")
+    assert textfile._compiled is fast
+
+
+def _parse(text: bytes, width: int) -> tuple[int, np.ndarray]:
+    u = np.frombuffer(b" " * 16 + text + b" " * 8, np.uint8)
+    out = np.full((text.count(b"\n"), width), -7.0, np.float32)
+    return fast.parse_lines(u, 16, 16 + len(text), width, out), out
+
+
+@pytest.mark.parametrize(
+    ("text", "rows"),
+    [
+        (b"1 2\n3 4\n", 2),
+        (b"1 2\n3 x\n5 6\n", 1),  # not a number
+        (b"1 2\n\n5 6\n", 1),  # blank line: the numpy path decides
+        (b"1 2\n3\n", 1),  # too few fields
+        (b"1 2\n3 4 5\n", 1),  # too many
+        (b"1 nan\n", 0),
+        (b"1 -inf\n", 0),
+        (b"1 1e23\n", 0),  # beyond 10**22: not one exact operation
+        (b"1 12345678901234567890\n", 0),  # 20 significant digits
+        (b"1 9007199254740993\n", 0),  # 2**53 + 1: not exact in a double
+        (b"1 1_0\n", 0),  # float() accepts it; left to the numpy path
+        (b"1 2\x01\n", 0),  # control byte
+        (b"1 .\n", 0),
+        (b"1 1e\n", 0),
+        (b"1 -\n", 0),
+        (b"\t1\x0b2\x0c\r\n", 1),  # the bytes.split() whitespace set
+    ],
+)
+def test_stops_at_the_first_line_it_does_not_take(text: bytes, rows: int) -> None:
+    done, out = _parse(text, 2)
+    assert done == rows
+    taken = [[float(t) for t in line.split()] for line in text.split(b"\n")[:rows]]
+    np.testing.assert_array_equal(out[:rows], np.array(taken, np.float32).reshape(rows, 2))
+
+
+def test_rejects_text_that_does_not_end_a_line() -> None:
+    u = np.frombuffer(b"1 2\n3 4", np.uint8)
+    with pytest.raises(ValueError, match="text\\[stop-1\\]"):
+        fast.parse_lines(u, 0, len(u), 2, np.empty((2, 2), np.float32))
+
+
+def _token(rng: np.random.Generator, wide: bool) -> str:
+    """A decimal of any shape the grammar allows; ``wide``: also beyond the exact range."""
+    sign = rng.choice(["", "-", "+"])
+    digits = "".join(rng.choice(list("0123456789"), int(rng.integers(1, 22 if wide else 16))))
+    point = int(rng.integers(0, len(digits) + 1))
+    zeros = "0." + "0" * int(rng.integers(0, 6)) + digits[:3]
+    mantissa = rng.choice([digits, digits[:point] + "." + digits[point:], zeros])
+    top = 30 if wide else 6
+    exp = rng.choice(["", f"e{int(rng.integers(-top, top + 1))}", f"E+{int(rng.integers(0, top))}"])
+    return f"{sign}{mantissa}{exp}"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_decimals_match_float_and_the_numpy_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    wide = rng.random(400) < 0.2  # lines that may hold tokens beyond the exact range
+    lines = [[_token(rng, bool(w)) for _ in range(8)] for w in wide]
+    tokens = [t for line in lines for t in line]
+    text = "".join(" ".join(line) + "\n" for line in lines)
+    path = tmp_path / "random.txt"
+    path.write_text(text)
+    taken = sum(_parse((" ".join(line) + "\n").encode(), 8)[0] for line in lines)
+    assert taken >= 0.7 * len(lines)  # most lines go through the compiled path
+    compiled = np.concatenate(list(textfile.iter_chunks(path, chunk_rows=50, allow_nonfinite=True)))
+    with np.errstate(over="ignore"):
+        expected = np.array([float(t) for t in tokens], np.float64).astype(np.float32)
+    assert np.array_equal(compiled.reshape(-1).view(np.uint32), expected.view(np.uint32))
+    monkeypatch.setattr(textfile, "_compiled", None)
+    numpy_path = np.concatenate(
+        list(textfile.iter_chunks(path, chunk_rows=50, allow_nonfinite=True))
+    )
+    assert np.array_equal(compiled.view(np.uint32), numpy_path.view(np.uint32))
+
+
+def test_a_file_mixing_both_paths_in_one_block(tmp_path: Path) -> None:
+    """Plain lines, a NaN line (numpy path from there), plain lines again: one block, in order."""
+    path = tmp_path / "mixed.txt"
+    path.write_text("1 2 3\n4 5 6\n7 nan 9\n10 11 12\n")
+    got = np.concatenate(list(textfile.iter_chunks(path, allow_nonfinite=True)))
+    expected = np.array([[1, 2, 3], [4, 5, 6], [7, np.nan, 9], [10, 11, 12]], np.float32)
+    np.testing.assert_array_equal(got, expected)
