@@ -15,12 +15,22 @@ seconds): it does not move with the CPU share other sessions leave the run, but 
 not see a stall either (an idle wait costs wall time, not CPU). The
 ``cache`` worker also times the pipeline's batch gather alone (numpy, one thread) as the
 input's cost per batch.
+
+On a shared machine one pair of processes is not enough: load from other sessions moves
+one variant's figure and not the other's (the ratio swung 0.80–1.02 between runs). So
+:func:`measure` interleaves ``rounds`` pairs, ``cache`` then ``memory`` each round, and
+reports per variant the median samples/s and samples/CPU-s over rounds (the other fields
+come from the round with the median samples/s; ``peak_rss_mb`` is the largest of all
+rounds), every round's figures, and each round's ratio cache/memory; the target ratio is
+the median of those per-round ratios (a disturbance tends to hit one pair, taken back to
+back, rather than one variant in every round).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -171,6 +181,28 @@ def prepare(data_dir: Path, cache_dir: Path, env: dict[str, str], processes: int
     return worker.run(MODULE, spec, env)
 
 
+def _ratio(a: Any, b: Any) -> float | None:
+    """a / b to 3 places; None unless both are non-zero numbers."""
+    numbers = isinstance(a, int | float) and isinstance(b, int | float)
+    return round(a / b, 3) if numbers and a and b else None
+
+
+def _summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One variant over its rounds: medians, the median round's other fields, each round."""
+    ok = [r for r in results if "error" not in r and r.get("samples_per_s")]
+    if not ok:
+        return {**results[-1], "rounds": results}
+    by_rate = sorted(ok, key=lambda r: r["samples_per_s"])
+    out = dict(by_rate[(len(by_rate) - 1) // 2])
+    out["samples_per_s"] = round(statistics.median([r["samples_per_s"] for r in ok]), 1)
+    per_cpu = [r["samples_per_cpu_s"] for r in ok if r.get("samples_per_cpu_s")]
+    out["samples_per_cpu_s"] = round(statistics.median(per_cpu), 1) if per_cpu else None
+    out["peak_rss_mb"] = max(r.get("peak_rss_mb", 0.0) for r in results)
+    keep = ("samples_per_s", "samples_per_cpu_s", "process_s", "cpu_s", "peak_rss_mb", "error")
+    out["rounds"] = [{k: r[k] for k in keep if k in r} for r in results]
+    return out
+
+
 def measure(
     data_dir: Path,
     cache_dir: Path,
@@ -179,23 +211,50 @@ def measure(
     batch: int = 1000,
     window: int = 10,
     steps: int = 30,
+    rounds: int = 3,
     log: Any = print,
 ) -> dict[str, Any]:
-    """Both variants on the prepared cache under ``cache_dir``; returns the report part."""
-    out: dict[str, Any] = {"batch": batch, "window_steps": window, "timed_steps": steps}
-    for variant in ("cache", "memory"):
-        log(f"end to end: train() reading {variant} ...")
-        spec = {
-            "kind": "train",
-            "variant": variant,
-            "data": str(data_dir),
-            "cache": str(cache_dir),
-            "tmp": str(cache_dir.parent),
-            "batch": batch,
-            "window": window,
-            "steps": steps,
+    """``rounds`` interleaved pairs (cache, memory) on the prepared cache under ``cache_dir``.
+
+    Returns the report part: per variant the median over rounds (:func:`_summary`), and
+    ``round_ratios`` / ``ratio_median`` (cache over memory, wall and per CPU-second).
+    """
+    out: dict[str, Any] = {
+        "batch": batch,
+        "window_steps": window,
+        "timed_steps": steps,
+        "rounds": rounds,
+    }
+    runs: dict[str, list[dict[str, Any]]] = {"cache": [], "memory": []}
+    for r in range(rounds):
+        for variant in ("cache", "memory"):
+            log(f"end to end: train() reading {variant}, round {r + 1}/{rounds} ...")
+            spec = {
+                "kind": "train",
+                "variant": variant,
+                "data": str(data_dir),
+                "cache": str(cache_dir),
+                "tmp": str(cache_dir.parent),
+                "batch": batch,
+                "window": window,
+                "steps": steps,
+            }
+            runs[variant].append(worker.run(MODULE, spec, env))
+    for variant, results in runs.items():
+        out[variant] = _summary(results)
+    pairs = [
+        {
+            "samples_per_s": _ratio(c.get("samples_per_s"), m.get("samples_per_s")),
+            "samples_per_cpu_s": _ratio(c.get("samples_per_cpu_s"), m.get("samples_per_cpu_s")),
         }
-        out[variant] = worker.run(MODULE, spec, env)
+        for c, m in zip(runs["cache"], runs["memory"], strict=True)
+    ]
+    out["round_ratios"] = pairs
+    medians: dict[str, float | None] = {}
+    for key in ("samples_per_s", "samples_per_cpu_s"):
+        values = [v for p in pairs if (v := p[key]) is not None]
+        medians[key] = round(statistics.median(values), 3) if values else None
+    out["ratio_median"] = medians
     return out
 
 

@@ -223,8 +223,22 @@ def run_worker(
 
 
 def _torch_available(python: str) -> bool:
-    proc = subprocess.run([python, "-c", "import torch"], capture_output=True, timeout=120)
+    try:
+        proc = subprocess.run([python, "-c", "import torch"], capture_output=True, timeout=120)
+    except (OSError, subprocess.SubprocessError):
+        return False
     return proc.returncode == 0
+
+
+def torch_python(candidate: str | None) -> tuple[str | None, str]:
+    """(interpreter that imports torch or None, note): ``candidate`` first, then this one.
+
+    torch is never a dependency of the project: without it the comparison is skipped.
+    """
+    for python in dict.fromkeys(p for p in (candidate, sys.executable) if p):
+        if _torch_available(python):
+            return python, f"torch from {python}"
+    return None, "skipped: torch is not importable (optional; pass --torch-python)"
 
 
 def _parse_env(items: list[str]) -> list[tuple[str, dict[str, str]]]:

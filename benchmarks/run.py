@@ -6,9 +6,13 @@ run), then measures, each in a fresh process with the thread plan applied before
 TensorFlow is imported (:mod:`benchmarks.worker`):
 
 (a) the matmul probe, GFLOP/s, and (b) train-step samples/s of the plain Keras seed CNN vs
-    the project's fast formulation, both by :mod:`benchmarks.model_step`'s workers;
+    the project's fast formulation, both by :mod:`benchmarks.model_step`'s workers, and
+    the same CNN in PyTorch eager (optional: when torch imports in ``--torch-python``,
+    default ``$BENCH_TORCH_PYTHON``, else this interpreter; never a dependency), with
+    the same batch, threads and steps;
 (c) end-to-end samples/s of ``train()`` on its on-disk cache vs the same loop fed from
-    memory (:mod:`benchmarks.end_to_end`);
+    memory (:mod:`benchmarks.end_to_end`), ``--e2e-rounds`` interleaved rounds (cache,
+    memory, cache, memory, ...); the ratio is the median of the per-round ratios;
 (d) ingest MB/s and samples/s: decode_csv, pandas (optional), the converter at 1 and N
     processes (:mod:`benchmarks.ingest`);
 (e) peak RSS (ru_maxrss via wait4) of every measurement, training and conversion included.
@@ -47,6 +51,8 @@ TARGETS = {
     "converter_2p_over_1p_cpu_estimate": 1.8,
     "converter_2p_prestarted_over_1p": 1.8,
     "converter_2p_prestarted_over_1p_cpu_estimate": 1.8,
+    "fast_over_plain": 3.0,
+    "fast_gflops_over_probe": 0.40,
     "end_to_end_over_in_memory": 0.95,
     "end_to_end_over_in_memory_per_cpu_s": 0.95,
 }
@@ -108,20 +114,27 @@ def ensure_data(directory: Path, train: int, test: int, env: dict[str, str]) -> 
     return directory
 
 
-def model_steps(env: dict[str, str], threads: int, steps: int, warmup: int) -> dict[str, Any]:
-    """(a) probe and (b) plain vs fast train step through model_step's workers."""
+def model_steps(
+    env: dict[str, str], threads: int, steps: int, warmup: int, torch_py: str | None
+) -> dict[str, Any]:
+    """(a) probe, (b) plain vs fast train step, and torch eager when torch imports."""
     common = {"batch": 1000, "height": 20, "width": 195, "outputs": 3, "threads": threads}
     common.update(warmup=warmup, steps=steps)
     out: dict[str, Any] = {}
     log("matmul probe ...")
     out["probe"] = model_step.run_worker({"kind": "probe"}, env)
     flops = model_step.train_flops()
-    for formulation in ("plain", "fast"):
-        log(f"train step, {formulation} formulation ...")
-        result = model_step.run_worker({**common, "kind": "step", "formulation": formulation}, env)
+    python, out["torch_note"] = model_step.torch_python(torch_py)
+    variants = [("plain", {"kind": "step", "formulation": "plain"}, sys.executable)]
+    variants.append(("fast", {"kind": "step", "formulation": "fast"}, sys.executable))
+    if python is not None:
+        variants.append(("torch", {"kind": "torch"}, python))
+    for name, kind, interpreter in variants:
+        log(f"train step, {name} ...")
+        result = model_step.run_worker({**common, **kind}, env, python=interpreter)
         if "samples_per_s" in result:
             result["gflops"] = round(flops * result["samples_per_s"] / 1e9, 2)
-        out[formulation] = result
+        out[name] = result
     return out
 
 
@@ -136,21 +149,23 @@ def _div(a: float | None, b: float | None) -> float | None:
     return round(a / b, 2) if a and b else None
 
 
+def _round(value: Any) -> float | None:
+    return round(float(value), 2) if isinstance(value, int | float) else None
+
+
 def ratios(report: dict[str, Any], processes: list[int]) -> dict[str, Any]:
     """All ratios of the run; the issue's targets are in TARGETS."""
+    fast = _get(report, "model", "fast", "samples_per_s")
+    median = report.get("end_to_end", {}).get("ratio_median", {})
     out = {
-        "fast_over_plain": _div(
-            _get(report, "model", "fast", "samples_per_s"),
-            _get(report, "model", "plain", "samples_per_s"),
+        "fast_over_plain": _div(fast, _get(report, "model", "plain", "samples_per_s")),
+        "fast_gflops_over_probe": _div(
+            _get(report, "model", "fast", "gflops"), _get(report, "model", "probe", "gflops")
         ),
-        "end_to_end_over_in_memory": _div(
-            _get(report, "end_to_end", "cache", "samples_per_s"),
-            _get(report, "end_to_end", "memory", "samples_per_s"),
-        ),
-        "end_to_end_over_in_memory_per_cpu_s": _div(
-            _get(report, "end_to_end", "cache", "samples_per_cpu_s"),
-            _get(report, "end_to_end", "memory", "samples_per_cpu_s"),
-        ),
+        "fast_over_torch": _div(fast, _get(report, "model", "torch", "samples_per_s")),
+        # Medians of the per-round ratios (interleaved rounds, benchmarks/end_to_end.py).
+        "end_to_end_over_in_memory": _round(median.get("samples_per_s")),
+        "end_to_end_over_in_memory_per_cpu_s": _round(median.get("samples_per_cpu_s")),
         "end_to_end_over_model_step_fast": _div(
             _get(report, "end_to_end", "cache", "samples_per_s"),
             _get(report, "model", "fast", "samples_per_s"),
@@ -174,32 +189,48 @@ def table(report: dict[str, Any]) -> str:
     model = report.get("model", {})
     probe = model.get("probe", {})
     rows.append(("(a) matmul probe 2048²", "", "", _fmt(probe.get("gflops")) + " GFLOP/s", ""))
-    for name in ("plain", "fast"):
-        r = model.get(name, {})
-        label = f"(b) train step, {name}"
+    names = [("plain", "plain"), ("fast", "fast"), ("torch", "torch eager")]
+    for name, what in names:
+        r = model.get(name)
+        label = f"(b) train step, {what}"
+        if r is None:
+            if name == "torch":
+                rows.append((label, "-", "-", "-", model.get("torch_note", "")))
+            continue
         if "error" in r:
             rows.append((label, "failed", "", str(r["error"])[:60], ""))
             continue
+        note = f"step {_fmt(1e3 * r['wall_s'] if 'wall_s' in r else None, 0)} ms"
+        if name == "torch":
+            fastest = _fmt(1e3 * r["wall_min_s"] if "wall_min_s" in r else None, 0)
+            note += f" (fastest {fastest} ms); torch {r.get('torch', '?')}"
         rows.append(
             (
                 label,
                 _fmt(r.get("samples_per_s"), 0),
                 "",
                 _fmt(r.get("gflops"), 2) + " GFLOP/s",
-                f"step {_fmt(1e3 * r['wall_s'] if 'wall_s' in r else None, 0)} ms",
+                note,
             )
         )
     e2e = report.get("end_to_end", {})
     for name, label in (("cache", "on-disk cache"), ("memory", "in-memory tensors")):
         r = e2e.get(name, {})
+        per_round = [_fmt(x.get("samples_per_s"), 0) for x in r.get("rounds", [])]
         rows.append(
             (
                 f"(c) train(), {label}",
                 _fmt(r.get("samples_per_s"), 0) if "error" not in r else "failed",
                 "",
                 f"{_fmt(r.get('samples_per_cpu_s'), 0)} samples/CPU-s",
-                f"peak RSS {_fmt(r.get('peak_rss_mb'), 0)} MB",
+                f"peak RSS {_fmt(r.get('peak_rss_mb'), 0)} MB"
+                + (f"; median of {len(per_round)}: {' / '.join(per_round)}" if per_round else ""),
             )
+        )
+    round_ratios = [_fmt(x.get("samples_per_s"), 2) for x in e2e.get("round_ratios", [])]
+    if round_ratios:
+        rows.append(
+            ("(c) cache / memory, per round", "", "", " / ".join(round_ratios), "interleaved")
         )
     ing = report.get("ingest", {})
     names = [("decode_csv", "decode_csv (seed)"), ("pandas", "pandas read_csv")]
@@ -277,12 +308,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=10, help="timed train steps (model_step)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--e2e-window", type=int, default=10, help="steps per progress window")
-    p.add_argument("--e2e-steps", type=int, default=30, help="timed end-to-end steps")
+    p.add_argument("--e2e-steps", type=int, default=60, help="timed end-to-end steps")
+    p.add_argument(
+        "--e2e-rounds", type=int, default=3, help="interleaved end-to-end rounds (cache, memory)"
+    )
+    p.add_argument(
+        "--torch-python",
+        default=os.environ.get("BENCH_TORCH_PYTHON"),
+        help="an interpreter with torch (default: $BENCH_TORCH_PYTHON, else this one)",
+    )
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks that it runs")
     args = p.parse_args(argv)
     if args.quick:
         args.train, args.test, args.rounds, args.decode_csv_lines = 400, 100, 1, 100
         args.steps, args.warmup, args.e2e_window, args.e2e_steps = 2, 1, 2, 4
+        args.e2e_rounds = 1
     started = time.perf_counter()
     report: dict[str, Any] = {
         "benchmark": "coretrain make bench",
@@ -305,11 +345,19 @@ def main(argv: list[str] | None = None) -> int:
     data = ensure_data(args.out / "data", args.train, args.test, env)
     cache_dir = args.out / "cache"
 
-    report["model"] = model_steps(env, plan.intra_op_threads, args.steps, args.warmup)
+    report["model"] = model_steps(
+        env, plan.intra_op_threads, args.steps, args.warmup, args.torch_python
+    )
     log(f"cache conversion of the whole data set, {plan.intra_op_threads} process(es) ...")
     report["prepare"] = end_to_end.prepare(data, cache_dir, env, plan.intra_op_threads)
     report["end_to_end"] = end_to_end.measure(
-        data, cache_dir, env, window=args.e2e_window, steps=args.e2e_steps, log=log
+        data,
+        cache_dir,
+        env,
+        window=args.e2e_window,
+        steps=args.e2e_steps,
+        rounds=args.e2e_rounds,
+        log=log,
     )
     report["ingest"] = ingest.measure(
         data,
