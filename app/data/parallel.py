@@ -262,10 +262,10 @@ def _write_rows(
         ):
             if stopped():
                 return _Result("stopped")
-            f.write(np.ascontiguousarray(chunk, np.float32).tobytes())
-            c64 = chunk.astype(np.float64)
-            total += c64.sum(axis=0)
-            total_sq += np.square(c64).sum(axis=0)
+            f.write(memoryview(np.ascontiguousarray(chunk, np.float32)).cast("B"))
+            # In float64 without a float64 copy of the chunk (the sums are the same).
+            total += chunk.sum(axis=0, dtype=np.float64)
+            total_sq += np.einsum("ij,ij->j", chunk, chunk, dtype=np.float64)
             rows += len(chunk)
     except DataError:
         if span is None:
