@@ -262,7 +262,7 @@ def _write_rows(
         ):
             if stopped():
                 return _Result("stopped")
-            f.write(memoryview(np.ascontiguousarray(chunk, np.float32)).cast("B"))
+            f.write(np.ascontiguousarray(chunk, np.float32).data)
             # In float64 without a float64 copy of the chunk (the sums are the same).
             total += chunk.sum(axis=0, dtype=np.float64)
             total_sq += np.einsum("ij,ij->j", chunk, chunk, dtype=np.float64)
