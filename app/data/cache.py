@@ -250,6 +250,14 @@ def _remove_stale(root: Path, keep: str, temporary_only: bool = False) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def is_ready(config: TrainConfig) -> bool:
+    """True when a complete cache of ``config``'s sources exists (:func:`prepare` reuses it).
+
+    Raises DataError naming a missing source file.
+    """
+    return (config.resolved_cache_dir / source_key(config) / "manifest.json").is_file()
+
+
 def prepare(
     config: TrainConfig, stop: Callable[[], bool] = lambda: False, processes: int = 1
 ) -> DataCache:
