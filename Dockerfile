@@ -14,9 +14,17 @@ FROM ${BASE_IMAGE} AS builder
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
-# binutils: `strip` for the size trim below (builder stage only).
+# binutils: `strip` for the size trim below; gcc, libc6-dev and (where the base has no
+# Python.h, e.g. Debian's own python3) python3-dev: the compiled parser
+# app/data/_fastparse.c. libc6-dev and python3-dev must match the base's libc6 and python3
+# exactly, so they are pinned to the installed versions. Builder stage only.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends binutils=2.40-2 \
+ && apt-get install -y --no-install-recommends binutils=2.40-2 gcc=4:12.2.0-3 \
+      libc6-dev="$(dpkg-query -W -f='${Version}' libc6)" \
+ && if [ ! -e "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ]; then \
+      apt-get install -y --no-install-recommends \
+        python3-dev="$(dpkg-query -W -f='${Version}' python3)"; \
+    fi \
  && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/venv
 WORKDIR /src
@@ -36,9 +44,10 @@ RUN site=$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths(
  && rm -rf "$site/tensorflow/include" \
  && /opt/venv/bin/pip uninstall -y libclang \
  && find "$site/tensorflow" -name '*.so*' -type f -exec strip --strip-unneeded {} +
-COPY README.md ./
+COPY README.md setup.py ./
 COPY app ./app
 RUN /opt/venv/bin/pip install --no-cache-dir --no-deps . \
+ && /opt/venv/bin/python -I -c 'import app.data._fastparse' \
  && /opt/venv/bin/pip uninstall -y pip
 
 FROM ${BASE_IMAGE} AS runtime
