@@ -163,6 +163,12 @@ def ratios(report: dict[str, Any], processes: list[int]) -> dict[str, Any]:
             _get(report, "model", "fast", "gflops"), _get(report, "model", "probe", "gflops")
         ),
         "fast_over_torch": _div(fast, _get(report, "model", "torch", "samples_per_s")),
+        # torch's OpenMP threads spin at barriers: on a busy machine its median step suffers
+        # far more than TensorFlow's, its fastest step much less (benchmarks/model_step.py).
+        "fast_over_torch_fastest_steps": _div(
+            _get(report, "model", "torch", "wall_min_s"),
+            _get(report, "model", "fast", "wall_min_s"),
+        ),
         # Medians of the per-round ratios (interleaved rounds, benchmarks/end_to_end.py).
         "end_to_end_over_in_memory": _round(median.get("samples_per_s")),
         "end_to_end_over_in_memory_per_cpu_s": _round(median.get("samples_per_cpu_s")),
