@@ -12,7 +12,7 @@ TensorFlow is imported (:mod:`benchmarks.worker`):
     the same batch, threads and steps;
 (c) end-to-end samples/s of ``train()`` on its on-disk cache vs the same loop fed from
     memory (:mod:`benchmarks.end_to_end`), ``--e2e-rounds`` interleaved rounds (cache,
-    memory, cache, memory, ...); the ratio is the median of the per-round ratios;
+    one reused batch, ...); the ratio is the median of the per-round ratios;
 (d) ingest MB/s and samples/s: decode_csv, pandas (optional), the converter at 1 and N
     processes (:mod:`benchmarks.ingest`);
 (e) peak RSS (ru_maxrss via wait4) of every measurement, training and conversion included.
@@ -172,6 +172,9 @@ def ratios(report: dict[str, Any], processes: list[int]) -> dict[str, Any]:
         # Medians of the per-round ratios (interleaved rounds, benchmarks/end_to_end.py).
         "end_to_end_over_in_memory": _round(median.get("samples_per_s")),
         "end_to_end_over_in_memory_per_cpu_s": _round(median.get("samples_per_cpu_s")),
+        "end_to_end_over_one_reused_batch": _round(
+            report.get("end_to_end", {}).get("ratio_median_one_batch", {}).get("samples_per_s")
+        ),
         "end_to_end_over_model_step_fast": _div(
             _get(report, "end_to_end", "cache", "samples_per_s"),
             _get(report, "model", "fast", "samples_per_s"),
@@ -220,7 +223,11 @@ def table(report: dict[str, Any]) -> str:
             )
         )
     e2e = report.get("end_to_end", {})
-    for name, label in (("cache", "on-disk cache"), ("memory", "in-memory tensors")):
+    for name, label in (
+        ("cache", "on-disk cache"),
+        ("memory", "in-memory tensors"),
+        ("memory_one_batch", "one batch reused"),
+    ):
         r = e2e.get(name, {})
         per_round = [_fmt(x.get("samples_per_s"), 0) for x in r.get("rounds", [])]
         rows.append(
@@ -316,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--e2e-window", type=int, default=10, help="steps per progress window")
     p.add_argument("--e2e-steps", type=int, default=60, help="timed end-to-end steps")
     p.add_argument(
-        "--e2e-rounds", type=int, default=3, help="interleaved end-to-end rounds (cache, memory)"
+        "--e2e-rounds", type=int, default=3, help="interleaved end-to-end rounds (all variants)"
     )
     p.add_argument(
         "--torch-python",
