@@ -355,7 +355,6 @@ def train_cmd(
         held = lock.acquire(distributed.worker_dir(config.output_dir, cluster))
         plan = build_plan("/", cpus, intra_op_threads, inter_op_threads, pin, rounding)
         runtime.apply(plan)
-        _prestart_conversion(distributed.worker_config(config, cluster), plan.intra_op_threads)
         from app.train import train
 
         train(config, plan, stop, cluster)
@@ -364,21 +363,6 @@ def train_cmd(
         if cluster is not None:
             distributed.report_failure(cluster, exc)  # the others stop instead of waiting
         _fail(exc)
-
-
-def _prestart_conversion(config: Any, processes: int) -> None:
-    """Start the parser worker server while TensorFlow imports, if a conversion is coming.
-
-    Saves its start-up (~0.3 CPU-s) at the start of a parallel conversion
-    (:func:`app.data.parallel.prestart`). Any problem is left for ``train`` to report.
-    """
-    from app.data import cache, parallel
-
-    try:
-        if processes > 1 and not cache.is_ready(config):
-            parallel.prestart(processes)
-    except (AppError, OSError):
-        pass
 
 
 def main() -> None:

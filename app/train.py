@@ -378,11 +378,11 @@ def train(
         **_cluster_fields(cluster, global_batch),
     )
     try:
-        # Parse large text files in as many processes as TensorFlow gets threads.
+        # Parse large text files in as many threads as TensorFlow gets intra-op threads.
         data = cache_lib.prepare(
             distributed.worker_config(config, cluster),
             stop=stop,
-            processes=plan.intra_op_threads,
+            threads=plan.intra_op_threads,
         )
         if stop():
             raise Preempted("stopped by signal before training started")

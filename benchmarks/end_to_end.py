@@ -159,25 +159,20 @@ def _prepare(spec: dict[str, Any]) -> dict[str, Any]:
         config = TrainConfig(
             data_dir=Path(spec["data"]), output_dir=Path(out), cache_dir=Path(spec["cache"])
         )
-        data, wall, cpu = worker.timed(
-            lambda: cache_lib.prepare(config, processes=spec["processes"])
-        )
-    from benchmarks.ingest import _stop_forkserver
-
-    _stop_forkserver()  # its workers' rusage then reaches this process and wait4
+        data, wall, cpu = worker.timed(lambda: cache_lib.prepare(config, threads=spec["threads"]))
     return {
         "wall_s": round(wall, 3),
         "cpu_self_s": round(cpu, 3),
         "train_size": data.train_size,
         "test_size": data.test_size,
-        "processes": spec["processes"],
+        "threads": spec["threads"],
     }
 
 
 WORKERS = {"train": _train, "prepare": _prepare}
 
 
-def prepare(data_dir: Path, cache_dir: Path, env: dict[str, str], processes: int) -> dict:
+def prepare(data_dir: Path, cache_dir: Path, env: dict[str, str], threads: int) -> dict:
     """Build the cache for ``data_dir`` in a fresh process (removing an old one first)."""
     import shutil
 
@@ -187,7 +182,7 @@ def prepare(data_dir: Path, cache_dir: Path, env: dict[str, str], processes: int
         "data": str(data_dir),
         "cache": str(cache_dir),
         "tmp": str(cache_dir.parent),
-        "processes": processes,
+        "threads": threads,
     }
     return worker.run(MODULE, spec, env)
 

@@ -9,22 +9,15 @@ Each measurement runs in its own process (:mod:`benchmarks.worker`) on the same
 * ``pandas``: ``pandas.read_csv(sep=" ", header=None, dtype=float32)``, the C parser, when
   pandas imports in ``pandas_python`` (never a dependency of the project: skipped with a
   note otherwise);
-* ``converter Np``: :func:`app.data.parallel.convert_file` with N processes, into a
-  temporary file; 1 is one pass in one process. The workers' server (forkserver) starts
-  inside the timed call, as in a conversion run by itself; ``_prestarted``: it was started
-  by :func:`app.data.parallel.prestart` ``PRESTART_WAIT_S`` before, as a caller can do
-  while importing TensorFlow.
+* ``converter Nt``: :func:`app.data.parallel.convert_file` with N threads (one process),
+  into a temporary file; 1 is one pass.
 
-MB are 10^6 bytes of text. ``cpu_s`` counts every process of the measurement (workers
-included); ``MB per CPU-s`` is therefore what one fully used core converts, an estimate that
-load from other processes on the machine hardly moves. ``cpu_critical_s`` of an N-process
-run is its busiest process's CPU time (the parent, or the server and its workers): about
-its wall time on N idle cores, hence the ``*_cpu_estimate`` ratios, which hold when the
-machine is shared (with Linux's autogroup scheduling all processes of one session share
-one session's CPU share however many they are, so on a busy machine a second process
-gains no wall time). ``peak_rss_mb``: the largest
-resident set among the processes (ru_maxrss). A cProfile of the one-process converter
-on the first lines shows which functions bound it.
+MB are 10^6 bytes of text. ``cpu_s_measured`` is the measured process's CPU time (all its
+threads); ``MB per CPU-s`` is therefore what one fully used core converts, an estimate that
+load from other processes on the machine hardly moves (a 2-thread run's is lower than a
+1-thread run's by what the threads cost each other: the GIL, memory bandwidth, caches).
+``peak_rss_mb``: the process's largest resident set (ru_maxrss). A cProfile of the
+one-thread converter on the first lines shows which functions bound it.
 """
 
 from __future__ import annotations
@@ -38,9 +31,6 @@ from typing import Any
 from benchmarks import worker
 
 MODULE = "benchmarks.ingest"
-#: Seconds a prestarted worker server gets before the timed conversion (its interpreter
-#: imports numpy: ~0.3 CPU-seconds here).
-PRESTART_WAIT_S = 2.0
 
 
 # --- workers (run in subprocesses) ----------------------------------------------------------
@@ -72,41 +62,24 @@ def _pandas(spec: dict[str, Any]) -> dict[str, Any]:
     return {"rows": len(frame), "wall_s": wall, "cpu_self_s": cpu, "pandas": pd.__version__}
 
 
-def _stop_forkserver() -> None:
-    """Stop and reap the forkserver, so that its workers' rusage reaches this process."""
-    from multiprocessing import forkserver
-
-    server = getattr(forkserver, "_forkserver", None)
-    if server is not None and hasattr(server, "_stop"):
-        server._stop()
-
-
 def _convert(spec: dict[str, Any]) -> dict[str, Any]:
     import resource
-    import time
 
     from app.data import parallel
 
-    if spec.get("prestart"):
-        parallel.prestart(spec["processes"])
-        time.sleep(PRESTART_WAIT_S)  # what coretrain's TensorFlow import would give it
     with tempfile.TemporaryDirectory(dir=spec.get("tmp")) as tmp:
         done, wall, cpu = worker.timed(
             lambda: parallel.convert_file(
-                spec["path"], Path(tmp) / "x.f32", width=spec["width"], processes=spec["processes"]
+                spec["path"], Path(tmp) / "x.f32", width=spec["width"], threads=spec["threads"]
             )
         )
-    _stop_forkserver()
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     return {
         "rows": done.rows,
-        "processes": done.processes,
+        "threads": done.threads,
         "ranges": done.ranges,
         "wall_s": wall,
         "cpu_self_s": cpu,
-        "cpu_children_s": children.ru_utime + children.ru_stime,
         "rss_self_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "rss_children_mb": children.ru_maxrss / 1024,
     }
 
 
@@ -191,10 +164,7 @@ def _rates(result: dict[str, Any], nbytes: int) -> dict[str, Any]:
     if "error" in result:
         return result
     wall = result["wall_s"]
-    cpu = result["cpu_self_s"] + result.get("cpu_children_s", 0.0)
-    if result.get("processes", 1) > 1:
-        # The busiest core's CPU time: the wall time on idle cores, about.
-        result["cpu_critical_s"] = round(max(result["cpu_self_s"], result["cpu_children_s"]), 3)
+    cpu = result["cpu_self_s"]
     result.update(
         mb=round(nbytes / 1e6, 1),
         mb_per_s=round(nbytes / 1e6 / wall, 1),
@@ -221,7 +191,7 @@ def measure(
     data_dir: Path,
     tf_env: dict[str, str],
     *,
-    processes: list[int],
+    threads: list[int],
     pandas_py: str | None,
     rounds: int = 3,
     decode_csv_lines: int = 1000,
@@ -230,8 +200,8 @@ def measure(
 ) -> dict[str, Any]:
     """Run every ingest measurement on ``data_dir/train_features.txt``; return the report part.
 
-    ``tf_env``: the environment (thread plan) for every worker. ``processes``: converter
-    process counts to measure (``rounds`` times each; the median round is kept).
+    ``tf_env``: the environment (thread plan) for every worker. ``threads``: converter
+    thread counts to measure (``rounds`` times each; the median round is kept).
     """
     src = data_dir / "train_features.txt"
     nbytes = src.stat().st_size
@@ -256,27 +226,28 @@ def measure(
             runs.append(_rates(worker.run(MODULE, spec, env, python=python), nbytes))
         out["pandas"] = _median(runs)
 
-    variants = [(p, False) for p in processes] + [(p, True) for p in processes if p > 1]
-    for p, prestart in variants:
-        name = f"converter_{p}p" + ("_prestarted" if prestart else "")
-        runs = []
-        for r in range(rounds):
-            log(f"ingest: {name}, round {r + 1}/{rounds} ...")
-            spec = {"kind": "convert", "path": str(src), "width": width, "processes": p}
-            spec.update(tmp=str(scratch), prestart=prestart)
-            runs.append(_rates(worker.run(MODULE, spec, env), nbytes))
-        out[name] = _median(runs)
-    log(f"ingest: converter with 1 process on the first {decode_csv_lines} lines (memory) ...")
-    spec = {"kind": "convert", "path": str(subset), "width": width, "processes": 1}
+    # Interleaved rounds (1 thread, 2 threads, 1 thread, ...): a disturbance then hits
+    # both counts alike rather than all rounds of one.
+    runs: dict[str, list[dict[str, Any]]] = {f"converter_{t}t": [] for t in threads}
+    for r in range(rounds):
+        for t in threads:
+            log(f"ingest: converter, {t} thread(s), round {r + 1}/{rounds} ...")
+            spec = {"kind": "convert", "path": str(src), "width": width, "threads": t}
+            spec["tmp"] = str(scratch)
+            runs[f"converter_{t}t"].append(_rates(worker.run(MODULE, spec, env), nbytes))
+    for name, results in runs.items():
+        out[name] = _median(results)
+    log(f"ingest: converter with 1 thread on the first {decode_csv_lines} lines (memory) ...")
+    spec = {"kind": "convert", "path": str(subset), "width": width, "threads": 1}
     spec["tmp"] = str(scratch)
-    out["converter_1p_small_file"] = _rates(worker.run(MODULE, spec, env), subset_bytes)
-    log("ingest: profile of the one-process converter ...")
+    out["converter_1t_small_file"] = _rates(worker.run(MODULE, spec, env), subset_bytes)
+    log("ingest: profile of the one-thread converter ...")
     spec = {"kind": "profile", "path": str(subset), "width": width}
     out["converter_profile"] = worker.run(MODULE, spec, env)
     return out
 
 
-def ratios(part: dict[str, Any], processes: list[int]) -> dict[str, Any]:
+def ratios(part: dict[str, Any], threads: list[int]) -> dict[str, Any]:
     """The issue's ingest targets as ratios (None where a side is missing)."""
 
     def rate(name: str, key: str) -> float | None:
@@ -286,22 +257,18 @@ def ratios(part: dict[str, Any], processes: list[int]) -> dict[str, Any]:
     def div(a: float | None, b: float | None) -> float | None:
         return round(a / b, 2) if a and b else None
 
-    one = "converter_1p"
+    one = "converter_1t"
     out = {
-        "converter_1p_over_pandas": div(rate(one, "mb_per_s"), rate("pandas", "mb_per_s")),
-        "converter_1p_over_pandas_per_cpu_s": div(
+        "converter_1t_over_pandas": div(rate(one, "mb_per_s"), rate("pandas", "mb_per_s")),
+        "converter_1t_over_pandas_per_cpu_s": div(
             rate(one, "mb_per_cpu_s"), rate("pandas", "mb_per_cpu_s")
         ),
-        "converter_1p_over_decode_csv": div(rate(one, "mb_per_s"), rate("decode_csv", "mb_per_s")),
+        "converter_1t_over_decode_csv": div(rate(one, "mb_per_s"), rate("decode_csv", "mb_per_s")),
     }
-    for p in processes:
-        if p > 1:
-            for name in (f"converter_{p}p", f"converter_{p}p_prestarted"):
-                out[f"{name}_over_1p"] = div(rate(name, "mb_per_s"), rate(one, "mb_per_s"))
-                # From CPU time: one process's CPU-s over the busiest core's CPU-s.
-                out[f"{name}_over_1p_cpu_estimate"] = div(
-                    rate(one, "cpu_s_measured"), rate(name, "cpu_critical_s")
-                )
+    for t in threads:
+        if t > 1:
+            name = f"converter_{t}t"
+            out[f"{name}_over_1t"] = div(rate(name, "mb_per_s"), rate(one, "mb_per_s"))
     return out
 
 

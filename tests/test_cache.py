@@ -88,13 +88,3 @@ def test_read_rows_matches_the_memory_map(tiny_data: Path, tmp_path: Path) -> No
     assert np.array_equal(c.read_rows("train", "features", idx), c.features("train")[idx])
     assert np.array_equal(c.read_rows("train", "labels", idx), c.labels("train")[idx])
     assert c.read_rows("test", "labels", np.arange(0)).shape == (0, 3)
-
-
-def test_is_ready_only_once_converted(tiny_data: Path, tmp_path: Path) -> None:
-    config = _config(tiny_data, tmp_path)
-    assert cache.is_ready(config) is False
-    cache.prepare(config)
-    assert cache.is_ready(config) is True
-    missing = TrainConfig(data_dir=tmp_path / "nowhere", output_dir=tmp_path / "out2")
-    with pytest.raises(DataError, match="nowhere"):
-        cache.is_ready(missing)

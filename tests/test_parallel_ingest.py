@@ -1,12 +1,13 @@
-"""Parallel conversion (app.data.parallel): byte ranges at line starts, parsed in worker
-processes, give the bytes and the error messages of one pass, and leave no partial files.
+"""Parallel conversion (app.data.parallel): byte ranges at line starts, parsed in several
+threads, give the bytes and the error messages of one pass, and leave no partial files.
 
 Ranges are forced small (``min_range_bytes``) so that small files are cut into several;
-every parallel call here really starts a worker process (``Converted.processes``).
+every parallel call here really parses in a second thread (``Converted.threads``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import itertools
 import shutil
@@ -38,10 +39,10 @@ def first_width(path: Path) -> int:
     return 1
 
 
-def convert(src: Path, dst: Path, processes: int, **kwargs) -> parallel.Converted | DataError:
+def convert(src: Path, dst: Path, threads: int, **kwargs) -> parallel.Converted | DataError:
     """convert_file's result, or the DataError it raised."""
     try:
-        return parallel.convert_file(src, dst, processes=processes, **kwargs)
+        return parallel.convert_file(src, dst, threads=threads, **kwargs)
     except DataError as exc:
         return exc
 
@@ -78,10 +79,10 @@ def test_parallel_result_is_bit_identical_to_one_process(tmp_path: Path) -> None
     np.savetxt(src, rows, fmt="%.4g")
     one = parallel.convert_file(src, tmp_path / "one.f32", width=3900)
     two = parallel.convert_file(
-        src, tmp_path / "two.f32", width=3900, processes=2, min_range_bytes=50_000
+        src, tmp_path / "two.f32", width=3900, threads=2, min_range_bytes=50_000
     )
-    assert (one.processes, one.ranges) == (1, 1)
-    assert two.processes == 2 and two.ranges == 8
+    assert (one.threads, one.ranges) == (1, 1)
+    assert two.threads == 2 and two.ranges == 8
     assert (tmp_path / "one.f32").read_bytes() == (tmp_path / "two.f32").read_bytes()
     expected = np.loadtxt(src, dtype=np.float32)
     got = np.fromfile(tmp_path / "two.f32", np.float32).reshape(60, 3900)
@@ -100,7 +101,7 @@ def test_parallel_result_is_bit_identical_to_one_process(tmp_path: Path) -> None
 def test_an_error_in_the_second_range_names_its_line_in_the_file(tmp_path: Path) -> None:
     src = tmp_path / "train_features.txt"
     src.write_bytes(lines_of(400, 6))
-    ranges = parallel.split_lines(src, 2 * parallel.RANGES_PER_PROCESS, min_bytes=1000)
+    ranges = parallel.split_lines(src, 2 * parallel.RANGES_PER_THREAD, min_bytes=1000)
     start, stop = ranges[1]
     text = src.read_bytes()
     bad_line = text[:start].count(b"\n") + 3  # the third line of the second range
@@ -111,10 +112,10 @@ def test_an_error_in_the_second_range_names_its_line_in_the_file(tmp_path: Path)
     lines[bad_line - 1] = b" ".join(fields) + b"\n"
     src.write_bytes(b"".join(lines))
     assert parallel.split_lines(src, 8, min_bytes=1000)[1] == (start, stop)  # same cuts
-    for processes in (2, 1):
+    for threads in (2, 1):
         with pytest.raises(DataError) as caught:
             parallel.convert_file(
-                src, tmp_path / "x.f32", width=6, processes=processes, min_range_bytes=1000
+                src, tmp_path / "x.f32", width=6, threads=threads, min_range_bytes=1000
             )
         message = f"{src}:{bad_line}: field 3: not a number: '{token.decode()}'"
         assert str(caught.value) == message
@@ -132,7 +133,7 @@ def test_a_blank_line_ending_one_range_before_data_in_the_next(tmp_path: Path) -
     src.write_bytes(b"".join(lines))
     assert parallel.split_lines(src, 8, min_bytes=1000)[2][0] == start
     with pytest.raises(DataError) as caught:
-        parallel.convert_file(src, tmp_path / "x.f32", width=6, processes=2, min_range_bytes=1000)
+        parallel.convert_file(src, tmp_path / "x.f32", width=6, threads=2, min_range_bytes=1000)
     assert (
         str(caught.value) == f"{src}:{blank}: blank line followed by more data on line {blank + 1}"
     )
@@ -156,8 +157,8 @@ def test_every_fixture_gives_what_one_pass_gives(path: Path, tmp_path: Path) -> 
 def test_gzip_is_read_in_one_pass(tmp_path: Path) -> None:
     src = tmp_path / "f.txt.gz"
     src.write_bytes(gzip.compress(lines_of(2000, 5)))
-    done = parallel.convert_file(src, tmp_path / "x.f32", width=5, processes=2, min_range_bytes=1)
-    assert (done.processes, done.ranges, done.rows) == (1, 1, 2000)
+    done = parallel.convert_file(src, tmp_path / "x.f32", width=5, threads=2, min_range_bytes=1)
+    assert (done.threads, done.ranges, done.rows) == (1, 1, 2000)
     got = np.fromfile(tmp_path / "x.f32", np.float32)
     np.testing.assert_array_equal(got, np.arange(10000, dtype=np.float32))
     with pytest.raises(ValueError, match="gzip"):
@@ -171,7 +172,7 @@ def test_a_stop_request_leaves_no_files(tmp_path: Path) -> None:
     out.mkdir()
     with pytest.raises(Preempted, match="stopped by signal during cache conversion"):
         parallel.convert_file(
-            src, out / "x.f32", width=6, processes=2, min_range_bytes=1000, stop=lambda: True
+            src, out / "x.f32", width=6, threads=2, min_range_bytes=1000, stop=lambda: True
         )
     assert list(out.iterdir()) == []
 
@@ -183,17 +184,17 @@ def test_an_unwritable_part_leaves_no_files(tmp_path: Path) -> None:
     out.mkdir()
     (out / "x.f32.3.part").mkdir()  # the fourth range can't be opened for writing
     with pytest.raises(IsADirectoryError):
-        parallel.convert_file(src, out / "x.f32", width=6, processes=2, min_range_bytes=1000)
+        parallel.convert_file(src, out / "x.f32", width=6, threads=2, min_range_bytes=1000)
     assert [p.name for p in out.iterdir()] == ["x.f32.3.part"]  # only what was there
 
 
-def test_cache_with_two_processes_matches_one(
+def test_cache_with_two_threads_matches_one(
     tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(parallel, "MIN_RANGE_BYTES", 100_000)
     data = shutil.copytree(tiny_data, tmp_path / "data")
     one = cache.prepare(TrainConfig(data_dir=data, output_dir=tmp_path / "one"))
-    two = cache.prepare(TrainConfig(data_dir=data, output_dir=tmp_path / "two"), processes=2)
+    two = cache.prepare(TrainConfig(data_dir=data, output_dir=tmp_path / "two"), threads=2)
     for name in ("train_x.f32", "train_y.f32", "test_x.f32", "test_y.f32"):
         assert (one.path / name).read_bytes() == (two.path / name).read_bytes()
     np.testing.assert_allclose(two.feature_mean, one.feature_mean, rtol=1e-6)
@@ -201,69 +202,22 @@ def test_cache_with_two_processes_matches_one(
     assert sorted(p.name for p in two.path.iterdir()) == sorted(p.name for p in one.path.iterdir())
 
 
-def test_prestarted_server_converts_the_same(tmp_path: Path) -> None:
+def test_no_parsing_thread_outlives_the_call(tmp_path: Path) -> None:
+    """Done, failed or stopped: the call returns only after its threads ended."""
+    import threading
+
     src = tmp_path / "f.txt"
     src.write_bytes(lines_of(2000, 6))
-    parallel.prestart(1)  # one process: nothing to start
-    parallel.prestart(2)
-    done = parallel.convert_file(
-        src, tmp_path / "x.f32", width=6, processes=2, min_range_bytes=1000
-    )
-    assert (done.processes, done.rows) == (2, 2000)
-    got = np.fromfile(tmp_path / "x.f32", np.float32)
-    np.testing.assert_array_equal(got, np.arange(12000, dtype=np.float32))
-
-
-def _marked_processes(marker: str) -> list[int]:
-    """Pids of live processes whose environment holds ``marker`` (a converter's tree)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if marker.encode() in (entry / "environ").read_bytes():
-                state = (entry / "stat").read_bytes().rpartition(b")")[2].split()[0]
-                if state != b"Z":
-                    pids.append(int(entry.name))
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
-    return pids
-
-
-@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
-def test_workers_exit_when_the_converting_process_is_killed(tmp_path: Path) -> None:
-    """SIGKILL of the parent (no chance to clean up): no worker or server stays behind."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-    import uuid
-
-    src = tmp_path / "big.txt"
-    src.write_bytes((b" ".join(b"%d" % i for i in range(60)) + b"\n") * 200_000)  # ~34 MB
-    out = tmp_path / "out"
-    out.mkdir()
-    marker = f"CONVERTER_TEST_{uuid.uuid4().hex}"
-    code = (
-        "from app.data import parallel\n"
-        "if __name__ == '__main__':\n"
-        f"    parallel.convert_file({str(src)!r}, {str(out / 'x.f32')!r}, width=60, processes=2,"
-        " min_range_bytes=1 << 20)\n"
-    )
-    script = tmp_path / "convert.py"
-    script.write_text(code)
-    env = {**os.environ, marker: "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    child = subprocess.Popen([sys.executable, str(script)], env=env)
-    deadline = time.monotonic() + 120
-    while len(list(out.glob("*.part"))) < 2 and child.poll() is None:
-        assert time.monotonic() < deadline, "the conversion never started"
-        time.sleep(0.01)
-    if child.poll() is not None:
-        pytest.skip("the conversion ended before it could be killed (a very fast machine)")
-    child.send_signal(signal.SIGKILL)
-    child.wait()
-    deadline = time.monotonic() + 60  # a worker checks every 0.5 s; generous for a busy host
-    while _marked_processes(marker) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _marked_processes(marker) == []
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(lines_of(1500, 6) + b"1 2 x 4 5 6\n" + lines_of(500, 6))
+    runs = [
+        (src, {}),
+        (bad, {}),
+        (src, {"stop": lambda: True}),
+    ]
+    for path, extra in runs:
+        with contextlib.suppress(DataError, Preempted):
+            parallel.convert_file(
+                path, tmp_path / "x.f32", width=6, threads=2, min_range_bytes=1000, **extra
+            )
+        assert [t.name for t in threading.enumerate() if t.name.startswith("parse-")] == []

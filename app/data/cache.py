@@ -134,7 +134,7 @@ def _std(total: np.ndarray, total_sq: np.ndarray, n: int) -> tuple[np.ndarray, n
     return mean.astype(np.float32), std.astype(np.float32)
 
 
-def _convert(config: TrainConfig, tmp: Path, stop: Callable[[], bool], processes: int) -> dict:
+def _convert(config: TrainConfig, tmp: Path, stop: Callable[[], bool], threads: int) -> dict:
     hw = config.height * config.width
     hint = f"H×W = {config.height}×{config.width}"
     k = _label_width(config.data_path("train_labels"))
@@ -148,7 +148,7 @@ def _convert(config: TrainConfig, tmp: Path, stop: Callable[[], bool], processes
             width=width,
             width_hint=what,
             allow_nonfinite=config.allow_nonfinite,
-            processes=processes,
+            threads=threads,
             stop=stop,
         )
         sizes[role], sums[role] = done.rows, (done.sums, done.sums_sq)
@@ -157,7 +157,7 @@ def _convert(config: TrainConfig, tmp: Path, stop: Callable[[], bool], processes
             f"converted {config.data_path(role)}",
             file=role,
             rows=done.rows,
-            processes=done.processes,
+            threads=done.threads,
         )
     for split in ("train", "test"):
         nf, nl = sizes[f"{split}_features"], sizes[f"{split}_labels"]
@@ -214,6 +214,23 @@ def _load(path: Path) -> DataCache:
         )
 
 
+def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie does not: killed, not yet reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
 def _in_use(tmp: Path) -> bool:
     """Whether a live conversion owns the temporary directory ``tmp``.
 
@@ -226,7 +243,7 @@ def _in_use(tmp: Path) -> bool:
         handle = open(tmp / OWNER, "rb")  # noqa: SIM115 - closed below
     except FileNotFoundError:
         fields = tmp.name.split(".")  # ".<key>.<pid>.<random>"
-        return len(fields) > 2 and fields[2].isdigit() and parallel.pid_alive(int(fields[2]))
+        return len(fields) > 2 and fields[2].isdigit() and _pid_alive(int(fields[2]))
     except OSError:
         return True  # can't tell: leave it
     with handle:
@@ -250,21 +267,13 @@ def _remove_stale(root: Path, keep: str, temporary_only: bool = False) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def is_ready(config: TrainConfig) -> bool:
-    """True when a complete cache of ``config``'s sources exists (:func:`prepare` reuses it).
-
-    Raises DataError naming a missing source file.
-    """
-    return (config.resolved_cache_dir / source_key(config) / "manifest.json").is_file()
-
-
 def prepare(
-    config: TrainConfig, stop: Callable[[], bool] = lambda: False, processes: int = 1
+    config: TrainConfig, stop: Callable[[], bool] = lambda: False, threads: int = 1
 ) -> DataCache:
     """Return the cache for ``config``'s data, converting the text files if needed.
 
-    ``processes``: processes that parse a large plain-text file, each a byte range of
-    it (:mod:`app.data.parallel`); the caller sizes it from the CPU budget. 1 reads
+    ``threads``: threads that parse a large plain-text file, each a byte range of it at
+    a time (:mod:`app.data.parallel`); the caller sizes it from the CPU budget. 1 reads
     each file in one pass.
 
     ``stop`` is polled between chunks; when it returns True the partial
@@ -293,7 +302,7 @@ def prepare(
         raise StorageError(f"{root}: cannot create the data cache: {exc.strerror}") from exc
     logs.event("cache", f"converting text data into {final}", path=str(final), reused=False)
     try:
-        manifest = _convert(config, tmp, stop, processes)
+        manifest = _convert(config, tmp, stop, threads)
         try:
             os.replace(tmp, final)
         except OSError:

@@ -1,49 +1,41 @@
-"""Convert one text data file into raw float32 rows, in several processes when it pays.
+"""Convert one text data file into raw float32 rows, in several threads when it pays.
 
 A plain-text file is cut into byte ranges that begin at line starts (:func:`split_lines`,
-a few per process). Each range is parsed by :func:`app.data.textfile.iter_chunks` and its
+a few per thread). Each range is parsed by :func:`app.data.textfile.iter_chunks` and its
 rows are written to its own part file next to the destination; the parts are then joined
-in file order. Ranges are handed out one at a time through a shared counter, and this
-process parses ranges too, so a worker that started late (a fresh interpreter takes a
-fraction of a second to import numpy) or runs on a busier CPU holds nobody up. The
-result is bit for bit the one of reading the file in one pass; the column sums used for
-the statistics are added in another order (equal to float64 rounding).
+in file order. Ranges are handed out one at a time through a shared counter, and the
+calling thread parses ranges too, so a thread on a busier CPU holds nobody up. The result
+is bit for bit the one of reading the file in one pass; the column sums used for the
+statistics are added in another order (equal to float64 rounding).
+
+Threads, not processes: the parse itself runs in compiled code that releases the GIL
+(:mod:`app.data._fastparse`; as do file reads, writes and numpy's reductions), so threads
+parse in parallel without a worker process to start (a fresh interpreter importing numpy
+costs ~0.3 CPU-s, as much as parsing 60 MB) or to watch. Without the compiled parser the
+numpy path holds the GIL more, and more threads gain less.
 
 Errors name the right ``file:line``: a range is parsed with its lines numbered from 1,
 and the line number of its start (and the blank-line state the lines before it leave)
 become known once the ranges before it are parsed. The first range in file order that
 failed -- or that holds data after a blank line that ended an earlier range -- is parsed
-again in this process with that state, which raises exactly the DataError one pass gives.
-Newlines are therefore counted only when there is an error to report.
+again with that state, which raises exactly the DataError one pass gives. Newlines are
+therefore counted only when there is an error to report.
 
 gzip files are read in one pass: a compressed stream can't be entered in the middle.
 
-Signals and failures: workers ignore SIGINT and SIGTERM (a signal to the process group
-reaches this process, whose ``stop`` callable is polled between chunks); on a stop
-request or an error every process abandons its range at the next chunk, this process
-waits for them, removes the parts and the destination, and raises. Nothing is left
-behind and nothing writes to the output directory after the call returns. If this process
-is killed outright (SIGKILL, the OOM killer), each worker notices within half a second and
-exits; the parts it left in the (temporary) directory are the caller's to remove.
-
-Workers are started with the ``forkserver`` method: a fresh interpreter (started once per
-process, on the first parallel conversion) imports this module and forks each worker, so
-no worker inherits TensorFlow's threads (forking a process that has imported TensorFlow is
-unsafe) and none pays numpy's import again. As with any ``spawn``/``forkserver`` user, the
-program's main module must start its work under ``if __name__ == "__main__":`` (it is
-imported again in each worker). No TensorFlow here.
+Stop requests and failures: every thread polls ``stop`` and a shared halt flag between
+chunks; on a stop request or an error every thread abandons its range at the next chunk,
+the calling thread waits for them, removes the parts and the destination, and raises.
+Nothing is left behind and nothing writes to the output directory after the call returns.
+No TensorFlow here.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import shutil
-import signal
 import threading
-import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,22 +47,19 @@ from app.errors import DataError, Preempted
 
 __all__ = [
     "MIN_RANGE_BYTES",
-    "RANGES_PER_PROCESS",
+    "RANGES_PER_THREAD",
     "Converted",
     "convert_file",
-    "prestart",
     "split_lines",
 ]
 
-#: Ranges per process: enough that a late or slow process gets fewer, few enough that
-#: the per-range costs (a part file, the first chunk) stay small.
-RANGES_PER_PROCESS = 4
-#: Files are not cut into ranges smaller than this (bytes): below it the start of a
-#: worker process costs more than it saves.
+#: Ranges per thread: enough that a slow thread gets fewer, few enough that the
+#: per-range costs (a part file, the first chunk) stay small.
+RANGES_PER_THREAD = 4
+#: Files are not cut into ranges smaller than this (bytes): below it a range's fixed
+#: costs (opening, a part file, joining it) outweigh the parallel parse.
 MIN_RANGE_BYTES = 4 << 20
 _SCAN_BYTES = 1 << 16  # read at a time when looking for the end of a line
-_POLL_S = 0.05  # how often a waiting parent checks its stop request
-_WATCH_S = 0.5  # how often a worker checks that the converting process is still there
 
 
 @dataclass(frozen=True)
@@ -78,38 +67,15 @@ class Converted:
     """What :func:`convert_file` wrote: ``rows`` samples of ``width`` float32 values.
 
     ``sums`` / ``sums_sq``: float64 column sums of the values and of their squares,
-    shape (width,). ``processes``: processes allowed to parse (1 for one pass; a worker
-    that starts after the last range was handed out parses none); ``ranges``: byte ranges
-    the file was cut into (1 for one pass).
+    shape (width,). ``threads``: threads that parsed (1 for one pass); ``ranges``: byte
+    ranges the file was cut into (1 for one pass).
     """
 
     rows: int
     sums: np.ndarray
     sums_sq: np.ndarray
-    processes: int
+    threads: int
     ranges: int
-
-
-def _context() -> Any:
-    """The forkserver context, its server preloading this module."""
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload([__name__])  # numpy and the parser imported once, not per worker
-    return ctx
-
-
-def prestart(processes: int) -> None:
-    """Start the worker server now, without waiting for it, when ``processes > 1``.
-
-    Its fresh interpreter then imports numpy and the parser (~0.3 CPU-seconds here) while
-    the caller does something else -- ``coretrain train`` imports TensorFlow -- instead of
-    at the start of the first parallel conversion, where it delays the first worker. It
-    stays until this process exits. Raises OSError when no process can be started.
-    """
-    if processes > 1:
-        from multiprocessing import forkserver
-
-        _context()
-        forkserver.ensure_running()
 
 
 def split_lines(
@@ -166,32 +132,31 @@ def convert_file(
     width: int,
     width_hint: str = "",
     allow_nonfinite: bool = False,
-    processes: int = 1,
+    threads: int = 1,
     stop: Callable[[], bool] = lambda: False,
     min_range_bytes: int | None = None,
 ) -> Converted:
     """Parse the text file ``src`` into ``dst``: rows of ``width`` native float32, in order.
 
-    ``processes``: processes that parse (this one included; 1 reads in one pass, as do
+    ``threads``: threads that parse (the calling one included; 1 reads in one pass, as do
     gzip files and files under ``2 * min_range_bytes``, default :data:`MIN_RANGE_BYTES`);
     the caller sizes it from the CPU budget (:attr:`app.plan.ThreadPlan.intra_op_threads`).
-    ``stop`` is polled between chunks of 512 lines. ``width_hint`` and ``allow_nonfinite``
-    as in :func:`app.data.textfile.iter_chunks`.
+    ``stop`` is polled between chunks of 512 lines, by every thread. ``width_hint`` and
+    ``allow_nonfinite`` as in :func:`app.data.textfile.iter_chunks`.
 
-    Memory per process: one chunk of lines and its rows (textfile's bound), never the file.
+    Memory per thread: one chunk of lines and its rows (textfile's bound), never the file.
 
     Raises DataError (``file:line: problem``, the same message as one pass), Preempted
-    when ``stop`` returns True, OSError when ``dst`` or a part can't be written,
-    concurrent.futures.process.BrokenProcessPool when a worker dies (killed, out of
-    memory). On any of them ``dst`` and the part files are removed.
+    when ``stop`` returns True, OSError when ``dst`` or a part can't be written. On any of
+    them ``dst`` and the part files are removed.
     """
-    if processes < 1:
-        raise ValueError(f"processes must be >= 1, got {processes}")
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
     out = Path(dst)
     ranges = [(0, 0)]
-    if processes > 1 and not textfile.is_gzip(src):
+    if threads > 1 and not textfile.is_gzip(src):
         min_bytes = MIN_RANGE_BYTES if min_range_bytes is None else min_range_bytes
-        ranges = split_lines(src, processes * RANGES_PER_PROCESS, min_bytes)
+        ranges = split_lines(src, threads * RANGES_PER_THREAD, min_bytes)
     parts = [out.with_name(f"{out.name}.{i}.part") for i in range(len(ranges))]
     done = False
     try:
@@ -199,7 +164,7 @@ def convert_file(
             result = _one_pass(src, out, width, width_hint, allow_nonfinite, stop)
         else:
             result = _in_ranges(
-                src, out, parts, ranges, width, width_hint, allow_nonfinite, processes, stop
+                src, out, parts, ranges, width, width_hint, allow_nonfinite, threads, stop
             )
         done = True
         return result
@@ -223,7 +188,7 @@ def _one_pass(
         result = _write_rows(src, f, None, width, hint, allow_nonfinite, stop)
     if result.status == "stopped":
         raise Preempted(f"{os.fspath(src)}: stopped by signal during cache conversion")
-    return Converted(result.rows, result.sums, result.sums_sq, processes=1, ranges=1)
+    return Converted(result.rows, result.sums, result.sums_sq, threads=1, ranges=1)
 
 
 @dataclass
@@ -278,14 +243,10 @@ def _write_rows(
 
 # --- ranges -------------------------------------------------------------------------------
 
-# Set in each worker by _init_worker (and passed to _take in this process).
-_NEXT: Any = None  # multiprocessing.Value("q"): the next range to hand out
-_HALT: Any = None  # multiprocessing.Event: abandon the current range at the next chunk
-
 
 @dataclass(frozen=True)
 class _Job:
-    """Everything a process needs to parse any of the ranges (picklable)."""
+    """Everything a thread needs to parse any of the ranges."""
 
     src: str
     parts: tuple[str, ...]
@@ -295,49 +256,25 @@ class _Job:
     allow_nonfinite: bool
 
 
-def _init_worker(next_range: Any, halt: Any, parent: int) -> None:
-    """Worker start: share the counter and the halt flag; leave signals to the parent
-    (process ``parent``), and leave when it is gone."""
-    global _NEXT, _HALT
-    _NEXT, _HALT = next_range, halt
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    threading.Thread(target=_watch, args=(parent,), name="watch-parent", daemon=True).start()
+class _Counter:
+    """The next range to hand out, shared by the threads."""
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next = 0
 
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs (a zombie does not: killed, not yet reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rpartition(b")")[2].split()[0] != b"Z"
-    except FileNotFoundError:
-        return False
-    except (OSError, IndexError):  # no /proc: ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+    def take(self, count: int) -> int | None:
+        """The next range, or None when all are handed out (or handing out ended)."""
+        with self._lock:
+            if self._next >= count:
+                return None
+            self._next += 1
+            return self._next - 1
 
-
-def _watch(parent: int) -> None:
-    """Exit this worker soon after the converting process died (SIGKILL, out of memory):
-    nobody would read its results, and a worker blocked writing them would never end."""
-    while pid_alive(parent):
-        time.sleep(_WATCH_S)
-    os._exit(1)
-
-
-def _take(next_range: Any, count: int) -> int | None:
-    """The next range to parse, or None when all are handed out (or handing out ended)."""
-    with next_range.get_lock():
-        i = int(next_range.value)
-        if i >= count:
-            return None
-        next_range.value = i + 1
-        return i
+    def end(self, count: int) -> None:
+        """Hand out no more ranges."""
+        with self._lock:
+            self._next = count
 
 
 def _parse_range(job: _Job, i: int, stopped: Callable[[], bool]) -> _Result:
@@ -348,25 +285,19 @@ def _parse_range(job: _Job, i: int, stopped: Callable[[], bool]) -> _Result:
 
 
 def _parse_ranges(
-    job: _Job, next_range: Any, halt: Any, stop: Callable[[], bool]
+    job: _Job, counter: _Counter, halt: threading.Event, stop: Callable[[], bool]
 ) -> list[tuple[int, _Result]]:
     """Take ranges until none is left; after a bad range hand out no more (the ranges
     before it are all taken: they still finish, their line counts are needed)."""
     results = []
-    while not halt.is_set() and (i := _take(next_range, len(job.ranges))) is not None:
+    while not halt.is_set() and (i := counter.take(len(job.ranges))) is not None:
         result = _parse_range(job, i, lambda: halt.is_set() or stop())
         results.append((i, result))
         if result.status == "data_error":
-            with next_range.get_lock():
-                next_range.value = len(job.ranges)
+            counter.end(len(job.ranges))
         elif result.status == "stopped":
             halt.set()
     return results
-
-
-def _worker(job: _Job) -> list[tuple[int, _Result]]:
-    """A worker process's task: parse ranges until none is left."""
-    return _parse_ranges(job, _NEXT, _HALT, lambda: False)
 
 
 def _in_ranges(
@@ -377,67 +308,43 @@ def _in_ranges(
     width: int,
     hint: str,
     allow_nonfinite: bool,
-    processes: int,
+    threads: int,
     stop: Callable[[], bool],
 ) -> Converted:
     name = os.fspath(src)
     job = _Job(name, tuple(map(str, parts)), tuple(ranges), width, hint, allow_nonfinite)
-    ctx = _context()
-    next_range = ctx.Value("q", 0)
-    halt = ctx.Event()
-    workers = min(processes, len(ranges)) - 1
+    counter = _Counter()
+    halt = threading.Event()
     results: dict[int, _Result] = {}
-    pool = ProcessPoolExecutor(
-        workers,
-        mp_context=ctx,
-        initializer=_init_worker,
-        initargs=(next_range, halt, os.getpid()),
-    )
-    # submit() blocks until the worker server has started and forked the worker (a fresh
-    # interpreter importing numpy: a fraction of a second); this process parses meanwhile.
-    futures: list[Future] = []
     failed: list[BaseException] = []
 
-    def start_workers() -> None:
+    def work() -> None:
         try:
-            for _ in range(workers):
-                if halt.is_set() or next_range.value >= len(ranges):
-                    return  # nothing left to hand out: no need for another process
-                futures.append(pool.submit(_worker, job))
-        except BaseException as exc:  # reported by the parsing thread below
+            results.update(_parse_ranges(job, counter, halt, stop))
+        except BaseException as exc:  # re-raised by the calling thread
             failed.append(exc)
             halt.set()
 
-    starter = threading.Thread(target=start_workers, name="start-workers", daemon=True)
+    helpers = [
+        threading.Thread(target=work, name=f"parse-{k}", daemon=True)
+        for k in range(min(threads, len(ranges)) - 1)
+    ]
+    for helper in helpers:
+        helper.start()
     try:
-        starter.start()
-        results.update(_parse_ranges(job, next_range, halt, stop))
-        starter.join()
-        if failed:
-            raise failed[0]
-        pending: set[Future] = set(futures)
-        while pending and not halt.is_set():
-            if stop():
-                halt.set()
-                break
-            finished, pending = wait(pending, timeout=_POLL_S, return_when=FIRST_EXCEPTION)
-            if any(f.exception() is not None for f in finished):
-                halt.set()
-        for future in futures:
-            results.update(future.result())  # waits; re-raises a worker's exception
-    except BaseException:
-        halt.set()
-        raise
+        work()
     finally:
-        starter.join()
-        pool.shutdown(wait=True, cancel_futures=True)
+        for helper in helpers:
+            helper.join()
+    if failed:
+        raise failed[0]
     if halt.is_set() or any(r.status == "stopped" for r in results.values()):
         raise Preempted(f"{name}: stopped by signal during cache conversion")
     rows = _check_in_order(job, results)
     _join(dst, parts)
     sums = np.sum([results[i].sums for i in range(len(ranges))], axis=0)
     sums_sq = np.sum([results[i].sums_sq for i in range(len(ranges))], axis=0)
-    return Converted(rows, sums, sums_sq, processes=workers + 1, ranges=len(ranges))
+    return Converted(rows, sums, sums_sq, threads=len(helpers) + 1, ranges=len(ranges))
 
 
 def _check_in_order(job: _Job, results: dict[int, _Result]) -> int:

@@ -90,7 +90,7 @@ def parse_field(token: bytes) -> float | None:
 class Span:
     """A part of a plain-text file, bytes ``[start, stop)``, that begins at a line start.
 
-    For parsing one file in several processes (:mod:`app.data.parallel`). Set by the
+    For parsing one file in several threads (:mod:`app.data.parallel`). Set by the
     caller: ``start`` / ``stop`` byte offsets (``stop`` None: to the end of the file);
     ``first_line``, the 1-based number of the line at ``start``; ``blank_line``, the
     first line of the run of blank lines that ends just before ``start`` (None when the
