@@ -20,7 +20,7 @@ def test_built_wherever_a_compiler_is_present() -> None:
     cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(cc) is None:
         pytest.skip(f"no C compiler ({cc}) on this machine")
-    assert textfile._compiled is fast
+    assert textfile.compiled is fast
 
 
 def _parse(text: bytes, width: int) -> tuple[int, np.ndarray]:
@@ -92,7 +92,7 @@ def test_random_decimals_match_float_and_the_numpy_path(
     with np.errstate(over="ignore"):
         expected = np.array([float(t) for t in tokens], np.float64).astype(np.float32)
     assert np.array_equal(compiled.reshape(-1).view(np.uint32), expected.view(np.uint32))
-    monkeypatch.setattr(textfile, "_compiled", None)
+    monkeypatch.setattr(textfile, "compiled", None)
     numpy_path = np.concatenate(
         list(textfile.iter_chunks(path, chunk_rows=50, allow_nonfinite=True))
     )
@@ -106,3 +106,19 @@ def test_a_file_mixing_both_paths_in_one_block(tmp_path: Path) -> None:
     got = np.concatenate(list(textfile.iter_chunks(path, allow_nonfinite=True)))
     expected = np.array([[1, 2, 3], [4, 5, 6], [7, np.nan, 9], [10, 11, 12]], np.float32)
     np.testing.assert_array_equal(got, expected)
+
+
+def test_count_newlines() -> None:
+    assert fast.count_newlines(b"a\nb\n\nc") == 3
+    assert fast.count_newlines(b"") == 0
+    assert fast.count_newlines(memoryview(b"\n\nx\n")[1:]) == 2
+
+
+def test_column_sums_are_numpys() -> None:
+    values = np.random.default_rng(4).standard_normal((300, 7)).astype(np.float32)
+    sums, sums_sq = np.ones(7), np.zeros(7)
+    fast.add_column_sums(values, 7, sums, sums_sq)
+    np.testing.assert_array_equal(sums, 1 + values.sum(axis=0, dtype=np.float64))
+    np.testing.assert_array_equal(sums_sq, np.einsum("ij,ij->j", values, values, dtype=np.float64))
+    with pytest.raises(ValueError, match="add_column_sums"):
+        fast.add_column_sums(values, 6, sums, sums_sq)

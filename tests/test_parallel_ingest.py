@@ -177,15 +177,30 @@ def test_a_stop_request_leaves_no_files(tmp_path: Path) -> None:
     assert list(out.iterdir()) == []
 
 
-def test_an_unwritable_part_leaves_no_files(tmp_path: Path) -> None:
+def test_a_failed_write_in_any_thread_leaves_no_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk in the middle (the third write, whichever thread makes it)."""
+    import errno
+    import os
+
     src = tmp_path / "f.txt"
     src.write_bytes(lines_of(3000, 6))
     out = tmp_path / "out"
     out.mkdir()
-    (out / "x.f32.3.part").mkdir()  # the fourth range can't be opened for writing
-    with pytest.raises(IsADirectoryError):
+    real, calls = os.pwrite, []
+
+    def pwrite(fd: int, data: object, offset: int) -> int:
+        calls.append(offset)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    with pytest.raises(OSError, match="No space left"):
         parallel.convert_file(src, out / "x.f32", width=6, threads=2, min_range_bytes=1000)
-    assert [p.name for p in out.iterdir()] == ["x.f32.3.part"]  # only what was there
+    assert len(calls) >= 3
+    assert list(out.iterdir()) == []
 
 
 def test_cache_with_two_threads_matches_one(
@@ -221,3 +236,17 @@ def test_no_parsing_thread_outlives_the_call(tmp_path: Path) -> None:
                 path, tmp_path / "x.f32", width=6, threads=2, min_range_bytes=1000, **extra
             )
         assert [t.name for t in threading.enumerate() if t.name.startswith("parse-")] == []
+
+
+def test_without_the_compiled_parser_threads_give_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(textfile, "compiled", None)
+    src = tmp_path / "f.txt"
+    src.write_bytes(lines_of(2000, 6) + b"\n\n")
+    one = parallel.convert_file(src, tmp_path / "one.f32", width=6)
+    two = parallel.convert_file(src, tmp_path / "two.f32", width=6, threads=2, min_range_bytes=1000)
+    assert two.threads == 2 and two.rows == one.rows == 2000
+    assert (tmp_path / "one.f32").read_bytes() == (tmp_path / "two.f32").read_bytes()
+    np.testing.assert_allclose(two.sums, one.sums, rtol=1e-12)
+    np.testing.assert_allclose(two.sums_sq, one.sums_sq, rtol=1e-12)

@@ -68,10 +68,10 @@ BAD: dict[str, tuple[str, dict]] = {
 @pytest.fixture(autouse=True, params=["compiled", "numpy"])
 def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every test runs with the compiled fast path (when built) and with the numpy path alone."""
-    if request.param == "compiled" and textfile._compiled is None:
+    if request.param == "compiled" and textfile.compiled is None:
         pytest.skip("app.data._fastparse is not built (no C compiler at install time)")
     if request.param == "numpy":
-        monkeypatch.setattr(textfile, "_compiled", None)
+        monkeypatch.setattr(textfile, "compiled", None)
     return request.param
 
 

@@ -20,11 +20,18 @@
  * PLDI 1990); anything else is left to the caller. Whitespace: space, \t, \r,
  * \v, \f between fields; \n ends a line (the set bytes.split() uses).
  *
- * The GIL is released while parsing, so threads can parse in parallel.
+ * count_newlines(text) counts the '\n' bytes of a buffer (memchr).
+ *
+ * add_column_sums(values, width, sums, sums_sq) adds the column sums and sums of
+ * squares of float32 rows to two float64 buffers (the cache's statistics), in the
+ * order numpy's sum(axis=0) adds them.
+ *
+ * The GIL is released while parsing, counting and summing, so threads work in parallel.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 static const double POW10[23] = {
     1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
@@ -162,10 +169,69 @@ static PyObject *py_parse_lines(PyObject *self, PyObject *args)
     return PyLong_FromSsize_t(rows);
 }
 
+static PyObject *py_add_column_sums(PyObject *self, PyObject *args)
+{
+    Py_buffer values, sums, sums_sq;
+    Py_ssize_t width;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*nw*w*", &values, &width, &sums, &sums_sq))
+        return NULL;
+    if (width < 1 || values.len % (width * (Py_ssize_t)sizeof(float)) ||
+        sums.len != width * (Py_ssize_t)sizeof(double) ||
+        sums_sq.len != width * (Py_ssize_t)sizeof(double)) {
+        PyBuffer_Release(&values);
+        PyBuffer_Release(&sums);
+        PyBuffer_Release(&sums_sq);
+        PyErr_SetString(PyExc_ValueError,
+                        "add_column_sums: need float32 rows of width values and two float64 "
+                        "buffers of width values");
+        return NULL;
+    }
+    const float *v = (const float *)values.buf;
+    double *s = (double *)sums.buf, *q = (double *)sums_sq.buf;
+    Py_ssize_t rows = values.len / (Py_ssize_t)sizeof(float) / width;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < rows; r++, v += width) {
+        for (Py_ssize_t j = 0; j < width; j++) {
+            double x = (double)v[j];
+            s[j] += x;
+            q[j] += x * x;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&values);
+    PyBuffer_Release(&sums);
+    PyBuffer_Release(&sums_sq);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_count_newlines(PyObject *self, PyObject *args)
+{
+    Py_buffer text;
+    Py_ssize_t count = 0;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*", &text))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    const char *p = (const char *)text.buf, *end = p + text.len;
+    while (p < end && (p = memchr(p, '\n', (size_t)(end - p))) != NULL) {
+        count++;
+        p++;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&text);
+    return PyLong_FromSsize_t(count);
+}
+
 static PyMethodDef methods[] = {
     {"parse_lines", py_parse_lines, METH_VARARGS,
      "parse_lines(text, begin, stop, width, out) -> rows: whole lines of text[begin:stop] "
      "parsed into the float32 buffer out (see app/data/_fastparse.c)."},
+    {"count_newlines", py_count_newlines, METH_VARARGS,
+     "count_newlines(text) -> the number of b'\\n' bytes in text."},
+    {"add_column_sums", py_add_column_sums, METH_VARARGS,
+     "add_column_sums(values, width, sums, sums_sq): add the float32 rows' column sums and "
+     "sums of squares, in float64, row by row, to the float64 buffers sums and sums_sq."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,12 +1,14 @@
 """Convert one text data file into raw float32 rows, in several threads when it pays.
 
 A plain-text file is cut into byte ranges that begin at line starts (:func:`split_lines`,
-a few per thread). Each range is parsed by :func:`app.data.textfile.iter_chunks` and its
-rows are written to its own part file next to the destination; the parts are then joined
-in file order. Ranges are handed out one at a time through a shared counter, and the
-calling thread parses ranges too, so a thread on a busier CPU holds nobody up. The result
-is bit for bit the one of reading the file in one pass; the column sums used for the
-statistics are added in another order (equal to float64 rounding).
+a few per thread). A first pass counts each range's lines (a newline count, ~GB/s); then
+each range is parsed by :func:`app.data.textfile.iter_chunks` and its rows are written
+straight into the destination (``pwrite``) from the row its first line will have: a valid
+file has one row per line, blank lines only at its end. Ranges are handed out one at a
+time through a shared counter, and the calling thread works too, so a thread on a busier
+CPU holds nobody up. The result is bit for bit the one of reading the file in one pass; the
+column sums used for the statistics are added in another order (equal to float64
+rounding).
 
 Threads, not processes: the parse itself runs in compiled code that releases the GIL
 (:mod:`app.data._fastparse`; as do file reads, writes and numpy's reductions), so threads
@@ -25,7 +27,7 @@ gzip files are read in one pass: a compressed stream can't be entered in the mid
 
 Stop requests and failures: every thread polls ``stop`` and a shared halt flag between
 chunks; on a stop request or an error every thread abandons its range at the next chunk,
-the calling thread waits for them, removes the parts and the destination, and raises.
+the calling thread waits for them, removes the destination, and raises.
 Nothing is left behind and nothing writes to the output directory after the call returns.
 No TensorFlow here.
 """
@@ -33,7 +35,6 @@ No TensorFlow here.
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,12 +55,13 @@ __all__ = [
 ]
 
 #: Ranges per thread: enough that a slow thread gets fewer, few enough that the
-#: per-range costs (a part file, the first chunk) stay small.
+#: per-range costs (opening the file, the first chunk) stay small.
 RANGES_PER_THREAD = 4
 #: Files are not cut into ranges smaller than this (bytes): below it a range's fixed
-#: costs (opening, a part file, joining it) outweigh the parallel parse.
+#: costs outweigh the parallel parse.
 MIN_RANGE_BYTES = 4 << 20
 _SCAN_BYTES = 1 << 16  # read at a time when looking for the end of a line
+_COUNT_BYTES = 1 << 20  # read at a time when counting lines
 
 
 @dataclass(frozen=True)
@@ -147,8 +149,8 @@ def convert_file(
     Memory per thread: one chunk of lines and its rows (textfile's bound), never the file.
 
     Raises DataError (``file:line: problem``, the same message as one pass), Preempted
-    when ``stop`` returns True, OSError when ``dst`` or a part can't be written. On any of
-    them ``dst`` and the part files are removed.
+    when ``stop`` returns True, OSError when ``dst`` can't be written. On any of them
+    ``dst`` is removed.
     """
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
@@ -157,21 +159,15 @@ def convert_file(
     if threads > 1 and not textfile.is_gzip(src):
         min_bytes = MIN_RANGE_BYTES if min_range_bytes is None else min_range_bytes
         ranges = split_lines(src, threads * RANGES_PER_THREAD, min_bytes)
-    parts = [out.with_name(f"{out.name}.{i}.part") for i in range(len(ranges))]
     done = False
     try:
         if len(ranges) == 1:
             result = _one_pass(src, out, width, width_hint, allow_nonfinite, stop)
         else:
-            result = _in_ranges(
-                src, out, parts, ranges, width, width_hint, allow_nonfinite, threads, stop
-            )
+            result = _in_ranges(src, out, ranges, width, width_hint, allow_nonfinite, threads, stop)
         done = True
         return result
     finally:
-        if len(ranges) > 1:
-            for part in parts:
-                part.unlink(missing_ok=True)
         if not done:
             out.unlink(missing_ok=True)
 
@@ -185,7 +181,7 @@ def _one_pass(
     stop: Callable[[], bool],
 ) -> Converted:
     with open(dst, "wb") as f:
-        result = _write_rows(src, f, None, width, hint, allow_nonfinite, stop)
+        result = _write_rows(src, f, None, width, hint, allow_nonfinite, stop, textfile.Buffers())
     if result.status == "stopped":
         raise Preempted(f"{os.fspath(src)}: stopped by signal during cache conversion")
     return Converted(result.rows, result.sums, result.sums_sq, threads=1, ranges=1)
@@ -216,21 +212,28 @@ def _write_rows(
     hint: str,
     allow_nonfinite: bool,
     stopped: Callable[[], bool],
+    buffers: textfile.Buffers,
 ) -> _Result:
-    """Parse ``src`` (or its span) into the open file ``f``; DataError only without a span."""
+    """Parse ``src`` (or its span) into the open file ``f``; DataError only without a span.
+
+    ``buffers``: the calling thread's (see :class:`app.data.textfile.Buffers`)."""
     rows = 0
     total = np.zeros(width, np.float64)
     total_sq = np.zeros(width, np.float64)
     try:
         for chunk in textfile.iter_chunks(
-            src, width=width, allow_nonfinite=allow_nonfinite, width_hint=hint, span=span
-        ):
+            src, width=width, allow_nonfinite=allow_nonfinite, width_hint=hint, span=span,
+            buffers=buffers,
+        ):  # fmt: skip
             if stopped():
                 return _Result("stopped")
-            f.write(np.ascontiguousarray(chunk, np.float32).data)
-            # In float64 without a float64 copy of the chunk (the sums are the same).
-            total += chunk.sum(axis=0, dtype=np.float64)
-            total_sq += np.einsum("ij,ij->j", chunk, chunk, dtype=np.float64)
+            chunk = np.ascontiguousarray(chunk, np.float32)
+            f.write(chunk.data)
+            if textfile.compiled is not None:  # the same sums, without holding the GIL
+                textfile.compiled.add_column_sums(chunk, width, total, total_sq)
+            else:  # float64 sums without a float64 copy of the chunk
+                total += chunk.sum(axis=0, dtype=np.float64)
+                total_sq += np.einsum("ij,ij->j", chunk, chunk, dtype=np.float64)
             rows += len(chunk)
     except DataError:
         if span is None:
@@ -249,7 +252,6 @@ class _Job:
     """Everything a thread needs to parse any of the ranges."""
 
     src: str
-    parts: tuple[str, ...]
     ranges: tuple[tuple[int, int], ...]
     width: int
     hint: str
@@ -277,57 +279,41 @@ class _Counter:
             self._next = count
 
 
-def _parse_range(job: _Job, i: int, stopped: Callable[[], bool]) -> _Result:
-    start, stop = job.ranges[i]
-    span = textfile.Span(start, stop)
-    with open(job.parts[i], "wb") as f:
-        return _write_rows(job.src, f, span, job.width, job.hint, job.allow_nonfinite, stopped)
+class _WriteAt:
+    """A file-like ``write`` that puts bytes at consecutive offsets of ``fd`` (pwrite)."""
+
+    def __init__(self, fd: int, offset: int) -> None:
+        self.fd, self.offset = fd, offset
+
+    def write(self, data: Any) -> None:
+        view = memoryview(data).cast("B")
+        while len(view):
+            written = os.pwrite(self.fd, view, self.offset)
+            self.offset += written
+            view = view[written:]
 
 
-def _parse_ranges(
-    job: _Job, counter: _Counter, halt: threading.Event, stop: Callable[[], bool]
-) -> list[tuple[int, _Result]]:
-    """Take ranges until none is left; after a bad range hand out no more (the ranges
-    before it are all taken: they still finish, their line counts are needed)."""
-    results = []
-    while not halt.is_set() and (i := counter.take(len(job.ranges))) is not None:
-        result = _parse_range(job, i, lambda: halt.is_set() or stop())
-        results.append((i, result))
-        if result.status == "data_error":
-            counter.end(len(job.ranges))
-        elif result.status == "stopped":
-            halt.set()
-    return results
-
-
-def _in_ranges(
-    src: str | os.PathLike[str],
-    dst: Path,
-    parts: list[Path],
-    ranges: list[tuple[int, int]],
-    width: int,
-    hint: str,
-    allow_nonfinite: bool,
-    threads: int,
-    stop: Callable[[], bool],
-) -> Converted:
-    name = os.fspath(src)
-    job = _Job(name, tuple(map(str, parts)), tuple(ranges), width, hint, allow_nonfinite)
+def _in_threads(
+    threads: int, count: int, task: Callable[[int, _Counter], Any], halt: threading.Event
+) -> dict[int, Any]:
+    """``task(i, counter)`` for i in 0..count-1, handed out one at a time to ``threads``
+    threads (the calling one included) until done or ``halt`` is set; the results by i.
+    Returns once every thread has ended; re-raises the first exception of any."""
     counter = _Counter()
-    halt = threading.Event()
-    results: dict[int, _Result] = {}
+    results: dict[int, Any] = {}
     failed: list[BaseException] = []
 
     def work() -> None:
         try:
-            results.update(_parse_ranges(job, counter, halt, stop))
+            while not halt.is_set() and (i := counter.take(count)) is not None:
+                results[i] = task(i, counter)
         except BaseException as exc:  # re-raised by the calling thread
             failed.append(exc)
             halt.set()
 
     helpers = [
         threading.Thread(target=work, name=f"parse-{k}", daemon=True)
-        for k in range(min(threads, len(ranges)) - 1)
+        for k in range(min(threads, count) - 1)
     ]
     for helper in helpers:
         helper.start()
@@ -338,13 +324,80 @@ def _in_ranges(
             helper.join()
     if failed:
         raise failed[0]
-    if halt.is_set() or any(r.status == "stopped" for r in results.values()):
-        raise Preempted(f"{name}: stopped by signal during cache conversion")
-    rows = _check_in_order(job, results)
-    _join(dst, parts)
+    return results
+
+
+def _count_lines(src: str, start: int, stop: int, last: bool) -> int:
+    """Lines in bytes [start, stop) of ``src``: newlines, plus an unterminated last line."""
+    count_newlines = (
+        textfile.compiled.count_newlines
+        if textfile.compiled is not None
+        else lambda b: int(np.count_nonzero(np.frombuffer(b, np.uint8) == 10))
+    )
+    buf = memoryview(bytearray(_COUNT_BYTES))
+    lines, pos, tail = 0, start, b"\n"
+    with open(src, "rb", buffering=0) as f:
+        while pos < stop:
+            got = os.preadv(f.fileno(), [buf[: min(_COUNT_BYTES, stop - pos)]], pos)
+            if got == 0:
+                break
+            lines += count_newlines(buf[:got])
+            tail = bytes(buf[got - 1 : got])
+            pos += got
+    return lines + (1 if last and tail != b"\n" else 0)
+
+
+def _in_ranges(
+    src: str | os.PathLike[str],
+    dst: Path,
+    ranges: list[tuple[int, int]],
+    width: int,
+    hint: str,
+    allow_nonfinite: bool,
+    threads: int,
+    stop: Callable[[], bool],
+) -> Converted:
+    """Two passes, each spread over the threads: count each range's lines, then parse each
+    range straight into ``dst`` at the row its first line will have (a valid file has one
+    row per line, blank lines only at its end), so there are no part files to join."""
+    name = os.fspath(src)
+    job = _Job(name, tuple(ranges), width, hint, allow_nonfinite)
+    halt = threading.Event()
+    local = threading.local()  # each thread's textfile.Buffers
+    last = len(ranges) - 1
+    counts = _in_threads(
+        threads, len(ranges), lambda i, _: _count_lines(name, *ranges[i], i == last), halt
+    )
+    first_row = np.concatenate([[0], np.cumsum([counts[i] for i in range(len(ranges))])])
+
+    with open(dst, "wb") as f:
+
+        def parse(i: int, counter: _Counter) -> _Result:
+            start, end = ranges[i]
+            sink = _WriteAt(f.fileno(), int(first_row[i]) * width * 4)
+            if not hasattr(local, "buffers"):
+                local.buffers = textfile.Buffers()
+            result = _write_rows(
+                name, sink, textfile.Span(start, end), width, hint, allow_nonfinite,
+                lambda: halt.is_set() or stop(), local.buffers,
+            )  # fmt: skip
+            if result.status == "data_error":
+                counter.end(len(ranges))  # the ranges before it still finish
+            elif result.status == "stopped":
+                halt.set()
+            elif result.lines != counts[i]:
+                raise DataError(f"{name}: the file changed while it was being converted")
+            return result
+
+        results: dict[int, _Result] = _in_threads(threads, len(ranges), parse, halt)
+        if stop() or halt.is_set():
+            raise Preempted(f"{name}: stopped by signal during cache conversion")
+        rows = _check_in_order(job, results)
+        f.truncate(rows * width * 4)  # rows past a trailing run of blank lines: none
     sums = np.sum([results[i].sums for i in range(len(ranges))], axis=0)
     sums_sq = np.sum([results[i].sums_sq for i in range(len(ranges))], axis=0)
-    return Converted(rows, sums, sums_sq, threads=len(helpers) + 1, ranges=len(ranges))
+    helpers = min(threads, len(ranges))
+    return Converted(rows, sums, sums_sq, threads=helpers, ranges=len(ranges))
 
 
 def _check_in_order(job: _Job, results: dict[int, _Result]) -> int:
@@ -375,28 +428,3 @@ def _check_in_order(job: _Job, results: dict[int, _Result]) -> int:
     if rows == 0:
         raise DataError(f"{job.src}: empty file (no data lines)")
     return rows
-
-
-def _join(dst: Path, parts: list[Path]) -> None:
-    """Concatenate the part files into ``dst`` in order (the first is renamed, not copied)."""
-    os.replace(parts[0], dst)
-    with open(dst, "r+b") as out:  # not "ab": copy_file_range(2) refuses O_APPEND
-        out.seek(0, os.SEEK_END)
-        for part in parts[1:]:
-            with open(part, "rb") as f:
-                _copy(f, out)
-            part.unlink()
-
-
-def _copy(f: Any, out: Any) -> None:
-    """Append all of ``f`` to ``out``: copy_file_range(2) in the kernel, else read/write."""
-    left = os.fstat(f.fileno()).st_size
-    try:
-        while left > 0:
-            n = os.copy_file_range(f.fileno(), out.fileno(), left)
-            if n == 0:
-                break
-            left -= n
-    except OSError:  # not supported between these files: copy through user space
-        f.seek(os.fstat(f.fileno()).st_size - left)
-        shutil.copyfileobj(f, out, 1 << 20)

@@ -43,13 +43,15 @@ import numpy as np
 
 from app.errors import DataError
 
-_compiled: ModuleType | None
-try:  # built from _fastparse.c by setup.py where a C compiler is present
-    from app.data import _fastparse as _compiled
+#: The compiled fast path (:mod:`app.data._fastparse`, built from _fastparse.c by setup.py
+#: where a C compiler is present); None: the numpy path alone.
+compiled: ModuleType | None
+try:
+    from app.data import _fastparse as compiled
 except ImportError:  # no compiler at install time: the numpy path alone
-    _compiled = None
+    compiled = None
 
-__all__ = ["MAX_LINE_BYTES", "Span", "is_gzip", "iter_chunks", "parse_field"]
+__all__ = ["MAX_LINE_BYTES", "Buffers", "Span", "is_gzip", "iter_chunks", "parse_field"]
 
 #: A longer line is an error (a binary file, or no newlines); with ``chunk_rows`` this
 #: bounds the memory of one chunk.
@@ -123,6 +125,7 @@ def iter_chunks(
     chunk_rows: int = 512,
     width_hint: str = "",
     span: Span | None = None,
+    buffers: Buffers | None = None,
 ) -> Iterator[np.ndarray]:
     """Yield the file's samples as float32 arrays of shape (rows <= chunk_rows, width), in order.
 
@@ -134,6 +137,8 @@ def iter_chunks(
     ``span``: read only that part of a plain (not gzip) file, numbering lines from
     ``span.first_line``; the span records the lines, rows and trailing blank run it read,
     and an empty span is no error. A UTF-8 BOM is only recognised at offset 0.
+    ``buffers``: memory to keep and reuse across chunks and calls (one :class:`Buffers` per
+    thread); the arrays then share memory, each valid only until the next is requested.
 
     Memory: one chunk of lines as bytes (plus a 1 MiB read), its float32 array and
     temporaries for ~256 KiB of lines (a copy of the chunk on the np.loadtxt and error
@@ -151,11 +156,11 @@ def iter_chunks(
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
     if width is not None and width < 1:
         raise ValueError(f"width must be >= 1, got {width}")
-    state = _State(os.fspath(path), width, None, width_hint, allow_nonfinite)
+    state = _State(os.fspath(path), width, None, width_hint, allow_nonfinite, buffers=buffers)
     part = span if span is not None else Span()
     state.blank_line = part.blank_line
     next_line = part.first_line
-    for first_line, buf, begin, ends in _read_blocks(state.path, chunk_rows, part):
+    for first_line, buf, begin, ends in _read_blocks(state.path, chunk_rows, part, buffers):
         next_line = first_line + len(ends)
         values = _parse_block(state, buf, begin, first_line, ends)
         if len(values):
@@ -167,6 +172,17 @@ def iter_chunks(
     part.blank_line = state.blank_line
     if state.rows == 0 and span is None:
         raise DataError(f"{state.path}: empty file (no data lines)")
+
+
+class Buffers:
+    """Memory :func:`iter_chunks` keeps between chunks and calls: the text read buffer and
+    the rows of the compiled path. Reusing them spares a fresh allocation, and the page
+    faults of first touching it, per chunk and per call (their kernel time grows when
+    threads fault in the same process at once). One per thread."""
+
+    def __init__(self) -> None:
+        self.text: np.ndarray | None = None
+        self.rows: np.ndarray | None = None
 
 
 @dataclass
@@ -181,6 +197,7 @@ class _State:
     rows: int = 0
     blank_line: int | None = None  # first blank line of the run at the end of what was read
     style: str = "plain"  # how fields were best decoded so far: "plain", "exp", "bulk"
+    buffers: Buffers | None = None
 
     def where(self, line: int, field: int | None = None) -> str:
         """``<path>:<line>:``, with `` field <n>:`` when given."""
@@ -268,7 +285,7 @@ def _read_into(stream: BinaryIO, view: memoryview, path: str) -> int:
 
 
 def _read_blocks(
-    path: str, chunk_rows: int, span: Span
+    path: str, chunk_rows: int, span: Span, buffers: Buffers | None = None
 ) -> Iterator[tuple[int, np.ndarray, int, np.ndarray]]:
     """Yield (first line number, buffer, begin, line ends) for up to chunk_rows whole lines.
 
@@ -287,7 +304,12 @@ def _read_blocks(
             _seek(raw, span.start, path)
         left = None if span.stop is None else max(0, span.stop - span.start)  # bytes to read
         bom = span.start == 0  # the next read is the file's first
-        buf = np.full(_PAD + 2 * _READ_BYTES + 8, 32, np.uint8)
+        buf = buffers.text if buffers is not None else None
+        if buf is None or len(buf) < _PAD + 2 * _READ_BYTES + 8:
+            buf = np.full(_PAD + 2 * _READ_BYTES + 8, 32, np.uint8)
+        buf[:_PAD] = 32  # (a reused buffer holds old text)
+        if buffers is not None:
+            buffers.text = buf
         begin = end = _PAD  # unconsumed data: buf[begin:end]
         nls = np.empty(0, np.int64)  # offsets just past the newlines in there
         eof = False
@@ -305,6 +327,8 @@ def _read_blocks(
                 if end + _READ_BYTES + 9 > len(buf):  # move the data to the front, or grow
                     size = max(len(buf), (end - begin + _PAD + _READ_BYTES + 16) // 8 * 16)
                     moved = np.full(size, 32, np.uint8) if size > len(buf) else buf
+                    if buffers is not None:
+                        buffers.text = moved
                     moved[_PAD : _PAD + end - begin] = buf[begin:end].copy()
                     nls = nls - (begin - _PAD)
                     buf, begin, end = moved, _PAD, _PAD + end - begin
@@ -355,16 +379,27 @@ def _parse_block(
         fields = len(u[begin : ends[0]].tobytes().split())
         if fields:  # (a blank first line is the numpy path's to report)
             state.width, state.width_line = fields, first_line
-    if _compiled is None or state.width is None or state.blank_line is not None:
+    if compiled is None or state.width is None or state.blank_line is not None:
         return _parse_block_numpy(state, u, begin, first_line, ends)
-    out = np.empty((len(ends), state.width), np.float32)
-    done = _compiled.parse_lines(u, begin, int(ends[-1]), state.width, out)
+    out = _rows_out(state, len(ends))
+    done = compiled.parse_lines(u, begin, int(ends[-1]), state.width, out)
     if done == len(ends):
         return out
     rest = _parse_block_numpy(
         state, u, begin if not done else int(ends[done - 1]), first_line + done, ends[done:]
     )
     return np.concatenate([out[:done], rest]) if done else rest
+
+
+def _rows_out(state: _State, rows: int) -> np.ndarray:
+    """A (rows, width) float32 array for the compiled path: in ``state.buffers`` if any."""
+    assert state.width is not None
+    held = state.buffers
+    if held is None:
+        return np.empty((rows, state.width), np.float32)
+    if held.rows is None or held.rows.size < rows * state.width:
+        held.rows = np.empty(rows * state.width, np.float32)
+    return held.rows[: rows * state.width].reshape(rows, state.width)
 
 
 def _parse_block_numpy(
