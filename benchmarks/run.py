@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     report["model"] = model_steps(
         env, plan.intra_op_threads, args.steps, args.warmup, args.torch_python
     )
-    log(f"cache conversion of the whole data set, {plan.intra_op_threads} process(es) ...")
+    log(f"cache conversion of the whole data set, {plan.intra_op_threads} thread(s) ...")
     report["prepare"] = end_to_end.prepare(data, cache_dir, env, plan.intra_op_threads)
     report["end_to_end"] = end_to_end.measure(
         data,
