@@ -18,8 +18,8 @@ seconds; each window also holds one evaluation of the test set, in both variants
 samples per CPU-second divide by the process's CPU time instead (``cpu_util`` × budget ×
 seconds): it does not move with the CPU share other sessions leave the run, but it does
 not see a stall either (an idle wait costs wall time, not CPU). The
-``cache`` worker also times the pipeline's batch gather alone (numpy, one thread) as the
-input's cost per batch.
+``cache`` worker also measures the CPU time the training pipeline alone takes per batch
+(``input_cpu_ms_per_batch``), the input's cost.
 
 On a shared machine one pair of processes is not enough: load from other sessions moves
 one variant's figure and not the other's (the ratio swung 0.80–1.02 between runs). So
@@ -66,20 +66,21 @@ def _plan() -> Any:
     return plan.make_plan(budget, topology.detect_topology("/", budget.cpuset), overrides)
 
 
-def _gather_ms(data: Any, batch: int, seed: int, batches: int = 5) -> float:
-    """Median milliseconds of the pipeline's numpy gather of one training batch."""
-    import numpy as np
-
+def _input_ms(data: Any, plan: Any, batch: int, seed: int, batches: int = 20) -> float:
+    """CPU milliseconds per batch of the real training pipeline alone (all threads of
+    this process while it produces ``batches`` batches, after 5 to warm up)."""
     from app.data import pipeline
 
-    feats, labels = data.features("train"), data.labels("train")
-    times = []
-    for step in range(batches):
-        idx = np.sort(pipeline.batch_indices(seed, step, batch, data.train_size))
-        t0 = time.perf_counter()
-        _ = feats[idx][..., None], labels[idx]
-        times.append(time.perf_counter() - t0)
-    return round(1e3 * sorted(times)[len(times) // 2], 1)
+    ds = pipeline.train_dataset(
+        data, plan, seed=seed, batch_size=batch, start_step=0, end_step=batches + 5
+    )
+    it = iter(ds)
+    for _ in range(5):
+        next(it)
+    cpu = time.process_time()
+    for _ in range(batches):
+        next(it)
+    return round(1e3 * (time.process_time() - cpu) / batches, 1)
 
 
 def _train(spec: dict[str, Any]) -> dict[str, Any]:
@@ -110,7 +111,7 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
             batch_size=spec["batch"],
             target_loss=0.0,
         )
-        gather = None
+        input_ms = None
         if spec["variant"].startswith("memory"):
             real = pipeline.train_dataset
             distinct = 1 if spec["variant"] == "memory_one_batch" else DISTINCT_BATCHES
@@ -125,7 +126,7 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
 
             pipeline.train_dataset = in_memory  # type: ignore[assignment]
         else:
-            gather = _gather_ms(cache_lib.prepare(config), spec["batch"], config.seed)
+            input_ms = _input_ms(cache_lib.prepare(config), plan, spec["batch"], config.seed)
         summary = train_lib.train(config, plan)
         records = [json.loads(line) for line in (Path(out) / "logs" / "train.jsonl").open()]
     progress = [r for r in records if r.get("event") == "progress"][1:]  # drop warm-up
@@ -143,7 +144,7 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
         "cpu_util": [r["cpu_util"] for r in progress],
         "steps": summary["steps_trained"],
         "train_size": summary["train_size"],
-        "gather_ms_per_batch": gather,
+        "input_cpu_ms_per_batch": input_ms,
         "intra_op_threads": plan.intra_op_threads,
         "inter_op_threads": plan.inter_op_threads,
         "cpu_budget": plan.cpu_budget,

@@ -234,7 +234,12 @@ def table(report: dict[str, Any]) -> str:
                 "",
                 f"{_fmt(r.get('samples_per_cpu_s'), 0)} samples/CPU-s",
                 f"peak RSS {_fmt(r.get('peak_rss_mb'), 0)} MB"
-                + (f"; median of {len(per_round)}: {' / '.join(per_round)}" if per_round else ""),
+                + (f"; median of {len(per_round)}: {' / '.join(per_round)}" if per_round else "")
+                + (
+                    f"; input alone {_fmt(r['input_cpu_ms_per_batch'])} CPU-ms/batch"
+                    if r.get("input_cpu_ms_per_batch") is not None
+                    else ""
+                ),
             )
         )
     round_ratios = [_fmt(x.get("samples_per_s"), 2) for x in e2e.get("round_ratios", [])]
