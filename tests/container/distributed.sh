@@ -31,6 +31,7 @@ CONTAINERS=()
 FAILED=0
 START=$SECONDS
 
+# shellcheck disable=SC2317  # run by the EXIT trap
 cleanup() {
   local name
   for name in "${CONTAINERS[@]}"; do "$ENGINE" rm -f -t 0 "$name" >/dev/null 2>&1 || true; done
@@ -40,42 +41,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-log() { printf '[distributed %4ds] %s\n' "$((SECONDS - START))" "$*"; }
-pass() { printf 'PASS %-10s %s\n' "$1" "$2"; }
-fail() { printf 'FAIL %-10s %s\n' "$1" "$2"; FAILED=1; }
-show() { tail -n 15 "$1" | cut -c1-300 | sed 's/^/    | /'; }
+LOG_TAG=distributed
+# shellcheck source=tests/container/lib.sh
+source "$ROOT/tests/container/lib.sh"
 
-# query FILE EXPR: a Python expression over the JSON records in FILE (`ev(name)`).
-query() {
-  python3 - "$1" "$2" <<'PY'
-import json, sys
-records = []
-for line in open(sys.argv[1], encoding="utf-8", errors="replace"):
-    line = line.strip()
-    if line.startswith("{"):
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            pass
-def ev(name):
-    return [r for r in records if r.get("event") == name]
-print(eval(sys.argv[2]))
-PY
-}
-
-if [ "$ENGINE" = podman ] && [ "${SKIP_SETUP:-0}" != 1 ]; then
-  log "engine: bash ../shared/tools/podman-setup.sh"
-  bash "$SHARED/tools/podman-setup.sh"
-fi
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  log "build $IMAGE (BASE_IMAGE=$BASE_IMAGE)"
-  if ! "$ENGINE" build --network host -v /etc/ssl/certs:/etc/ssl/certs:ro \
-    --build-arg "BASE_IMAGE=$BASE_IMAGE" -t "$IMAGE" "$ROOT" >"$WORK/build.log" 2>&1; then
-    tail -n 40 "$WORK/build.log"
-    fail build "image build failed (log above)"
-    exit 1
-  fi
-fi
+setup_and_build
 
 mkdir -m 0777 "$WORK/data"
 "$ENGINE" run --rm --network none -v "$WORK/data:/gen" "$IMAGE" \

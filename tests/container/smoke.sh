@@ -48,34 +48,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-log() { printf '[smoke %4ds] %s\n' "$((SECONDS - START))" "$*"; }
-pass() { printf 'PASS %-14s %s\n' "$1" "$2"; }
-fail() { printf 'FAIL %-14s %s\n' "$1" "$2"; FAILED=1; }
-skip() { printf 'SKIP %-14s %s\n' "$1" "$2"; }
-show() { tail -n 20 "$1" | cut -c1-400 | sed 's/^/    | /'; } # the end of a log, indented
-
-# query FILE EXPR: evaluate a Python expression over the JSON log records in FILE
-# (lines that are not JSON, e.g. from the engine, are ignored). `ev(name)` lists the
-# records of one event; prints the result, exits 1 if the expression raises.
-query() {
-  python3 - "$1" "$2" <<'PY'
-import json, sys
-records = []
-for line in open(sys.argv[1], encoding="utf-8", errors="replace"):
-    line = line.strip()
-    if line.startswith("{"):
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            pass
-def ev(name):
-    return [r for r in records if r.get("event") == name]
-try:
-    print(eval(sys.argv[2]))
-except Exception as exc:  # a malformed log is a failed check, not a crashed script
-    print(f"<{type(exc).__name__}: {exc}>")
-PY
-}
+LOG_TAG=smoke
+# shellcheck source=tests/container/lib.sh
+source "$ROOT/tests/container/lib.sh"
 
 # The user's view of the files in a named volume: "uid:gid mode path" per entry.
 list_volume() {
@@ -106,24 +81,7 @@ train_run() { # train_run NAME VOLUME [engine run options...] -- [train options.
 }
 
 # --- engine and image ----------------------------------------------------------------------
-if [ "$ENGINE" = podman ] && [ "${SKIP_SETUP:-0}" != 1 ]; then
-  log "engine: bash ../shared/tools/podman-setup.sh"
-  bash "$SHARED/tools/podman-setup.sh"
-fi
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  log "build $IMAGE (BASE_IMAGE=$BASE_IMAGE)"
-  build_flags=(--build-arg "BASE_IMAGE=$BASE_IMAGE" -t "$IMAGE")
-  if [ "${NO_CACHE:-0}" = 1 ]; then build_flags+=(--no-cache); fi
-  if [ "$ENGINE" = podman ]; then
-    # pip and apt inside the build reach the network through this machine.
-    build_flags+=(--network host -v /etc/ssl/certs:/etc/ssl/certs:ro)
-  fi
-  if ! "$ENGINE" build "${build_flags[@]}" "$ROOT" >"$WORK/build.log" 2>&1; then
-    tail -n 40 "$WORK/build.log"
-    fail build "image build failed (log above)"
-    exit 1
-  fi
-fi
+setup_and_build
 size=$("$ENGINE" image inspect -f '{{.Size}}' "$IMAGE")
 log "image $IMAGE: $((size / 1000000)) MB"
 

@@ -1,0 +1,59 @@
+# Shared helpers of the container tests (smoke.sh, distributed.sh); sourced, not run.
+#
+# The sourcing script sets ROOT, SHARED, ENGINE, IMAGE, BASE_IMAGE, WORK and START, and
+# LOG_TAG (the prefix of progress lines); FAILED is set to 1 by `fail`.
+# shellcheck shell=bash
+
+log() { printf '[%s %4ds] %s\n' "$LOG_TAG" "$((SECONDS - START))" "$*"; }
+pass() { printf 'PASS %-14s %s\n' "$1" "$2"; }
+# shellcheck disable=SC2034  # FAILED is read by the sourcing script
+fail() { printf 'FAIL %-14s %s\n' "$1" "$2"; FAILED=1; }
+skip() { printf 'SKIP %-14s %s\n' "$1" "$2"; }
+show() { tail -n 20 "$1" | cut -c1-400 | sed 's/^/    | /'; } # the end of a log, indented
+
+# query FILE EXPR: evaluate a Python expression over the JSON log records in FILE
+# (lines that are not JSON, e.g. from the engine, are ignored). `ev(name)` lists the
+# records of one event; prints the result, or <Error: ...> if the expression raises.
+query() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+records = []
+for line in open(sys.argv[1], encoding="utf-8", errors="replace"):
+    line = line.strip()
+    if line.startswith("{"):
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            pass
+def ev(name):
+    return [r for r in records if r.get("event") == name]
+try:
+    print(eval(sys.argv[2]))
+except Exception as exc:  # a malformed log is a failed check, not a crashed script
+    print(f"<{type(exc).__name__}: {exc}>")
+PY
+}
+
+# setup_and_build: the engine (podman: ../shared/tools/podman-setup.sh, unless
+# SKIP_SETUP=1) and the image (unless SKIP_BUILD=1; NO_CACHE=1 builds without the layer
+# cache). Exits 1 with the end of the build log if the build fails.
+setup_and_build() {
+  if [ "$ENGINE" = podman ] && [ "${SKIP_SETUP:-0}" != 1 ]; then
+    log "engine: bash ../shared/tools/podman-setup.sh"
+    bash "$SHARED/tools/podman-setup.sh"
+  fi
+  if [ "${SKIP_BUILD:-0}" != 1 ]; then
+    log "build $IMAGE (BASE_IMAGE=$BASE_IMAGE)"
+    local build_flags=(--build-arg "BASE_IMAGE=$BASE_IMAGE" -t "$IMAGE")
+    if [ "${NO_CACHE:-0}" = 1 ]; then build_flags+=(--no-cache); fi
+    if [ "$ENGINE" = podman ]; then
+      # pip and apt inside the build reach the network through this machine.
+      build_flags+=(--network host -v /etc/ssl/certs:/etc/ssl/certs:ro)
+    fi
+    if ! "$ENGINE" build "${build_flags[@]}" "$ROOT" >"$WORK/build.log" 2>&1; then
+      tail -n 40 "$WORK/build.log"
+      fail build "image build failed (log above)"
+      exit 1
+    fi
+  fi
+}
