@@ -327,14 +327,14 @@ def _in_threads(
     return results
 
 
-def _count_lines(src: str, start: int, stop: int, last: bool) -> int:
-    """Lines in bytes [start, stop) of ``src``: newlines, plus an unterminated last line."""
+def _count_lines(src: str, start: int, stop: int, last: bool, buf: memoryview) -> int:
+    """Lines in bytes [start, stop) of ``src``: newlines, plus an unterminated last line.
+    ``buf``: where to read, _COUNT_BYTES long."""
     count_newlines = (
         textfile.compiled.count_newlines
         if textfile.compiled is not None
         else lambda b: int(np.count_nonzero(np.frombuffer(b, np.uint8) == 10))
     )
-    buf = memoryview(bytearray(_COUNT_BYTES))
     lines, pos, tail = 0, start, b"\n"
     with open(src, "rb", buffering=0) as f:
         while pos < stop:
@@ -363,11 +363,15 @@ def _in_ranges(
     name = os.fspath(src)
     job = _Job(name, tuple(ranges), width, hint, allow_nonfinite)
     halt = threading.Event()
-    local = threading.local()  # each thread's textfile.Buffers
+    local = threading.local()  # each thread's memory, reused across its ranges
     last = len(ranges) - 1
-    counts = _in_threads(
-        threads, len(ranges), lambda i, _: _count_lines(name, *ranges[i], i == last), halt
-    )
+
+    def count(i: int, _: _Counter) -> int:
+        if not hasattr(local, "count_buf"):
+            local.count_buf = memoryview(bytearray(_COUNT_BYTES))
+        return _count_lines(name, *ranges[i], i == last, local.count_buf)
+
+    counts = _in_threads(threads, len(ranges), count, halt)
     first_row = np.concatenate([[0], np.cumsum([counts[i] for i in range(len(ranges))])])
 
     with open(dst, "wb") as f:
