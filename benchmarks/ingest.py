@@ -8,7 +8,9 @@ Each measurement runs in its own process (:mod:`benchmarks.worker`) on the same
   ``--decode-csv-lines`` lines only (it is ~20× slower than the rest);
 * ``pandas``: ``pandas.read_csv(sep=" ", header=None, dtype=float32)``, the C parser, when
   pandas imports in ``pandas_python`` (never a dependency of the project: skipped with a
-  note otherwise);
+  note otherwise). Its process runs helper threads (pandas 3.1 used ~1.7 CPUs here), so
+  ``pandas_one_cpu`` also runs it with its affinity set to one CPU: one process on one
+  core, like the one-thread converter;
 * ``converter Nt``: :func:`app.data.parallel.convert_file` with N threads (one process),
   into a temporary file; 1 is one pass.
 
@@ -52,6 +54,8 @@ def _decode_csv(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _pandas(spec: dict[str, Any]) -> dict[str, Any]:
+    if spec.get("one_cpu"):  # before numpy starts its threads: they inherit the mask
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     import numpy as np
     import pandas as pd
 
@@ -219,12 +223,13 @@ def measure(
     python, note = pandas_python(pandas_py)
     out["pandas_note"] = note
     if python is not None:
-        runs = []
-        for r in range(rounds):
-            log(f"ingest: pandas read_csv, round {r + 1}/{rounds} ...")
-            spec = {"kind": "pandas", "path": str(src), "width": width}
-            runs.append(_rates(worker.run(MODULE, spec, env, python=python), nbytes))
-        out["pandas"] = _median(runs)
+        for name, one_cpu in (("pandas", False), ("pandas_one_cpu", True)):
+            runs = []
+            for r in range(rounds):
+                log(f"ingest: {name}, round {r + 1}/{rounds} ...")
+                spec = {"kind": "pandas", "path": str(src), "width": width, "one_cpu": one_cpu}
+                runs.append(_rates(worker.run(MODULE, spec, env, python=python), nbytes))
+            out[name] = _median(runs)
 
     # Interleaved rounds (1 thread, 2 threads, 1 thread, ...): a disturbance then hits
     # both counts alike rather than all rounds of one.
@@ -262,6 +267,9 @@ def ratios(part: dict[str, Any], threads: list[int]) -> dict[str, Any]:
         "converter_1t_over_pandas": div(rate(one, "mb_per_s"), rate("pandas", "mb_per_s")),
         "converter_1t_over_pandas_per_cpu_s": div(
             rate(one, "mb_per_cpu_s"), rate("pandas", "mb_per_cpu_s")
+        ),
+        "converter_1t_over_pandas_one_cpu": div(
+            rate(one, "mb_per_s"), rate("pandas_one_cpu", "mb_per_s")
         ),
         "converter_1t_over_decode_csv": div(rate(one, "mb_per_s"), rate("decode_csv", "mb_per_s")),
     }

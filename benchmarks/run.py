@@ -47,6 +47,7 @@ REPO = Path(__file__).resolve().parent.parent
 TARGETS = {
     "converter_1t_over_pandas": 3.0,
     "converter_1t_over_pandas_per_cpu_s": 3.0,
+    "converter_1t_over_pandas_one_cpu": 3.0,
     "converter_2t_over_1t": 1.8,
     "fast_over_plain": 3.0,
     "fast_gflops_over_probe": 0.40,
@@ -248,7 +249,11 @@ def table(report: dict[str, Any]) -> str:
             ("(c) cache / memory, per round", "", "", " / ".join(round_ratios), "interleaved")
         )
     ing = report.get("ingest", {})
-    names = [("decode_csv", "decode_csv (seed)"), ("pandas", "pandas read_csv")]
+    names = [
+        ("decode_csv", "decode_csv (seed)"),
+        ("pandas", "pandas read_csv"),
+        ("pandas_one_cpu", "pandas read_csv, 1 CPU"),
+    ]
     names += [
         (k, k.replace("_", " ").replace("1t", "1 thread").replace("2t", "2 threads"))
         for k in ing
