@@ -8,7 +8,7 @@ same batches as an uninterrupted one.
 Where the batches come from: a training split that fits in :data:`RESIDENT_SHARE` of the
 memory limit (physical memory when unlimited) is held in memory as one tensor and each
 batch is a ``tf.gather`` inside the tf.data graph: one copy per batch, no Python, no
-syscall (measured in docs/performance.md: ~5 CPU-ms per 1000×3900 batch against ~18
+syscall (measured in docs/performance.md: ~4 CPU-ms per 1000×3900 batch against ~18
 CPU-ms for reading the rows from the file). A larger split is read from the cache file
 batch by batch (``preadv``), so memory stays bounded by a few batches however large the
 data set is. Both give the same batches (tested).
