@@ -309,7 +309,8 @@ def generate_cmd(out: Path, n_train: int, n_test: int, seed: int) -> None:
 @opt(
     "--allow-nonfinite/--reject-nonfinite",
     default=False,
-    help="Accept NaN/Inf tokens in the data files.",
+    help="Accept NaN/Inf tokens in the data files (in the training files only with "
+    "--no-standardize: the statistics would be NaN).",
 )
 @opt(
     "--formulation",

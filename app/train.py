@@ -30,7 +30,7 @@ from app.atomic import write_json
 from app.config import TrainConfig
 from app.data import cache as cache_lib
 from app.data import pipeline
-from app.errors import Preempted, StorageError, TrainingDiverged
+from app.errors import DataError, Preempted, StorageError, TrainingDiverged
 from app.plan import ThreadPlan
 from app.signals import StopRequest
 
@@ -119,13 +119,19 @@ class _Trainer:
                 return False
         return True
 
+    def kept(self) -> str:
+        """Where the last good checkpoint is, for a divergence message."""
+        if self.manager.latest_checkpoint is None:
+            return "no checkpoint had been saved yet"
+        return f"the last good checkpoint is kept in {self.ckpt_dir}"
+
     def save(self, step: int) -> str:
         """Save checkpoint ``step``; never one holding NaN/Inf (TrainingDiverged instead)."""
         t0 = time.perf_counter()
         if not self.finite():
             raise TrainingDiverged(
-                f"weights became NaN/Inf at step {step} (not saved); the last good checkpoint "
-                f"is kept in {self.ckpt_dir}; lower --learning-rate"
+                f"weights became NaN/Inf at step {step} (not saved); {self.kept()}; "
+                "lower --learning-rate"
             )
         try:
             path = self.manager.save(checkpoint_number=step)
@@ -340,6 +346,21 @@ def _drop_partial_record(path: Path) -> None:
         raise StorageError(f"{path}: cannot repair the log: {exc.strerror}") from exc
 
 
+def _check_statistics(config: TrainConfig, data: cache_lib.DataCache) -> None:
+    """Raise DataError when NaN/Inf values (let in by --allow-nonfinite) make the
+    standardisation statistics non-finite: every sample would become NaN."""
+    for role, stats in (
+        ("train_features", (data.feature_mean, data.feature_std)),
+        ("train_labels", (data.label_mean, data.label_std)),
+    ):
+        if not all(np.isfinite(s).all() for s in stats):
+            raise DataError(
+                f"{config.data_path(role)}: NaN/Inf values (allowed by --allow-nonfinite) make "
+                "the standardisation statistics NaN/Inf; train with --no-standardize, or "
+                "remove them"
+            )
+
+
 def train(
     config: TrainConfig,
     plan: ThreadPlan,
@@ -386,6 +407,8 @@ def train(
         )
         if stop():
             raise Preempted("stopped by signal before training started")
+        if config.standardize:
+            _check_statistics(config, data)
         if cluster is None:
             trainer = _Trainer(config, plan, data)
         else:
@@ -441,16 +464,15 @@ def train(
         loss_value = float(loss)
         if not math.isfinite(loss_value):
             raise TrainingDiverged(
-                f"loss became {loss_value} at step {step}; the last good checkpoint is kept "
-                f"in {trainer.ckpt_dir}; lower --learning-rate"
+                f"loss became {loss_value} at step {step}; {trainer.kept()}; lower --learning-rate"
             )
         last = step == config.max_steps
         if step % config.eval_every == 0 or last or stop():
             test_rmse = trainer.evaluate()
             if not math.isfinite(test_rmse):  # the weights to be checkpointed are broken
                 raise TrainingDiverged(
-                    f"test RMSE became {test_rmse} at step {step} (loss {loss_value:.4g}); the "
-                    f"last good checkpoint is kept in {trainer.ckpt_dir}; lower --learning-rate"
+                    f"test RMSE became {test_rmse} at step {step} (loss {loss_value:.4g}); "
+                    f"{trainer.kept()}; lower --learning-rate"
                 )
             evals += 1
             now, cpu_now = time.perf_counter(), time.process_time()

@@ -26,7 +26,7 @@ from app.errors import DataError
 DATA = Path(__file__).parent / "fixtures" / "data"
 REPO = Path(__file__).resolve().parents[1]
 NAN, INF = math.nan, math.inf
-REJECTED = "(NaN/Inf are rejected unless allowed: allow_nonfinite)"
+REJECTED = "(NaN/Inf are rejected unless allowed: --allow-nonfinite)"
 
 # case -> (expected rows, iter_chunks keyword arguments)
 GOOD: dict[str, tuple[list[list[float]], dict]] = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -197,3 +198,35 @@ def test_missing_data_exits_3_naming_the_file(tmp_path: Path) -> None:
     assert proc.returncode == 3, proc.stderr
     assert f"{tmp_path}/train_features.txt" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_allowed_nan_with_standardisation_is_a_data_error_naming_the_way_out(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    path = data / "train_features.txt"
+    lines = path.read_text().splitlines(keepends=True)
+    fields = lines[4].split()
+    fields[7] = "nan"
+    lines[4] = " ".join(fields) + "\n"
+    path.write_text("".join(lines))
+    common = ["train", "--data", str(data), "--max-steps", "2", *TINY_TRAIN_ARGS]
+    proc = run_cli(*common, "--output", str(tmp_path / "a"), "--allow-nonfinite")
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"coretrain: {path}: NaN/Inf values")
+    assert "--no-standardize" in line
+    assert "RuntimeWarning" not in proc.stdout
+
+
+def test_divergence_before_any_checkpoint_says_so(tiny_data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = run_cli(
+        "train", "--data", str(tiny_data), "--output", str(out), "--max-steps", "3",
+        "--learning-rate", "1e30", *TINY_TRAIN_ARGS,
+    )  # fmt: skip
+    assert proc.returncode == 5, proc.stderr[-2000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert "no checkpoint had been saved yet" in line and "lower --learning-rate" in line
+    assert list(out.glob("checkpoints/ckpt-*")) == []

@@ -127,8 +127,9 @@ def _label_width(path: Path) -> int:
 
 
 def _std(total: np.ndarray, total_sq: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    mean = total / n
-    var = np.maximum(total_sq / n - np.square(mean), 0.0)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf data (--allow-nonfinite)
+        mean = total / n
+        var = np.maximum(total_sq / n - np.square(mean), 0.0)
     std = np.sqrt(var)
     std[std < 1e-6] = 1.0  # constant columns: leave them unscaled
     return mean.astype(np.float32), std.astype(np.float32)

@@ -227,7 +227,7 @@ class _State:
         """NaN/Inf, or a value beyond float32's range, when not allowed."""
         return DataError(
             f"{self.where(line, field)} non-finite value {_shown(token)} in float32 "
-            "(NaN/Inf are rejected unless allowed: allow_nonfinite)"
+            "(NaN/Inf are rejected unless allowed: --allow-nonfinite)"
         )
 
 
