@@ -12,6 +12,7 @@ Controller does).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import shutil
@@ -436,27 +437,20 @@ def train(
         split_bytes=pipeline.split_bytes(data),
         resident_limit=pipeline.resident_limit(plan),
     )
-    if cluster is None:
-        ds = pipeline.train_dataset(
-            data,
-            plan,
-            resident=resident,
-            seed=config.seed,
-            batch_size=config.batch_size,
-            start_step=start,
-            end_step=config.max_steps,
-        )
-    else:
-        ds = distributed.train_dataset(
-            data,
-            plan,
-            cluster,
-            resident=resident,
-            seed=config.seed,
-            batch_size=config.batch_size,
-            start_step=start,
-            end_step=config.max_steps,
-        )
+    batches = (
+        pipeline.train_dataset
+        if cluster is None
+        else functools.partial(distributed.train_dataset, cluster=cluster)
+    )
+    ds = batches(
+        data,
+        plan,
+        resident=resident,
+        seed=config.seed,
+        batch_size=config.batch_size,
+        start_step=start,
+        end_step=config.max_steps,
+    )
     for x, y in ds:
         loss, rmse = trainer.train_step(x, y, tf.constant(step, tf.int64))
         step += 1
