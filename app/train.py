@@ -427,7 +427,7 @@ def train(
     cpu_mark = time.process_time()
     step_mark = start
     step = start
-    resident = pipeline.split_bytes(data) <= pipeline.resident_limit(plan)
+    resident = pipeline.fits_in_memory(data, plan)
     logs.event(
         "input",
         "training split held in memory (batches gathered in tf.data)"

@@ -65,6 +65,12 @@ def split_bytes(cache: DataCache, split: str = "train") -> int:
     return 4 * n * (cache.height * cache.width + cache.num_outputs)
 
 
+def fits_in_memory(cache: DataCache, plan: ThreadPlan) -> bool:
+    """Whether the training split is held in memory: :func:`split_bytes` is at most
+    :func:`resident_limit`."""
+    return split_bytes(cache) <= resident_limit(plan)
+
+
 def dataset_options(plan: ThreadPlan) -> tf.data.Options:
     """tf.data options from the plan: private threadpool and autotune CPU/RAM budgets.
 
@@ -96,11 +102,10 @@ def train_dataset(
 
     ``rows(step)`` gives the sorted training-row indices of a step (``batch_size``
     of them); default: :func:`batch_indices` (a multi-worker run passes its shard).
-    ``resident``: hold the split in memory (None: when :func:`split_bytes` is at most
-    :func:`resident_limit`).
+    ``resident``: hold the split in memory (None: :func:`fits_in_memory`).
     """
     if resident is None:
-        resident = split_bytes(cache) <= resident_limit(plan)
+        resident = fits_in_memory(cache, plan)
     n = cache.train_size
 
     def default_rows(step: int) -> np.ndarray:
