@@ -413,21 +413,36 @@ def test_leftovers_of_killed_writes_are_removed_and_the_log_stays_json_lines(
     assert kill_harness.leftovers(run.out) == []
 
 
-@pytest.fixture(scope="module")
-def unreadable_run(
-    pool: ThreadPoolExecutor, reference: Future[Done], tmp_path_factory: pytest.TempPathFactory
+def _rerun_on_a_copy(
+    pool: ThreadPoolExecutor,
+    reference: Future[Done],
+    workdir: Path,
+    damage: Callable[[Path], None],
+    steps: int = STEPS,
+    *extra: str,
 ) -> Future[tuple[Done, dict[str, str]]]:
-    workdir = tmp_path_factory.mktemp("unreadable")
+    """Train again on a copy of the reference output, after ``damage(copy)``: the run and
+    the digest of the copy's checkpoints before it."""
 
     def job() -> tuple[Done, dict[str, str]]:
         ref = _reference_ok(reference)
         out = copy_output(ref.out, workdir / "out")
-        for index in (out / "checkpoints").glob("*.index"):
-            truncate(index, keep=0.1)
+        damage(out)
         before = digest(out / "checkpoints")
-        return train(ref_data(ref), out), before
+        return train(ref_data(ref), out, steps, *extra), before
 
     return pool.submit(job)
+
+
+@pytest.fixture(scope="module")
+def unreadable_run(
+    pool: ThreadPoolExecutor, reference: Future[Done], tmp_path_factory: pytest.TempPathFactory
+) -> Future[tuple[Done, dict[str, str]]]:
+    def damage(out: Path) -> None:
+        for index in (out / "checkpoints").glob("*.index"):
+            truncate(index, keep=0.1)
+
+    return _rerun_on_a_copy(pool, reference, tmp_path_factory.mktemp("unreadable"), damage)
 
 
 def test_all_checkpoints_unreadable_exits_4_and_touches_nothing(
@@ -839,16 +854,9 @@ def diverged_run(
     pool: ThreadPoolExecutor, reference: Future[Done], tmp_path_factory: pytest.TempPathFactory
 ) -> Future[tuple[Done, dict[str, str]]]:
     """--learning-rate 1e30 from checkpoint 10, checkpointing every step."""
+    args = ("--learning-rate", "1e30", "--checkpoint-every", "1")
     workdir = tmp_path_factory.mktemp("diverged")
-
-    def job() -> tuple[Done, dict[str, str]]:
-        ref = _reference_ok(reference)
-        out = copy_output(ref.out, workdir / "out")
-        before = digest(out / "checkpoints")
-        args = ("--learning-rate", "1e30", "--checkpoint-every", "1")
-        return train(ref_data(ref), out, 14, *args), before
-
-    return pool.submit(job)
+    return _rerun_on_a_copy(pool, reference, workdir, lambda out: None, 14, *args)
 
 
 def test_diverging_loss_exits_5_and_keeps_the_last_good_checkpoint(

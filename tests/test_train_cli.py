@@ -17,19 +17,18 @@ from tests.conftest import TINY_TRAIN_ARGS, events, json_lines, run_cli
 pytestmark = pytest.mark.slow
 
 
+def train_tiny(data: Path, out: Path, steps: int, *extra: str) -> subprocess.CompletedProcess[str]:
+    """``coretrain train`` of ``data`` into ``out`` for ``steps`` steps, tiny settings."""
+    return run_cli(
+        "train", "--data", str(data), "--output", str(out), "--max-steps", str(steps),
+        *TINY_TRAIN_ARGS, *extra,
+    )  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def first_run(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory):
     out = tmp_path_factory.mktemp("run") / "output"
-    proc = run_cli(
-        "train",
-        "--data",
-        str(tiny_data),
-        "--output",
-        str(out),
-        "--max-steps",
-        "6",
-        *TINY_TRAIN_ARGS,
-    )
+    proc = train_tiny(tiny_data, out, 6)
     return out, proc
 
 
@@ -94,16 +93,7 @@ print(a.shape, b.shape, float(np.max(np.abs(a - b))))
 
 def test_rerun_resumes_from_saved_step_and_reuses_cache(first_run, tiny_data: Path) -> None:
     out, _ = first_run
-    proc = run_cli(
-        "train",
-        "--data",
-        str(tiny_data),
-        "--output",
-        str(out),
-        "--max-steps",
-        "9",
-        *TINY_TRAIN_ARGS,
-    )
+    proc = train_tiny(tiny_data, out, 9)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = json_lines(proc.stdout)
     assert events(records, "resume")[0]["step"] == 6
@@ -211,8 +201,7 @@ def test_allowed_nan_with_standardisation_is_a_data_error_naming_the_way_out(
     fields[7] = "nan"
     lines[4] = " ".join(fields) + "\n"
     path.write_text("".join(lines))
-    common = ["train", "--data", str(data), "--max-steps", "2", *TINY_TRAIN_ARGS]
-    proc = run_cli(*common, "--output", str(tmp_path / "a"), "--allow-nonfinite")
+    proc = train_tiny(data, tmp_path / "a", 2, "--allow-nonfinite")
     assert proc.returncode == 3, proc.stderr[-2000:]
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"coretrain: {path}: NaN/Inf values")
@@ -222,10 +211,7 @@ def test_allowed_nan_with_standardisation_is_a_data_error_naming_the_way_out(
 
 def test_divergence_before_any_checkpoint_says_so(tiny_data: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = run_cli(
-        "train", "--data", str(tiny_data), "--output", str(out), "--max-steps", "3",
-        "--learning-rate", "1e30", *TINY_TRAIN_ARGS,
-    )  # fmt: skip
+    proc = train_tiny(tiny_data, out, 3, "--learning-rate", "1e30")
     assert proc.returncode == 5, proc.stderr[-2000:]
     (line,) = proc.stderr.strip().splitlines()
     assert "no checkpoint had been saved yet" in line and "lower --learning-rate" in line
