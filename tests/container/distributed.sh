@@ -27,23 +27,13 @@ NET="$RUN-net"
 JOB=coretrain-distributed
 SERVICE=coretrain-workers
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/coretrain-distributed.XXXXXX")
-CONTAINERS=()
-FAILED=0
 START=$SECONDS
-
-# shellcheck disable=SC2317  # run by the EXIT trap
-cleanup() {
-  local name
-  for name in "${CONTAINERS[@]}"; do "$ENGINE" rm -f -t 0 "$name" >/dev/null 2>&1 || true; done
-  "$ENGINE" volume rm -f "$RUN-out" >/dev/null 2>&1 || true
-  "$ENGINE" network rm -f "$NET" >/dev/null 2>&1 || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
 
 LOG_TAG=distributed
 # shellcheck source=tests/container/lib.sh
 source "$ROOT/tests/container/lib.sh"
+VOLUMES+=("$RUN-out")
+NETWORKS+=("$NET")
 
 setup_and_build
 

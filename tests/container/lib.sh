@@ -1,8 +1,24 @@
 # Shared helpers of the container tests (smoke.sh, distributed.sh); sourced, not run.
 #
 # The sourcing script sets ROOT, SHARED, ENGINE, IMAGE, BASE_IMAGE, WORK and START, and
-# LOG_TAG (the prefix of progress lines); FAILED is set to 1 by `fail`.
+# LOG_TAG (the prefix of progress lines); FAILED is set to 1 by `fail`. Containers, volumes
+# and networks it adds to CONTAINERS, VOLUMES and NETWORKS are removed on exit, with WORK.
 # shellcheck shell=bash
+
+CONTAINERS=()
+VOLUMES=()
+NETWORKS=()
+FAILED=0
+
+# shellcheck disable=SC2317  # run by the EXIT trap
+cleanup() {
+  local name
+  for name in "${CONTAINERS[@]}"; do "$ENGINE" rm -f -t 0 "$name" >/dev/null 2>&1 || true; done
+  for name in "${VOLUMES[@]}"; do "$ENGINE" volume rm -f "$name" >/dev/null 2>&1 || true; done
+  for name in "${NETWORKS[@]}"; do "$ENGINE" network rm -f "$name" >/dev/null 2>&1 || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
 
 log() { printf '[%s %4ds] %s\n' "$LOG_TAG" "$((SECONDS - START))" "$*"; }
 pass() { printf 'PASS %-14s %s\n' "$1" "$2"; }

@@ -34,19 +34,7 @@ else
 fi
 RUN="smoke-$$"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/coretrain-smoke.XXXXXX")
-CONTAINERS=()
-VOLUMES=()
-FAILED=0
 START=$SECONDS
-
-# shellcheck disable=SC2317  # run by the EXIT trap
-cleanup() {
-  local name
-  for name in "${CONTAINERS[@]}"; do "$ENGINE" rm -f -t 0 "$name" >/dev/null 2>&1 || true; done
-  for name in "${VOLUMES[@]}"; do "$ENGINE" volume rm -f "$name" >/dev/null 2>&1 || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
 
 LOG_TAG=smoke
 # shellcheck source=tests/container/lib.sh
