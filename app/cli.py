@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import click
 
 from app import __version__, logs
-from app.errors import AppError, ConfigError, Preempted
+from app.errors import AppError, Preempted
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -80,47 +80,23 @@ def plan_options(f: F) -> F:
     return f
 
 
-def _thread_env(name: str) -> int | None:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r}: not a whole number of threads") from None
-    if value < 1:
-        raise ConfigError(f"{name}={raw!r}: must be at least 1")
-    return value
-
-
 def build_plan(
     root: str, cpus: float | None, intra: int | None, inter: int | None, pin: str, rounding: str
 ) -> Any:
     """Detect the budget under ``root`` and make the plan (no TensorFlow import)."""
     from app import cgroups, plan, topology
 
-    sources: dict[str, str] = {}
-    if cpus is not None:
-        sources["cpus"] = "--cpus/CORETRAIN_CPUS"
-    if intra is not None:
-        sources["intra_op_threads"] = "--intra-op-threads/CORETRAIN_INTRA_OP_THREADS"
-    elif (intra := _thread_env("TF_NUM_INTRAOP_THREADS")) is not None:
-        sources["intra_op_threads"] = "TF_NUM_INTRAOP_THREADS env"
-    if inter is not None:
-        sources["inter_op_threads"] = "--inter-op-threads/CORETRAIN_INTER_OP_THREADS"
-    elif (inter := _thread_env("TF_NUM_INTEROP_THREADS")) is not None:
-        sources["inter_op_threads"] = "TF_NUM_INTEROP_THREADS env"
-    budget = cgroups.detect_budget(root)
-    topo = topology.detect_topology(root, budget.cpuset)
-    overrides = plan.Overrides(
+    overrides = plan.overrides_from(
+        os.environ,
         cpus=cpus,
         intra_op_threads=intra,
         inter_op_threads=inter,
         pin=pin,
         rounding=rounding,
-        sources=sources,
     )
-    return plan.make_plan(budget, topo, overrides)
+    budget = cgroups.detect_budget(root)
+    topo = topology.detect_topology(root, budget.cpuset)
+    return plan.make_plan(budget, topo, overrides, topology.detect_cpu(root))
 
 
 def cluster_options(f: F) -> F:
@@ -356,6 +332,7 @@ def train_cmd(
         held = lock.acquire(distributed.worker_dir(config.output_dir, cluster))
         plan = build_plan("/", cpus, intra_op_threads, inter_op_threads, pin, rounding)
         runtime.apply(plan)
+        runtime.import_tensorflow()
         from app.train import train
 
         train(config, plan, stop, cluster)

@@ -490,7 +490,16 @@ def regularized_loss(
     """
     y_true = tf.cast(y_true, y_pred.dtype)
     rmse = tf.sqrt(tf.reduce_mean(tf.square(y_pred - y_true)))
+    return rmse + weight_decay(model), rmse
+
+
+def weight_decay(model: SeedCNN) -> tf.Tensor:
+    """The weight-decay term of the loss (a float32 scalar).
+
+    0.001·(l2(conv1) + l2(conv2)) + 0.004·(l2(dense1) + l2(dense2)) on the
+    kernels, l2(w) = sum(w²)/2 (``tf.nn.l2_loss``), as in the seed
+    (docs/architecture.md, "The model").
+    """
     conv = tf.nn.l2_loss(model.conv1.kernel) + tf.nn.l2_loss(model.conv2.kernel)
     dense = tf.nn.l2_loss(model.dense1.kernel) + tf.nn.l2_loss(model.dense2.kernel)
-    total = rmse + CONV_WEIGHT_DECAY * conv + DENSE_WEIGHT_DECAY * dense
-    return total, rmse
+    return CONV_WEIGHT_DECAY * conv + DENSE_WEIGHT_DECAY * dense

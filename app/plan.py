@@ -16,7 +16,7 @@ from app.errors import ConfigError
 
 if TYPE_CHECKING:
     from app.cgroups import CpuBudget
-    from app.topology import Topology
+    from app.topology import CpuModel, Topology
 
 ROUNDING_RULES = ("ceil", "floor", "tf-default")
 PIN_MODES = ("auto", "none", "cores", "physical", "numa")
@@ -38,7 +38,82 @@ class Overrides:
     inter_op_threads: int | None = None
     pin: str = "auto"
     rounding: str = DEFAULT_ROUNDING
+    onednn: bool | None = None  # TF_ENABLE_ONEDNN_OPTS as the user set it
     sources: Mapping[str, str] = field(default_factory=dict)  # override name → where it came from
+
+
+#: Environment variables that count as explicit settings (TensorFlow reads them itself).
+INTRA_ENV, INTER_ENV, ONEDNN_ENV = (
+    "TF_NUM_INTRAOP_THREADS",
+    "TF_NUM_INTEROP_THREADS",
+    "TF_ENABLE_ONEDNN_OPTS",
+)
+
+
+def _thread_env(environ: Mapping[str, str], name: str) -> int | None:
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: not a whole number of threads") from None
+    if value < 1:
+        raise ConfigError(f"{name}={raw!r}: must be at least 1")
+    return value
+
+
+def _bool_env(environ: Mapping[str, str], name: str) -> bool | None:
+    """TensorFlow's reading of a boolean variable: 0/1/true/false, any case (env_var.cc)."""
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    value = raw.strip().lower()
+    if value in ("1", "true"):
+        return True
+    if value in ("0", "false"):
+        return False
+    raise ConfigError(f"{name}={raw!r}: must be 0, 1, true or false")
+
+
+def overrides_from(
+    environ: Mapping[str, str],
+    *,
+    cpus: float | None = None,
+    intra_op_threads: int | None = None,
+    inter_op_threads: int | None = None,
+    pin: str = "auto",
+    rounding: str = DEFAULT_ROUNDING,
+) -> Overrides:
+    """The explicit settings: command-line values first, then TensorFlow's own variables.
+
+    ``TF_NUM_INTRAOP_THREADS`` / ``TF_NUM_INTEROP_THREADS`` count only where the
+    matching flag is not given; ``TF_ENABLE_ONEDNN_OPTS`` is read as TensorFlow reads
+    it. Raises ConfigError for a value TensorFlow would not accept.
+    """
+    sources: dict[str, str] = {}
+    if cpus is not None:
+        sources["cpus"] = "--cpus/CORETRAIN_CPUS"
+    if intra_op_threads is not None:
+        sources["intra_op_threads"] = "--intra-op-threads/CORETRAIN_INTRA_OP_THREADS"
+    elif (intra_op_threads := _thread_env(environ, INTRA_ENV)) is not None:
+        sources["intra_op_threads"] = f"{INTRA_ENV} env"
+    if inter_op_threads is not None:
+        sources["inter_op_threads"] = "--inter-op-threads/CORETRAIN_INTER_OP_THREADS"
+    elif (inter_op_threads := _thread_env(environ, INTER_ENV)) is not None:
+        sources["inter_op_threads"] = f"{INTER_ENV} env"
+    onednn = _bool_env(environ, ONEDNN_ENV)
+    if onednn is not None:
+        sources["onednn"] = f"{ONEDNN_ENV}={environ[ONEDNN_ENV].strip()} env"
+    return Overrides(
+        cpus=cpus,
+        intra_op_threads=intra_op_threads,
+        inter_op_threads=inter_op_threads,
+        pin=pin,
+        rounding=rounding,
+        onednn=onednn,
+        sources=sources,
+    )
 
 
 @dataclass(frozen=True)
@@ -48,7 +123,9 @@ class ThreadPlan:
     ``cpu_quota`` and ``cpu_budget`` in CPUs (``cpu_quota`` None = unlimited);
     ``cpuset`` the allowed CPU ids; thread counts in threads; ``pin_cpus`` the
     affinity to set (None = leave it); ``memory_limit`` and ``tfdata_ram_budget``
-    in bytes (None = unlimited / tf.data's default).
+    in bytes (None = unlimited / tf.data's default); ``onednn`` the value of
+    ``TF_ENABLE_ONEDNN_OPTS`` to set (None = leave it to TensorFlow); ``cpu_model``
+    the CPU's model name.
     """
 
     cpu_quota: float | None
@@ -63,6 +140,8 @@ class ThreadPlan:
     rounding: str
     reasons: tuple[str, ...]
     inputs: Mapping[str, str]
+    onednn: bool | None = None
+    cpu_model: str = "unknown"
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict (lists for tuples); the contract of ``coretrain plan``."""
@@ -120,8 +199,28 @@ def _pin(mode: str, threads: int, cpuset: Sequence[int], topo: Topology | None) 
     raise ConfigError(f"unknown pin mode {mode!r}; choose one of {PIN_MODES}")
 
 
+def _onednn(cpu: CpuModel | None, ov: Overrides) -> tuple[bool | None, str]:
+    """(TF_ENABLE_ONEDNN_OPTS to set, reason): the user's value, else TensorFlow's own rule."""
+    if ov.onednn is not None:
+        state = "on" if ov.onednn else "off"
+        return ov.onednn, f"oneDNN {state} from {ov.sources.get('onednn', ONEDNN_ENV)} (explicit)"
+    if cpu is None or not cpu.readable:
+        return None, (
+            "warning: oneDNN left to TensorFlow (/proc/cpuinfo unreadable: its flags decide "
+            "whether TensorFlow turns oneDNN on)"
+        )
+    on, evidence = cpu.onednn_default()
+    return on, (
+        f"oneDNN {'on' if on else 'off'} ({ONEDNN_ENV}={int(on)}): TensorFlow's default on "
+        f"Linux, {evidence} (/proc/cpuinfo: {cpu.name})"
+    )
+
+
 def make_plan(
-    budget: CpuBudget, topology: Topology | None = None, overrides: Overrides | None = None
+    budget: CpuBudget,
+    topology: Topology | None = None,
+    overrides: Overrides | None = None,
+    cpu: CpuModel | None = None,
 ) -> ThreadPlan:
     """Decide intra-op, inter-op and tf.data threads, affinity and tf.data RAM budget.
 
@@ -130,8 +229,9 @@ def make_plan(
     has the measurement behind the default); inter-op threads = 1 up to 2 CPUs,
     else 2 (the CNN is a chain of ops: little inter-op parallelism to use);
     tf.data private threads = intra-op threads; tf.data RAM budget = 25 % of the
-    memory limit. Explicit thread counts win over all of this. Raises ConfigError
-    for bad overrides.
+    memory limit; oneDNN on where TensorFlow would turn it on by itself for ``cpu``
+    (set explicitly, so the run says which it was). Explicit settings win over all
+    of this. Raises ConfigError for bad overrides.
     """
     ov = overrides or Overrides()
     reasons = list(budget.reasons)
@@ -179,9 +279,13 @@ def make_plan(
     if budget.memory_limit is not None:
         ram = int(budget.memory_limit * TFDATA_RAM_SHARE)
         reasons.append(f"tf.data RAM budget {ram} bytes = 25% of memory limit")
+    onednn, why = _onednn(cpu, ov)
+    reasons.append(why)
     inputs = dict(budget.inputs)
     if topology is not None:
         inputs.update(topology.inputs)
+    if cpu is not None:
+        inputs.update(cpu.inputs)
     return ThreadPlan(
         cpu_quota=budget.cpu_quota,
         cpuset=cpuset,
@@ -195,6 +299,8 @@ def make_plan(
         rounding=ov.rounding,
         reasons=tuple(reasons),
         inputs=inputs,
+        onednn=onednn,
+        cpu_model=cpu.name if cpu is not None else "unknown",
     )
 
 
@@ -209,9 +315,15 @@ def format_text(plan: ThreadPlan) -> str:
         f"tfdata_threads    {plan.tfdata_threads}",
         f"pin_cpus          {list(plan.pin_cpus) if plan.pin_cpus is not None else 'none'}",
         f"memory_limit      {plan.memory_limit if plan.memory_limit is not None else 'unlimited'}",
+        f"onednn            {_onoff(plan.onednn)}",
+        f"cpu_model         {plan.cpu_model}",
         "reasons:",
         *(f"  - {r}" for r in plan.reasons),
         "inputs read:",
         *(f"  {k} = {v}" for k, v in plan.inputs.items()),
     ]
     return "\n".join(lines)
+
+
+def _onoff(value: bool | None) -> str:
+    return "TensorFlow's choice" if value is None else ("on" if value else "off")

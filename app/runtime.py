@@ -1,29 +1,59 @@
-"""The only module that changes the process for TensorFlow: env vars and affinity.
+"""The only module that changes the process for TensorFlow: env vars, affinity, the import.
 
 ``apply`` must run before the first ``import tensorflow`` in the process:
 TensorFlow sizes its intra-op/inter-op pools once, when the first op runs, and
-``TF_NUM_INTRAOP_THREADS`` / ``TF_NUM_INTEROP_THREADS`` are read at that point
-(DESIGN.md "Facts learned the hard way").
+reads ``TF_NUM_INTRAOP_THREADS`` / ``TF_NUM_INTEROP_THREADS`` /
+``TF_ENABLE_ONEDNN_OPTS`` at that point (docs/architecture.md, "TensorFlow facts").
+``import_tensorflow`` then imports it with its start-up notices kept off stderr.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 import sys
 from collections.abc import MutableMapping
+from types import ModuleType
 
-from app.plan import ThreadPlan
+from app.plan import ONEDNN_ENV, ThreadPlan
 
 # Defaults set only where the user has not set the variable:
 # - TF C++ logging: 0 all, 1 no INFO, 2 no WARNING, 3 no ERROR. 2 keeps errors visible.
-# - TensorFlow's BFC allocator on the CPU: reuses the fast model's ~58 MB patch matrix
-#   instead of mapping it fresh every step (measured: ~14,000 page faults and 63 ms of
-#   system time per step without it, ~1 with it; benchmarks/model_step.py).
+# - TensorFlow's BFC allocator on the CPU: reuses the fast model's patch matrix instead
+#   of mapping it fresh every step (page faults and system time: docs/performance.md).
 DEFAULTS = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_CPU_ALLOCATOR_USE_BFC": "true"}
+
+#: Lines TensorFlow's C++ code writes to fd 2 while it is imported, before its own log
+#: level applies (so ``TF_CPP_MIN_LOG_LEVEL`` does not hide them): absl's notice that
+#: logging is not initialised yet, and port.cc's "oneDNN custom operations are on" (once
+#: per shared library that reads the switch). The switch itself is logged in ``start``.
+STARTUP_NOTICES = (
+    b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+    b"] oneDNN custom operations are on.",
+)
+
+# Runs in a child process so that whatever TensorFlow prints reaches stderr even if the
+# import crashes the parent (e.g. SIGILL on a CPU without the instructions it needs).
+_FILTER = """
+import os, sys
+drop = [n.encode() for n in sys.argv[1:]]
+pending = b""
+while True:
+    chunk = os.read(0, 65536)
+    if not chunk:
+        break
+    *lines, pending = (pending + chunk).split(b"\\n")
+    for line in lines:
+        if not any(n in line for n in drop):
+            os.write(1, line + b"\\n")
+if pending and not any(n in pending for n in drop):
+    os.write(1, pending)
+"""
 
 
 def apply(plan: ThreadPlan, environ: MutableMapping[str, str] | None = None) -> list[str]:
-    """Set TF's thread env vars and the CPU affinity from ``plan``.
+    """Set TF's thread and oneDNN env vars and the CPU affinity from ``plan``.
 
     Returns one line per change made. Raises RuntimeError if TensorFlow is
     already imported (the pool sizes could no longer change).
@@ -32,10 +62,13 @@ def apply(plan: ThreadPlan, environ: MutableMapping[str, str] | None = None) -> 
         raise RuntimeError("app.runtime.apply() must run before TensorFlow is imported")
     env = os.environ if environ is None else environ
     done = []
-    for name, value in (
+    settings: list[tuple[str, object]] = [
         ("TF_NUM_INTRAOP_THREADS", plan.intra_op_threads),
         ("TF_NUM_INTEROP_THREADS", plan.inter_op_threads),
-    ):
+    ]
+    if plan.onednn is not None:
+        settings.append((ONEDNN_ENV, int(plan.onednn)))
+    for name, value in settings:
         env[name] = str(value)
         done.append(f"{name}={value}")
     for name, default in DEFAULTS.items():
@@ -46,3 +79,52 @@ def apply(plan: ThreadPlan, environ: MutableMapping[str, str] | None = None) -> 
         os.sched_setaffinity(0, plan.pin_cpus)
         done.append(f"sched_setaffinity({list(plan.pin_cpus)})")
     return done
+
+
+def import_tensorflow() -> ModuleType:
+    """Import TensorFlow and Keras, dropping :data:`STARTUP_NOTICES` from stderr.
+
+    While the import runs, fd 2 is a pipe to a small filter process that copies
+    every other line to the real stderr as it arrives; a real error message is
+    never lost. Where fd 2 can't be redirected (closed, or the filter can't start)
+    the import runs unfiltered. Returns the ``tensorflow`` module.
+    """
+    if "tensorflow" in sys.modules:
+        return sys.modules["tensorflow"]
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:
+        import tensorflow
+
+        return tensorflow
+    try:
+        read_end, write_end = os.pipe()
+        notices = [n.decode() for n in STARTUP_NOTICES]
+        filter_proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _FILTER, *notices],
+            stdin=read_end,
+            stdout=saved,
+            stderr=saved,
+            start_new_session=True,  # a Ctrl-C for the job does not cut its messages short
+        )
+    except OSError:
+        os.close(saved)
+        import tensorflow
+
+        return tensorflow
+    os.close(read_end)
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    try:
+        import keras  # noqa: F401 - imported under the filter too
+        import tensorflow
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)  # closes the pipe's last write end: the filter sees EOF
+        os.close(saved)
+        # A process started by the import may hold the pipe: the filter then goes on
+        # copying until that one exits too.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            filter_proc.wait(timeout=10)
+    return tensorflow

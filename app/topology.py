@@ -1,8 +1,10 @@
-"""CPU topology from sysfs: physical cores (hyperthread siblings) and NUMA nodes.
+"""CPU topology from sysfs and the CPU model from procfs: cores, NUMA nodes, ISA flags.
 
 Sources (Documentation/ABI/stable/sysfs-devices-system-cpu, .../sysfs-devices-node):
 ``/sys/devices/system/cpu/cpuN/topology/thread_siblings_list`` lists the logical CPUs that
-share cpuN's physical core; ``/sys/devices/system/node/nodeN/cpulist`` lists node N's CPUs.
+share cpuN's physical core; ``/sys/devices/system/node/nodeN/cpulist`` lists node N's CPUs;
+``/proc/cpuinfo`` (proc(5)) names the CPU model and its instruction-set flags (``flags`` on
+x86, ``Features`` on Arm).
 Read-only, under a ``root`` directory like :mod:`app.cgroups`; missing or malformed files
 degrade to "each CPU its own core" / "one node", never to an error.
 """
@@ -128,3 +130,71 @@ def detect_topology(
         inputs=inputs,
         reasons=tuple(reasons),
     )
+
+
+#: CPU flags (``/proc/cpuinfo`` names) for which TensorFlow turns oneDNN on by default on
+#: Linux x86: AVX512_VNNI, AVX512_BF16, AVX_VNNI, AMX_TILE, AMX_INT8, AMX_BF16
+#: (``DefaultOneDnnPolicy`` in tensorflow/core/util/port.cc, TF 2.21).
+ONEDNN_DEFAULT_FLAGS = (
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx_vnni",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+)
+#: ``CPU part`` of Arm Neoverse V1, the one Arm CPU with oneDNN on by default (same source).
+NEOVERSE_V1_PART = "0xd40"
+
+
+@dataclass(frozen=True)
+class CpuModel:
+    """The CPU's model name and instruction-set flags, from the first ``/proc/cpuinfo`` entry.
+
+    Attributes:
+        name: ``model name`` (x86), else ``CPU part`` (Arm) or ``"unknown"``.
+        flags: ``flags`` (x86) or ``Features`` (Arm) tokens; empty when unreadable.
+        part: Arm ``CPU part`` (e.g. ``"0xd40"``), ``None`` elsewhere.
+        readable: False when ``/proc/cpuinfo`` could not be read (then nothing is known).
+        inputs: the lines read (``"<missing>"`` when absent).
+    """
+
+    name: str
+    flags: frozenset[str]
+    part: str | None = None
+    readable: bool = True
+    inputs: dict[str, str] = field(default_factory=dict)
+
+    def onednn_default(self) -> tuple[bool, str]:
+        """Whether TensorFlow 2.21 turns oneDNN on by itself on this CPU, and the evidence."""
+        present = [f for f in ONEDNN_DEFAULT_FLAGS if f in self.flags]
+        if present:
+            return True, f"the CPU has {', '.join(present)}"
+        if self.part == NEOVERSE_V1_PART:
+            return True, f"the CPU is an Arm Neoverse V1 (CPU part {self.part})"
+        return False, f"the CPU has none of {', '.join(ONEDNN_DEFAULT_FLAGS)}"
+
+
+def detect_cpu(root: str | os.PathLike[str] = "/") -> CpuModel:
+    """Read the CPU model and flags of the first processor in ``<root>/proc/cpuinfo``.
+
+    Never raises: an unreadable file gives ``CpuModel("unknown", frozenset(), readable=False)``.
+    """
+    inputs: dict[str, str] = {}
+    text = _read(os.fspath(root), "/proc/cpuinfo", inputs)
+    if text is None:
+        return CpuModel("unknown", frozenset(), readable=False, inputs=inputs)
+    first: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if first:
+                break
+            continue
+        key, _, value = line.partition(":")
+        first.setdefault(key.strip(), value.strip())
+    keep = ("model name", "CPU part", "flags", "Features")
+    inputs["/proc/cpuinfo"] = "\n".join(f"{k}: {first[k]}" for k in keep if k in first)
+    flags = frozenset((first.get("flags") or first.get("Features") or "").split())
+    part = first.get("CPU part")
+    name = first.get("model name") or (f"Arm CPU part {part}" if part else "unknown")
+    return CpuModel(name, flags, part=part, inputs=inputs)

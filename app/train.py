@@ -163,17 +163,6 @@ class _Trainer:
         return start
 
 
-def weight_decay(model: model_lib.SeedCNN) -> tf.Tensor:
-    """The weight-decay part of :func:`app.model.regularized_loss` (a scalar).
-
-    0.001·(l2(conv1) + l2(conv2)) + 0.004·(l2(dense1) + l2(dense2)) on the
-    kernels, l2(w) = sum(w²)/2 (DESIGN.md "The model").
-    """
-    conv = tf.nn.l2_loss(model.conv1.kernel) + tf.nn.l2_loss(model.conv2.kernel)
-    dense = tf.nn.l2_loss(model.dense1.kernel) + tf.nn.l2_loss(model.dense2.kernel)
-    return model_lib.CONV_WEIGHT_DECAY * conv + model_lib.DENSE_WEIGHT_DECAY * dense
-
-
 class _DistributedTrainer(_Trainer):
     """One worker of a MultiWorkerMirroredStrategy run (see :mod:`app.distributed`).
 
@@ -245,7 +234,7 @@ class _DistributedTrainer(_Trainer):
                 ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.stop_gradient(local))
             )
             rmse = tf.sqrt(total[0] / total[1])
-            decay = weight_decay(self.model)
+            decay = model_lib.weight_decay(self.model)
             surrogate = sq / (2.0 * tf.maximum(rmse, 1e-12) * total[1]) + decay / workers
         grads = tape.gradient(surrogate, self.model.trainable_variables)
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))

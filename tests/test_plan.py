@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from app.cgroups import CpuBudget
 from app.cpulist import parse_cpulist
 from app.errors import ConfigError
-from app.plan import Overrides, make_plan, round_threads
-from app.topology import Topology
+from app.plan import Overrides, make_plan, overrides_from, round_threads
+from app.topology import CpuModel, Topology, detect_cpu
 from tests.conftest import FIXTURES, run_cli
 
 
@@ -125,3 +126,54 @@ def test_bad_tf_num_env_exits_2() -> None:
     proc = run_cli("plan", env={"TF_NUM_INTRAOP_THREADS": "lots"})
     assert proc.returncode == 2
     assert "TF_NUM_INTRAOP_THREADS='lots'" in proc.stderr
+
+
+# --- oneDNN: TensorFlow's own default, made explicit; the user's variable wins -------------
+
+
+def _cpu(case: str) -> CpuModel:
+    return detect_cpu(FIXTURES / "cpuinfo" / case)
+
+
+@pytest.mark.parametrize(
+    "case, onednn",
+    [("amd-epyc-zen3-milan", False), ("intel-xeon-sapphire-rapids", True)],
+)
+def test_onednn_follows_tensorflows_rule_for_the_cpu(case: str, onednn: bool) -> None:
+    plan = make_plan(budget(None, 2), cpu=_cpu(case))
+    assert plan.onednn is onednn
+    assert plan.cpu_model == _cpu(case).name
+    (reason,) = [r for r in plan.reasons if r.startswith("oneDNN")]
+    assert f"TF_ENABLE_ONEDNN_OPTS={int(onednn)}" in reason and "TensorFlow's default" in reason
+
+
+@pytest.mark.parametrize(
+    "raw, onednn", [("0", False), ("FALSE", False), ("1", True), ("true", True)]
+)
+def test_tf_enable_onednn_opts_in_the_environment_wins(raw: str, onednn: bool) -> None:
+    ov = overrides_from({"TF_ENABLE_ONEDNN_OPTS": raw})
+    plan = make_plan(budget(None, 2), overrides=ov, cpu=_cpu("intel-xeon-sapphire-rapids"))
+    assert plan.onednn is onednn
+    assert any(
+        r.endswith("(explicit)") and f"TF_ENABLE_ONEDNN_OPTS={raw}" in r for r in plan.reasons
+    )
+
+
+def test_a_value_tensorflow_would_not_read_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="TF_ENABLE_ONEDNN_OPTS='yes'"):
+        overrides_from({"TF_ENABLE_ONEDNN_OPTS": "yes"})
+
+
+def test_unreadable_cpuinfo_leaves_onednn_to_tensorflow_with_a_warning(tmp_path: Path) -> None:
+    plan = make_plan(budget(None, 2), cpu=detect_cpu(tmp_path))
+    assert plan.onednn is None
+    assert any(r.startswith("warning: oneDNN left to TensorFlow") for r in plan.reasons)
+
+
+def test_thread_variables_count_only_without_the_flag() -> None:
+    env = {"TF_NUM_INTRAOP_THREADS": "3", "TF_NUM_INTEROP_THREADS": "2"}
+    ov = overrides_from(env, intra_op_threads=5)
+    assert (ov.intra_op_threads, ov.inter_op_threads) == (5, 2)
+    assert ov.sources["inter_op_threads"] == "TF_NUM_INTEROP_THREADS env"
+    with pytest.raises(ConfigError, match="not a whole number"):
+        overrides_from({"TF_NUM_INTRAOP_THREADS": "two"})
