@@ -36,7 +36,7 @@ def opt(*decls: str, **kwargs: Any) -> Callable[[F], F]:
 
 def plan_options(f: F) -> F:
     """Options shared by ``plan`` and ``train`` that shape the thread plan."""
-    from app.plan import DEFAULT_ROUNDING, PIN_MODES, ROUNDING_RULES
+    from app.budget.plan import DEFAULT_ROUNDING, PIN_MODES, ROUNDING_RULES
 
     for decorator in reversed(
         [
@@ -84,7 +84,7 @@ def build_plan(
     root: str, cpus: float | None, intra: int | None, inter: int | None, pin: str, rounding: str
 ) -> Any:
     """Detect the budget under ``root`` and make the plan (no TensorFlow import)."""
-    from app import cgroups, plan, topology
+    from app.budget import cgroups, plan, topology
 
     overrides = plan.overrides_from(
         os.environ,
@@ -186,7 +186,7 @@ def plan_cmd(
     rounding: str,
 ) -> None:
     """Print the CPU budget and thread plan (never imports TensorFlow)."""
-    from app.plan import format_text
+    from app.budget.plan import format_text
 
     try:
         plan = build_plan(root, cpus, intra_op_threads, inter_op_threads, pin, rounding)
@@ -310,7 +310,8 @@ def train_cmd(
     **options: Any,
 ) -> None:
     """Train the CNN on --data, writing checkpoints, model, logs and metrics to --output."""
-    from app import distributed, lock, runtime
+    from app import distributed, lock
+    from app.budget import apply as runtime
     from app.config import TrainConfig
     from app.signals import StopRequest
 

@@ -62,9 +62,9 @@ from app.errors import AppError, ConfigError
 if TYPE_CHECKING:
     import numpy as np
 
+    from app.budget.plan import ThreadPlan
     from app.config import TrainConfig
     from app.data.cache import DataCache
-    from app.plan import ThreadPlan
 
 #: Port used when a worker host is given without one.
 DEFAULT_PORT = 12345

@@ -4,7 +4,7 @@ Every record has ``timestamp``, ``level``, ``event`` and ``message`` plus the
 event's own fields (DESIGN.md "Logs"). Python warnings and the ``tensorflow`` /
 ``absl`` Python loggers are routed into the same stream at WARNING and above;
 TensorFlow's C++ log lines stay on stderr (their level is set by
-``TF_CPP_MIN_LOG_LEVEL`` in :mod:`app.runtime`).
+``TF_CPP_MIN_LOG_LEVEL`` in :mod:`app.budget.apply`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The training entry point: ``train(config, plan) -> summary``.
 
 The CLI, tests and benchmarks all call this. It must be imported only after
-:func:`app.runtime.apply` (it imports TensorFlow). Everything it writes lives
+:func:`app.budget.apply.apply` (it imports TensorFlow). Everything it writes lives
 under ``config.output_dir``: ``checkpoints/``, ``model/``, ``logs/train.jsonl``,
 ``metrics.json`` and (unless ``--cache-dir``) ``cache/``.
 
@@ -28,11 +28,11 @@ import tensorflow as tf
 from app import __version__, checkpoints, distributed, export, logs
 from app import model as model_lib
 from app.atomic import write_json
+from app.budget.plan import ThreadPlan
 from app.config import TrainConfig
 from app.data import cache as cache_lib
 from app.data import pipeline
 from app.errors import DataError, Preempted, StorageError, TrainingDiverged
-from app.plan import ThreadPlan
 from app.signals import StopRequest
 
 WARNING = 30

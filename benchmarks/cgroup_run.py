@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.cgroups import parse_mountinfo
+from app.budget.cgroups import parse_mountinfo
 
 #: Where hybrid and v1 hosts mount the hierarchy with the ``cpu`` controller.
 CPU_MOUNT = "/sys/fs/cgroup/cpu"

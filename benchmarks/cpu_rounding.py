@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from app.plan import ROUNDING_RULES, round_threads
+from app.budget.plan import ROUNDING_RULES, round_threads
 from benchmarks.cgroup_run import MAX_SHARES, cpu_cgroup, unavailable_reason
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,7 +1,7 @@
 """End-to-end training speed: ``train()`` reading its on-disk cache vs in-memory tensors.
 
 Both variants run the project's entry point, :func:`app.train.train`, in a fresh process
-with the thread plan applied by :func:`app.runtime.apply` (as ``coretrain train`` does),
+with the thread plan applied by :func:`app.budget.apply.apply` (as ``coretrain train`` does),
 on the same prepared cache, config and steps. ``cache`` is the real job: batches gathered
 from the memory-mapped cache by the tf.data pipeline (:mod:`app.data.pipeline`).
 ``memory`` replaces only that pipeline with batches already in memory as tensors: the
@@ -52,7 +52,7 @@ VARIANTS = ("cache", "memory", "memory_one_batch")
 
 def _plan() -> Any:
     """The thread plan ``coretrain train`` would make here (explicit TF_NUM_* win)."""
-    from app import cgroups, plan, topology
+    from app.budget import cgroups, plan, topology
 
     budget = cgroups.detect_budget("/")
     sources, intra, inter = {}, None, None
@@ -86,7 +86,8 @@ def _input_ms(data: Any, plan: Any, batch: int, seed: int, batches: int = 20) ->
 def _train(spec: dict[str, Any]) -> dict[str, Any]:
     import logging
 
-    from app import logs, runtime
+    from app import logs
+    from app.budget import apply as runtime
 
     plan = _plan()
     runtime.apply(plan)

@@ -18,8 +18,8 @@ TensorFlow is imported (:mod:`benchmarks.worker`):
 (e) peak RSS (ru_maxrss via wait4) of every measurement, training and conversion included.
 
 Every worker gets the same environment: the project's thread plan for this machine
-(:func:`app.plan.make_plan` on the detected CPU budget, applied by
-:func:`app.runtime.apply` to a copy of the environment), so compared variants share one
+(:func:`app.budget.plan.make_plan` on the detected CPU budget, applied by
+:func:`app.budget.apply.apply` to a copy of the environment), so compared variants share one
 thread plan. The targets are ratios within this one run. Prints a table and the JSON report
 on stdout and writes the JSON to ``bench-output/report.json``. The machine's load average
 is recorded before and after: other processes distort wall-clock figures.
@@ -84,7 +84,7 @@ def machine() -> dict[str, Any]:
 
 def thread_plan() -> tuple[Any, dict[str, str]]:
     """The plan ``coretrain train`` would make here and the environment it would run in."""
-    from app import runtime
+    from app.budget import apply as runtime
     from benchmarks.end_to_end import _plan
 
     plan = _plan()

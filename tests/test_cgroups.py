@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cgroups import (
+from app.budget.cgroups import (
     CpuBudget,
     detect_budget,
     parse_cpu_hint,
@@ -26,7 +26,7 @@ from app.cgroups import (
     relative_to_mount_root,
     unescape_mountinfo,
 )
-from app.cpulist import format_cpulist, parse_cpulist
+from app.budget.cpulist import format_cpulist, parse_cpulist
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cgroup"
 CASES = sorted(os.listdir(FIXTURES))
@@ -213,8 +213,8 @@ def test_empty_root_never_crashes(tmp_path: Path) -> None:
 
 def test_detection_does_not_import_tensorflow() -> None:
     code = (
-        "import sys; from app.cgroups import detect_budget;"
-        "from app.topology import detect_topology;"
+        "import sys; from app.budget.cgroups import detect_budget;"
+        "from app.budget.topology import detect_topology;"
         "b = detect_budget(); detect_topology(cpus=b.cpuset);"
         "print('tensorflow' in sys.modules)"
     )
@@ -276,7 +276,7 @@ import json, os, sys
 sys.path.insert(0, {repo!r})
 with open({procs!r}, "w") as handle:
     handle.write(str(os.getpid()))
-from app.cgroups import detect_budget
+from app.budget.cgroups import detect_budget
 budget = detect_budget(env={{}})
 print(json.dumps({{"quota": budget.cpu_quota, "source": budget.quota_source,
                   "reasons": budget.reasons}}))

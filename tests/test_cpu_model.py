@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.topology import detect_cpu
+from app.budget.topology import detect_cpu
 
 CASES = Path(__file__).parent / "fixtures" / "cpuinfo"
 

@@ -18,8 +18,8 @@ SCRIPT = textwrap.dedent(
     import json, sys
     from pathlib import Path
     import numpy as np
-    from app import plan as plan_lib
-    from app.cgroups import CpuBudget
+    from app.budget import plan as plan_lib
+    from app.budget.cgroups import CpuBudget
     from app.config import TrainConfig
     from app.data import cache, pipeline
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from app.cgroups import CpuBudget
-from app.cpulist import parse_cpulist
+from app.budget.cgroups import CpuBudget
+from app.budget.cpulist import parse_cpulist
+from app.budget.plan import Overrides, make_plan, overrides_from, round_threads
+from app.budget.topology import CpuModel, Topology, detect_cpu
 from app.errors import ConfigError
-from app.plan import Overrides, make_plan, overrides_from, round_threads
-from app.topology import CpuModel, Topology, detect_cpu
 from tests.conftest import FIXTURES, run_cli
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from app.plan import DEFAULT_ROUNDING, round_threads
+from app.budget.plan import DEFAULT_ROUNDING, round_threads
 from benchmarks.cgroup_run import CpuCgroup, cpu_cgroup, unavailable_reason
 from tests.conftest import REPO, events
 
@@ -49,9 +49,9 @@ PLAN_FIELDS = (
 # reports each thread's comm (TF sizes its pools when the first op runs).
 POOL_SNIPPET = r"""
 import collections, json, os
-from app import runtime
+from app.budget import apply as runtime
 from app.cli import build_plan
-from app.plan import DEFAULT_ROUNDING
+from app.budget.plan import DEFAULT_ROUNDING
 plan = build_plan("/", None, None, None, "auto", DEFAULT_ROUNDING)
 runtime.apply(plan)
 import tensorflow as tf

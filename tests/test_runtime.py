@@ -15,9 +15,9 @@ from tests.conftest import FIXTURES, REPO
 
 SNIPPET = """
 import json, os
-from app.cgroups import CpuBudget
-from app.plan import Overrides, make_plan
-from app import runtime
+from app.budget.cgroups import CpuBudget
+from app.budget.plan import Overrides, make_plan
+from app.budget import apply as runtime
 plan = make_plan(CpuBudget(cpu_quota=1.0, cpuset=(0,), memory_limit=None, quota_source="t"),
                  overrides=Overrides(inter_op_threads=3))
 env = {"TF_CPP_MIN_LOG_LEVEL": "0"}
@@ -57,10 +57,10 @@ def _run(code: str, env: dict[str, str] | None = None, path: Path | None = None)
 
 
 IMPORT = """
-from app import runtime
-from app.cgroups import CpuBudget
-from app.plan import make_plan, overrides_from
-from app.topology import detect_cpu
+from app.budget import apply as runtime
+from app.budget.cgroups import CpuBudget
+from app.budget.plan import make_plan, overrides_from
+from app.budget.topology import detect_cpu
 import os
 plan = make_plan(CpuBudget(cpu_quota=None, cpuset=(0,), memory_limit=None, quota_source="t"),
                  overrides=overrides_from(os.environ), cpu=detect_cpu("/"))
@@ -81,9 +81,9 @@ def test_importing_tensorflow_prints_nothing_on_stderr(onednn: str) -> None:
 
 
 def test_apply_sets_the_planned_onednn_switch() -> None:
-    from app.cgroups import CpuBudget
-    from app.plan import make_plan
-    from app.topology import detect_cpu
+    from app.budget.cgroups import CpuBudget
+    from app.budget.plan import make_plan
+    from app.budget.topology import detect_cpu
 
     b = CpuBudget(cpu_quota=None, cpuset=(0,), memory_limit=None, quota_source="t")
     for case, value in (("amd-epyc-zen3-milan", "0"), ("intel-xeon-sapphire-rapids", "1")):
@@ -94,8 +94,9 @@ def test_apply_sets_the_planned_onednn_switch() -> None:
 
 def _apply_in_subprocess(onednn: bool | None) -> dict[str, str]:
     code = (
-        "import json\nfrom app import runtime\nfrom app.cgroups import CpuBudget\n"
-        "from app.plan import make_plan\nimport dataclasses\n"
+        "import json\nfrom app.budget import apply as runtime\n"
+        "from app.budget.cgroups import CpuBudget\n"
+        "from app.budget.plan import make_plan\nimport dataclasses\n"
         "b = CpuBudget(cpu_quota=None, cpuset=(0,), memory_limit=None, quota_source='t')\n"
         f"plan = dataclasses.replace(make_plan(b), onednn={onednn!r})\n"
         "env = {}\nruntime.apply(plan, env)\nprint(json.dumps(env))\n"
@@ -122,7 +123,9 @@ def test_real_messages_during_the_import_reach_stderr(tmp_path: Path, abort: boo
     for name in ("tensorflow", "keras"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "__init__.py").write_text(FAKE_TF if name == "tensorflow" else "")
-    code = "from app import runtime\nruntime.import_tensorflow()\nprint('imported')\n"
+    code = (
+        "from app.budget import apply as runtime\nruntime.import_tensorflow()\nprint('imported')\n"
+    )
     proc = _run(code, {"FAKE_TF_ABORT": "1"} if abort else {}, path=tmp_path)
     expected = ["E0000 a real error from TensorFlow"]
     if abort:  # the parent died inside the import; the filter process still delivered

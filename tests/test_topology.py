@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from app.cgroups import detect_budget
-from app.cpulist import parse_cpulist
-from app.topology import detect_topology
+from app.budget.cgroups import detect_budget
+from app.budget.cpulist import parse_cpulist
+from app.budget.topology import detect_topology
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cgroup"
 WITH_TOPOLOGY = sorted(

@@ -142,7 +142,7 @@ def convert_file(
 
     ``threads``: threads that parse (the calling one included; 1 reads in one pass, as do
     gzip files and files under ``2 * min_range_bytes``, default :data:`MIN_RANGE_BYTES`);
-    the caller sizes it from the CPU budget (:attr:`app.plan.ThreadPlan.intra_op_threads`).
+    the caller sizes it from the CPU budget (:attr:`app.budget.plan.ThreadPlan.intra_op_threads`).
     ``stop`` is polled between chunks of 512 lines, by every thread. ``width_hint`` and
     ``allow_nonfinite`` as in :func:`app.data.textfile.iter_chunks`.
 

@@ -22,8 +22,8 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
+from app.budget.plan import ThreadPlan
 from app.data.cache import DataCache
-from app.plan import ThreadPlan
 
 PREFETCH_BATCHES = 2
 #: Share of the memory limit a training split may take to be held in memory.

@@ -3,7 +3,7 @@
 Works on cgroup v1, v2 and hybrid layouts, inside or outside containers, with or without a
 cgroup namespace. Every file is read under a ``root`` directory (default ``/``) so tests can
 point it at fake ``/proc`` + ``/sys`` trees; nothing here imports TensorFlow or changes the
-process (the apply step in ``app.runtime`` does that).
+process (the apply step in ``app.budget.apply`` does that).
 
 How a controller's directory is found (proc_pid_cgroup(7), proc_pid_mountinfo(5)):
 
@@ -36,7 +36,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from app.cpulist import format_cpulist, parse_cpulist
+from app.budget.cpulist import format_cpulist, parse_cpulist
+from app.budget.files import RootFiles
 
 #: Period the kernel uses when ``cpu.max`` holds only a quota (sched-bwc.rst: default 100 ms).
 DEFAULT_CFS_PERIOD_US = 100_000
@@ -211,42 +212,8 @@ def relative_to_mount_root(mount_root: str, cgroup_path: str) -> str | None:
     return None
 
 
-class _Probe:
-    """Reads files under ``root`` and collects ``inputs`` and ``reasons``."""
-
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = os.fspath(root)
-        self.inputs: dict[str, str] = {}
-        self.reasons: list[str] = []
-
-    def read(self, path: str) -> str | None:
-        """Text of ``path`` (as seen from root), or None; records the stripped value."""
-        try:
-            with open(os.path.join(self.root, path.lstrip("/")), encoding="utf-8") as handle:
-                text = handle.read()
-        except FileNotFoundError:
-            self.inputs[path] = "<missing>"
-            return None
-        except (OSError, UnicodeDecodeError) as error:
-            detail = getattr(error, "strerror", None) or type(error).__name__
-            self.inputs[path] = f"<unreadable: {detail}>"
-            return None
-        self.inputs[path] = text.strip()
-        return text
-
-    def status(self, path: str) -> str:
-        """Why ``path`` gave nothing: ``"missing"`` or ``"unreadable: ..."``."""
-        return self.inputs.get(path, "<missing>").strip("<>")
-
-    def note(self, message: str) -> None:
-        self.reasons.append(message)
-
-    def warn(self, message: str) -> None:
-        self.reasons.append(f"warning: {message}")
-
-
 def _locate(
-    controller: str, entries: list[CgroupEntry], mounts: list[Mount], probe: _Probe
+    controller: str, entries: list[CgroupEntry], mounts: list[Mount], probe: RootFiles
 ) -> Hierarchy | None:
     """Find the hierarchy holding ``controller`` for this process (module docstring, 1-4)."""
     v1_entry = next(
@@ -276,7 +243,7 @@ def _locate(
 
 
 def _translate(
-    controller: str, version: int, cgroup_path: str, candidates: list[Mount], probe: _Probe
+    controller: str, version: int, cgroup_path: str, candidates: list[Mount], probe: RootFiles
 ) -> Hierarchy | None:
     label = f"cgroup v{version}"
     if not candidates:
@@ -306,7 +273,7 @@ def _parse_int(text: str) -> int | None:
         return None
 
 
-def _v1_quota(directory: str, probe: _Probe) -> float | None:
+def _v1_quota(directory: str, probe: RootFiles) -> float | None:
     """CPUs from ``cpu.cfs_quota_us / cpu.cfs_period_us``; None = unlimited or unusable."""
     quota_path, period_path = f"{directory}/cpu.cfs_quota_us", f"{directory}/cpu.cfs_period_us"
     raw = probe.read(quota_path)
@@ -328,7 +295,9 @@ def _v1_quota(directory: str, probe: _Probe) -> float | None:
     return quota / period
 
 
-def _v2_missing_is_expected(directory: str, controller: str, probe: _Probe, is_top: bool) -> bool:
+def _v2_missing_is_expected(
+    directory: str, controller: str, probe: RootFiles, is_top: bool
+) -> bool:
     """A v2 interface file is absent where its controller is not enabled for that cgroup
     (the parent's ``cgroup.subtree_control`` lacks it) and in the root cgroup, which has no
     ``cpu.max``/``memory.max`` (cgroup-v2.rst, "Controlling Controllers", interface files)."""
@@ -338,7 +307,7 @@ def _v2_missing_is_expected(directory: str, controller: str, probe: _Probe, is_t
     return enabled is not None and controller not in enabled.split()
 
 
-def _v2_quota(directory: str, probe: _Probe, is_top: bool) -> float | None:
+def _v2_quota(directory: str, probe: RootFiles, is_top: bool) -> float | None:
     """CPUs from ``cpu.max`` ("max 100000" or "150000 100000"); None = unlimited or unusable."""
     path = f"{directory}/cpu.max"
     raw = probe.read(path)
@@ -367,7 +336,7 @@ def _v2_quota(directory: str, probe: _Probe, is_top: bool) -> float | None:
     return quota / period
 
 
-def _cpu_quota(hierarchy: Hierarchy, probe: _Probe) -> float | None:
+def _cpu_quota(hierarchy: Hierarchy, probe: RootFiles) -> float | None:
     """Tightest CFS quota (CPUs) from the process's cgroup up to the mount root."""
     found: list[tuple[float, str]] = []
     directories = hierarchy.directories()
@@ -389,7 +358,7 @@ def _cpu_quota(hierarchy: Hierarchy, probe: _Probe) -> float | None:
     return quota
 
 
-def _memory_limit(hierarchy: Hierarchy, probe: _Probe) -> int | None:
+def _memory_limit(hierarchy: Hierarchy, probe: RootFiles) -> int | None:
     """Tightest memory limit in bytes from the process's cgroup up to the mount root."""
     name = "memory.limit_in_bytes" if hierarchy.version == 1 else "memory.max"
     limits: list[tuple[int, str]] = []
@@ -438,7 +407,7 @@ def parse_cpu_hint(value: str) -> float:
     return cpus
 
 
-def _env_hint(name: str, env: Mapping[str, str], probe: _Probe) -> float | None:
+def _env_hint(name: str, env: Mapping[str, str], probe: RootFiles) -> float | None:
     value = env.get(name)
     if value is None:
         return None
@@ -450,7 +419,7 @@ def _env_hint(name: str, env: Mapping[str, str], probe: _Probe) -> float | None:
         return None
 
 
-def _cgroup_cpuset(hierarchy: Hierarchy, probe: _Probe) -> tuple[int, ...] | None:
+def _cgroup_cpuset(hierarchy: Hierarchy, probe: RootFiles) -> tuple[int, ...] | None:
     """CPUs from the nearest readable cpuset file, walking up from the process's cgroup."""
     name = "cpuset.cpus" if hierarchy.version == 1 else "cpuset.cpus.effective"
     for directory in hierarchy.directories():
@@ -471,11 +440,11 @@ def _cgroup_cpuset(hierarchy: Hierarchy, probe: _Probe) -> tuple[int, ...] | Non
 
 
 def _affinity(
-    root: str | os.PathLike[str], affinity: Iterable[int] | None, probe: _Probe
+    root: str | os.PathLike[str], affinity: Iterable[int] | None, probe: RootFiles
 ) -> tuple[tuple[int, ...] | None, str]:
     if affinity is not None:
         return tuple(sorted(set(affinity))), "affinity"
-    if os.path.abspath(os.fspath(root)) == os.sep:
+    if probe.is_live:
         return tuple(sorted(os.sched_getaffinity(0))), "sched_getaffinity"
     raw = probe.read("/proc/self/status")
     if raw is not None:
@@ -491,7 +460,7 @@ def _affinity(
     return None, "Cpus_allowed_list"
 
 
-def _online(probe: _Probe) -> tuple[int, ...] | None:
+def _online(probe: RootFiles) -> tuple[int, ...] | None:
     path = "/sys/devices/system/cpu/online"
     raw = probe.read(path)
     if raw is None:
@@ -505,7 +474,7 @@ def _online(probe: _Probe) -> tuple[int, ...] | None:
 
 
 def _combine_cpusets(
-    sources: list[tuple[str, tuple[int, ...] | None]], probe: _Probe
+    sources: list[tuple[str, tuple[int, ...] | None]], probe: RootFiles
 ) -> tuple[int, ...]:
     """Intersect the known CPU sets; never returns an empty set (fallbacks are warned)."""
     known = [(name, cpus) for name, cpus in sources if cpus]
@@ -544,7 +513,7 @@ def detect_budget(
     Never raises for missing, unreadable or malformed files: each becomes a documented
     fallback with a ``"warning: "`` line in ``reasons`` (docs/cpu-budget.md, "Fallbacks").
     """
-    probe = _Probe(root)
+    probe = RootFiles(root)
     entries, problems = parse_proc_cgroup(probe.read("/proc/self/cgroup") or "")
     mountinfo = probe.read("/proc/self/mountinfo")
     mounts, mount_problems = parse_mountinfo(mountinfo or "")

@@ -2,7 +2,7 @@
 
 ``make_plan`` never reads files and never changes the process; it returns the
 numbers *and* one reason per decision (as uber-go/automaxprocs reports
-"quota used / undefined / minimum used"). :mod:`app.runtime` applies the plan.
+"quota used / undefined / minimum used"). :mod:`app.budget.apply` applies the plan.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from app.errors import ConfigError
 
 if TYPE_CHECKING:
-    from app.cgroups import CpuBudget
-    from app.topology import CpuModel, Topology
+    from app.budget.cgroups import CpuBudget
+    from app.budget.topology import CpuModel, Topology
 
 ROUNDING_RULES = ("ceil", "floor", "tf-default")
 PIN_MODES = ("auto", "none", "cores", "physical", "numa")

@@ -5,7 +5,7 @@ Sources (Documentation/ABI/stable/sysfs-devices-system-cpu, .../sysfs-devices-no
 share cpuN's physical core; ``/sys/devices/system/node/nodeN/cpulist`` lists node N's CPUs;
 ``/proc/cpuinfo`` (proc(5)) names the CPU model and its instruction-set flags (``flags`` on
 x86, ``Features`` on Arm).
-Read-only, under a ``root`` directory like :mod:`app.cgroups`; missing or malformed files
+Read-only, under a ``root`` directory like :mod:`app.budget.cgroups`; missing or malformed files
 degrade to "each CPU its own core" / "one node", never to an error.
 """
 
@@ -16,7 +16,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from app.cpulist import parse_cpulist
+from app.budget.cpulist import parse_cpulist
+from app.budget.files import RootFiles
 
 _CPU_DIR = re.compile(r"cpu(\d+)$")
 _NODE_DIR = re.compile(r"node(\d+)$")
@@ -40,33 +41,18 @@ class Topology:
     reasons: tuple[str, ...] = ()
 
 
-def _read(root: str, path: str, inputs: dict[str, str]) -> str | None:
-    try:
-        with open(os.path.join(root, path.lstrip("/")), encoding="utf-8") as handle:
-            text = handle.read()
-    except (OSError, UnicodeDecodeError):
-        inputs[path] = "<missing>"
-        return None
-    inputs[path] = text.strip()
-    return text
+def _numbered_dirs(files: RootFiles, path: str, pattern: re.Pattern[str]) -> list[int]:
+    return sorted(int(m.group(1)) for name in files.listdir(path) if (m := pattern.match(name)))
 
 
-def _numbered_dirs(root: str, path: str, pattern: re.Pattern[str]) -> list[int]:
-    try:
-        names = os.listdir(os.path.join(root, path.lstrip("/")))
-    except OSError:
-        return []
-    return sorted(int(m.group(1)) for name in names if (m := pattern.match(name)))
-
-
-def _cpu_list(root: str, path: str, inputs: dict[str, str]) -> tuple[int, ...] | None:
-    raw = _read(root, path, inputs)
+def _cpu_list(files: RootFiles, path: str) -> tuple[int, ...] | None:
+    raw = files.read(path)
     if raw is None:
         return None
     try:
         return parse_cpulist(raw)
     except ValueError:
-        inputs[path] = f"<unparsable: {raw.strip()!r}>"
+        files.inputs[path] = f"<unparsable: {raw.strip()!r}>"
         return None
 
 
@@ -85,13 +71,12 @@ def detect_topology(
         core; without readable node files all CPUs form one node; CPUs that no node lists
         form one extra node. Never raises for missing files.
     """
-    base = os.fspath(root)
-    inputs: dict[str, str] = {}
-    reasons: list[str] = []
+    files = RootFiles(root)
+    reasons = files.reasons
     if cpus is None:
-        wanted = _cpu_list(base, "/sys/devices/system/cpu/online", inputs)
+        wanted = _cpu_list(files, "/sys/devices/system/cpu/online")
         if wanted is None:
-            wanted = tuple(_numbered_dirs(base, "/sys/devices/system/cpu", _CPU_DIR))
+            wanted = tuple(_numbered_dirs(files, "/sys/devices/system/cpu", _CPU_DIR))
             reasons.append("online CPU list unreadable: using the cpuN directories")
     else:
         wanted = tuple(sorted(set(cpus)))
@@ -101,7 +86,7 @@ def detect_topology(
     alone: list[int] = []
     for cpu in wanted:
         path = f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list"
-        siblings = _cpu_list(base, path, inputs)
+        siblings = _cpu_list(files, path)
         if not siblings or cpu not in siblings:
             alone.append(cpu)
             cores.add((cpu,))
@@ -111,8 +96,8 @@ def detect_topology(
         reasons.append(f"no thread_siblings_list for CPUs {alone}: each counted as its own core")
 
     nodes: list[tuple[int, ...]] = []
-    for node in _numbered_dirs(base, "/sys/devices/system/node", _NODE_DIR):
-        listed = _cpu_list(base, f"/sys/devices/system/node/node{node}/cpulist", inputs)
+    for node in _numbered_dirs(files, "/sys/devices/system/node", _NODE_DIR):
+        listed = _cpu_list(files, f"/sys/devices/system/node/node{node}/cpulist")
         members = tuple(c for c in listed or () if c in wanted_set)
         if members:
             nodes.append(members)
@@ -127,7 +112,7 @@ def detect_topology(
     return Topology(
         cores=tuple(sorted(cores)),
         numa_nodes=tuple(nodes),
-        inputs=inputs,
+        inputs=files.inputs,
         reasons=tuple(reasons),
     )
 
@@ -180,8 +165,9 @@ def detect_cpu(root: str | os.PathLike[str] = "/") -> CpuModel:
 
     Never raises: an unreadable file gives ``CpuModel("unknown", frozenset(), readable=False)``.
     """
-    inputs: dict[str, str] = {}
-    text = _read(os.fspath(root), "/proc/cpuinfo", inputs)
+    files = RootFiles(root)
+    inputs = files.inputs
+    text = files.read("/proc/cpuinfo")
     if text is None:
         return CpuModel("unknown", frozenset(), readable=False, inputs=inputs)
     first: dict[str, str] = {}

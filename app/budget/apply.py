@@ -16,7 +16,7 @@ import sys
 from collections.abc import MutableMapping
 from types import ModuleType
 
-from app.plan import ONEDNN_ENV, ThreadPlan
+from app.budget.plan import ONEDNN_ENV, ThreadPlan
 
 # Defaults set only where the user has not set the variable:
 # - TF C++ logging: 0 all, 1 no INFO, 2 no WARNING, 3 no ERROR. 2 keeps errors visible.
@@ -59,7 +59,7 @@ def apply(plan: ThreadPlan, environ: MutableMapping[str, str] | None = None) -> 
     already imported (the pool sizes could no longer change).
     """
     if "tensorflow" in sys.modules:
-        raise RuntimeError("app.runtime.apply() must run before TensorFlow is imported")
+        raise RuntimeError("app.budget.apply.apply() must run before TensorFlow is imported")
     env = os.environ if environ is None else environ
     done = []
     settings: list[tuple[str, object]] = [
