@@ -25,6 +25,23 @@ _UMASK = _umask()
 _MODE = 0o666 & ~_UMASK
 
 
+def ensure_dir(directory: Path, what: str = "output directory") -> Path:
+    """Create ``directory`` (and parents) if needed and check that files can be made in it.
+
+    The check creates an unnamed temporary file (``O_TMPFILE`` where the file system has
+    it, else a random name removed at once), so nothing is left behind and no planted
+    name is followed. Raises StorageError naming the directory.
+    """
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        raise StorageError(f"{directory}: {what} not writable: {exc.strerror}") from exc
+    return directory
+
+
 def write_bytes(path: Path, data: bytes) -> None:
     """Atomically replace ``path`` with ``data`` (fsynced). Raises StorageError."""
     path = Path(path)

@@ -1,83 +1,180 @@
-"""Training configuration: frozen dataclasses holding the defaults (DESIGN.md "The model").
+"""Configuration as frozen dataclasses: every default and help text stated once, here.
 
-The CLI builds a :class:`TrainConfig` from options and environment variables;
-``train()`` takes it as is. The resolved config is logged in the ``start`` event.
+Each field is declared with :func:`option`, whose metadata (help, flag name, bounds,
+choices) is all the CLI needs: ``app.cli`` generates its click options from these classes
+(each also read from ``CORETRAIN_<FLAG>``), and a test checks the README's option table
+against them. The classes validate themselves, so a config built by a test or a benchmark
+obeys the same bounds as one from the command line. Units are in the help texts.
+No click, no TensorFlow here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from app.errors import ConfigError
 
+#: The four data files by role, with their default names in the data directory.
 DATA_FILE_NAMES = {
     "train_features": "train_features.txt",
     "train_labels": "train_labels.txt",
     "test_features": "test_features.txt",
     "test_labels": "test_labels.txt",
 }
+FORMULATIONS = ("fast", "plain")
+
+
+def option(
+    default: Any = dataclasses.MISSING,
+    help: str = "",
+    *,
+    flag: str | None = None,
+    minimum: float | None = None,
+    above: float | None = None,
+    below: float | None = None,
+    maximum: float | None = None,
+    choices: Sequence[str] | None = None,
+    directory: bool = False,
+    shown_default: str | None = None,
+    metavar: str | None = None,
+) -> Any:
+    """A dataclass field that is also a command-line option.
+
+    ``flag``: the option's spelling (default ``--<field-name>``; ``"--a/--b"`` for an
+    on/off pair); ``minimum``/``maximum`` inclusive and ``above``/``below`` exclusive
+    bounds; ``choices``: the allowed strings; ``directory``: a path to a directory;
+    ``shown_default``: how ``--help`` and the README show a default that isn't a plain
+    value (e.g. "from the CPU budget"); ``metavar``: the value's name in ``--help``
+    (default N for integers, X for other numbers, DIR for directories, TEXT).
+    """
+    meta = {
+        "help": help,
+        "flag": flag,
+        "minimum": minimum,
+        "above": above,
+        "below": below,
+        "maximum": maximum,
+        "choices": tuple(choices) if choices else None,
+        "directory": directory,
+        "shown_default": shown_default,
+        "metavar": metavar,
+    }
+    return field(default=default, metadata=meta)
+
+
+def flag_of(f: dataclasses.Field[Any]) -> str:
+    """The command-line spelling of a field: ``--max-steps``, ``--standardize/--no-...``."""
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def check_bounds(obj: Any) -> None:
+    """Raise ConfigError for the first field of ``obj`` outside its declared bounds."""
+    for f in dataclasses.fields(obj):
+        value, meta = getattr(obj, f.name), f.metadata
+        if value is None or isinstance(value, bool) or not meta:
+            continue
+        name = flag_of(f).split("/")[0]
+        if meta.get("choices") and value not in meta["choices"]:
+            raise ConfigError(f"{name} must be one of {', '.join(meta['choices'])}, got {value!r}")
+        if not isinstance(value, int | float):
+            continue
+        bounds = (
+            ("minimum", lambda v, b: v >= b, "at least"),
+            ("above", lambda v, b: v > b, "greater than"),
+            ("below", lambda v, b: v < b, "less than"),
+            ("maximum", lambda v, b: v <= b, "at most"),
+        )
+        for key, ok, words in bounds:
+            bound = meta.get(key)
+            if bound is not None and not ok(value, bound):
+                raise ConfigError(f"{name} must be {words} {bound:g}, got {value}")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything one training run needs, with the seed's defaults.
 
-    Units: steps are optimizer updates of one (global) batch; ``batch_size`` in
-    samples; ``learning_rate`` per step before decay (×``lr_decay`` every
-    ``lr_decay_steps`` steps, staircase); ``target_loss`` is a test RMSE in raw
-    label units (training stops early once below it).
+    Steps are optimizer updates of one (global) batch; a batch is counted in samples.
     """
 
-    data_dir: Path
-    output_dir: Path
-    cache_dir: Path | None = None
-    train_features: str = DATA_FILE_NAMES["train_features"]
-    train_labels: str = DATA_FILE_NAMES["train_labels"]
-    test_features: str = DATA_FILE_NAMES["test_features"]
-    test_labels: str = DATA_FILE_NAMES["test_labels"]
-    height: int = 20
-    width: int = 195
-    max_steps: int = 3300
-    batch_size: int = 1000
-    eval_every: int = 100
-    checkpoint_every: int = 100
-    keep_checkpoints: int = 3
-    target_loss: float = 0.01
-    learning_rate: float = 0.1
-    lr_decay: float = 0.8
-    lr_decay_steps: int = 200
-    momentum: float = 0.8
-    keep_prob: float = 0.5
-    seed: int = 0
-    standardize: bool = True
-    allow_nonfinite: bool = False
-    formulation: str = "fast"
+    data_dir: Path = option(
+        help="Directory with train/test feature and label files (read only).",
+        flag="--data",
+        directory=True,
+    )
+    output_dir: Path = option(
+        help="Directory for checkpoints/, model/, logs/, metrics.json, cache/.",
+        flag="--output",
+        directory=True,
+    )
+    cache_dir: Path | None = option(
+        None,
+        "Binary data cache directory.",
+        directory=True,
+        shown_default="OUTPUT/cache",
+    )
+    train_features: str = option(
+        DATA_FILE_NAMES["train_features"], "File name in --data.", metavar="NAME"
+    )
+    train_labels: str = option(
+        DATA_FILE_NAMES["train_labels"], "File name in --data.", metavar="NAME"
+    )
+    test_features: str = option(
+        DATA_FILE_NAMES["test_features"], "File name in --data.", metavar="NAME"
+    )
+    test_labels: str = option(
+        DATA_FILE_NAMES["test_labels"], "File name in --data.", metavar="NAME"
+    )
+    height: int = option(20, "Feature rows H (a line holds H×W floats).", minimum=1)
+    width: int = option(195, "Feature columns W.", minimum=1)
+    max_steps: int = option(
+        3300,
+        "Train up to this absolute step (one step = one batch); a rerun resumes.",
+        minimum=1,
+    )
+    batch_size: int = option(
+        1000, "Samples per step (per worker in a multi-worker run).", minimum=1
+    )
+    eval_every: int = option(100, "Evaluate the test RMSE every N steps.", minimum=1)
+    checkpoint_every: int = option(100, "Save a checkpoint every N steps.", minimum=1)
+    keep_checkpoints: int = option(3, "Checkpoints kept on disk.", minimum=1)
+    steps_per_loop: int = option(
+        0,
+        "Training steps per call into TensorFlow (0: chosen at start, about 0.5 s of "
+        "work per call); cut at every evaluation, checkpoint and the last step.",
+        minimum=0,
+        shown_default="0 (auto)",
+    )
+    target_loss: float = option(
+        0.01, "Stop early once the test RMSE (raw label units) is below this.", metavar="RMSE"
+    )
+    learning_rate: float = option(0.1, "Initial SGD learning rate.", above=0)
+    lr_decay: float = option(0.8, "Learning-rate factor per decay period.", above=0, maximum=1)
+    lr_decay_steps: int = option(200, "Steps per decay period (staircase).", minimum=1)
+    momentum: float = option(0.8, "SGD momentum.", minimum=0, below=1)
+    keep_prob: float = option(0.5, "Dropout keep probability in training.", above=0, maximum=1)
+    seed: int = option(0, "Seed for initialisation, data order and dropout.")
+    standardize: bool = option(
+        True,
+        "Standardise features and labels with training-set statistics.",
+        flag="--standardize/--no-standardize",
+    )
+    allow_nonfinite: bool = option(
+        False,
+        "Accept NaN/Inf tokens in the data files (in the training files only with "
+        "--no-standardize: the statistics would be NaN).",
+        flag="--allow-nonfinite/--reject-nonfinite",
+    )
+    formulation: str = option(
+        "fast", "CNN implementation (same function and checkpoint layout).", choices=FORMULATIONS
+    )
 
     def __post_init__(self) -> None:
-        positive = {
-            "height": self.height,
-            "width": self.width,
-            "max_steps": self.max_steps,
-            "batch_size": self.batch_size,
-            "eval_every": self.eval_every,
-            "checkpoint_every": self.checkpoint_every,
-            "keep_checkpoints": self.keep_checkpoints,
-            "lr_decay_steps": self.lr_decay_steps,
-        }
-        for name, value in positive.items():
-            if value < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
-        if not self.learning_rate > 0:
-            raise ConfigError(f"--learning-rate must be > 0, got {self.learning_rate}")
-        if not 0 < self.keep_prob <= 1:
-            raise ConfigError(f"--keep-prob must be in (0, 1], got {self.keep_prob}")
-        if not 0 <= self.momentum < 1:
-            raise ConfigError(f"--momentum must be in [0, 1), got {self.momentum}")
-        if not 0 < self.lr_decay <= 1:
-            raise ConfigError(f"--lr-decay must be in (0, 1], got {self.lr_decay}")
+        check_bounds(self)
 
     @property
     def resolved_cache_dir(self) -> Path:
@@ -96,3 +193,16 @@ class TrainConfig:
             for f in dataclasses.fields(self)
             for v in [getattr(self, f.name)]
         }
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """``coretrain generate``: the synthetic demo data set (app/data/synthetic.py)."""
+
+    out: Path = option(help="Directory to write the four data files into.", directory=True)
+    train: int = option(3000, "Training samples (lines).", minimum=1)
+    test: int = option(600, "Test samples (lines).", minimum=1)
+    seed: int = option(0, "Random seed.")
+
+    def __post_init__(self) -> None:
+        check_bounds(self)

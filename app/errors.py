@@ -8,6 +8,8 @@ Kubernetes podFailurePolicy keys on them).
 
 from __future__ import annotations
 
+import re
+
 
 class AppError(Exception):
     """Base class: an expected failure with a one-line message and an exit code."""
@@ -49,3 +51,19 @@ class OutputLocked(AppError):
     """Another run holds the output directory's lock (sysexits EX_TEMPFAIL). Exit 75."""
 
     exit_code = 75
+
+
+def short_message(exc: BaseException, limit: int = 300) -> str:
+    """One informative line of an error, TensorFlow's included (no TensorFlow import).
+
+    A TensorFlow ``OpError`` carries its text in ``message``; lines of graph context
+    ("Graph execution error", "Detected at node", tracebacks, ``[[...]]``) and
+    ``{{function_node ...}}`` / ``[Op:...]`` tags are dropped.
+    """
+    text = getattr(exc, "message", None) or str(exc)
+    text = re.sub(r"\{\{[^}]*\}\}\s*", "", text)
+    text = re.sub(r"\s*\[Op:\w+\]", "", text)
+    skip = ("Graph execution error", "Detected at node", "File ", "Additional GRPC", ":", "[[")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    useful = [ln for ln in lines if not ln.startswith(skip)]
+    return " ".join(useful[:3])[:limit] if useful else type(exc).__name__

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import IO
 
+from app.atomic import ensure_dir
 from app.errors import OutputLocked, StorageError
 
 LOCK_NAME = ".lock"
@@ -22,12 +23,11 @@ def acquire(output_dir: Path) -> IO[str]:
     Raises OutputLocked (exit 75) if another process holds it, StorageError if
     the directory can't be created or written.
     """
-    path = output_dir / LOCK_NAME
+    path = ensure_dir(output_dir) / LOCK_NAME
     try:
-        output_dir.mkdir(parents=True, exist_ok=True)
         handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held for the whole run
     except OSError as exc:
-        raise StorageError(f"{output_dir}: output directory not writable: {exc.strerror}") from exc
+        raise StorageError(f"{path}: cannot open the lock file: {exc.strerror}") from exc
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

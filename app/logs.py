@@ -1,7 +1,7 @@
 """JSON logging: one object per line on stdout and in ``<output>/logs/train.jsonl``.
 
 Every record has ``timestamp``, ``level``, ``event`` and ``message`` plus the
-event's own fields (DESIGN.md "Logs"). Python warnings and the ``tensorflow`` /
+event's own fields (docs/architecture.md, "Logs"). Python warnings and the ``tensorflow`` /
 ``absl`` Python loggers are routed into the same stream at WARNING and above;
 TensorFlow's C++ log lines stay on stderr (their level is set by
 ``TF_CPP_MIN_LOG_LEVEL`` in :mod:`app.budget.apply`).
@@ -10,6 +10,7 @@ TensorFlow's C++ log lines stay on stderr (their level is set by
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -71,14 +72,39 @@ def setup(worker: int | None = None, level: int = logging.INFO) -> logging.Logge
 
 
 def add_file(path: Path, worker: int | None = None) -> None:
-    """Also append the JSON lines to ``path`` (parents created). Raises OSError."""
+    """Also append the JSON lines to ``path`` (parents created).
+
+    An incomplete last line left by a run killed mid-write (or a full disk) is cut off
+    first, so the next record is not glued to the fragment. Raises OSError.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
+    _drop_partial_record(path)
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(_formatter())
     handler.addFilter(_Defaults(worker))
     logging.getLogger(LOGGER_NAME).addHandler(handler)
     for name in _ROUTED:
         logging.getLogger(name).addHandler(handler)
+
+
+def _drop_partial_record(path: Path) -> None:
+    """Truncate ``path`` after its last newline (nothing to do when it ends in one)."""
+    try:
+        with open(path, "rb+") as f:
+            end = f.seek(0, os.SEEK_END)
+            pos = end
+            while pos > 0:
+                start = max(0, pos - 65536)
+                f.seek(start)
+                newline = f.read(pos - start).rfind(b"\n")
+                if newline >= 0:
+                    pos = start + newline + 1
+                    break
+                pos = start
+            if pos != end:
+                f.truncate(pos)
+    except FileNotFoundError:
+        return
 
 
 def event(name: str, message: str, level: int = logging.INFO, **fields: Any) -> None:

@@ -1,4 +1,4 @@
-"""The seed CNN (DESIGN.md "The model") in two formulations of one function.
+"""The seed CNN (docs/architecture.md, "The model") in two formulations of one function.
 
 Input (N, H, W, 1) float32, already standardised (default H×W = 20×195)::
 
@@ -13,7 +13,7 @@ Input (N, H, W, 1) float32, already standardised (default H×W = 20×195)::
 with Ho = H-2, Wo = (W-30)//5 + 1, Hp = Ho//2, Wp = Wo//2, Hq = (Hp-1)//2 and
 Wq = (Wp-1)//2: 18×34, 9×17, 8×16, 4×8 and 160 features for 20×195.
 
-``formulation="plain"`` runs Keras layers exactly as listed. ``"fast"`` (issue #7)
+``formulation="plain"`` runs Keras layers exactly as listed. ``"fast"``
 computes the same function with the same variables as a few wide matrix
 products; see "The fast formulation" below. Both formulations own the same
 layers and variables under the same names (``conv1/kernel`` (3, 30, 1, 5),
@@ -52,14 +52,7 @@ columns of the last tile read a clamped (real) input column and only feed
 conv1 outputs that pooling drops. The input gradient is implemented too (for
 callers that differentiate with respect to x); graphs that don't use it prune it.
 
-Measured with ``python -m benchmarks.model_step`` (2 cores, AMD EPYC, batch 1000,
-2 intra-op threads; the machine shared with other jobs, load 5-6, so CPU ms per
-step is the steadier figure): plain 642 CPU ms / fast 199 (3.2×) by default;
-619 / 141 (4.4×) with ``TF_CPU_ALLOCATOR_USE_BFC=true``; 280 / 117 (2.4×) with
-``TF_ENABLE_ONEDNN_OPTS=1``, where oneDNN also speeds up the plain layers. PHASES
-= 4 beat 2 and 6, and beat conv1 as a phase-packed ``tf.nn.conv2d`` (which only
-ties under oneDNN). XLA (``jit_compile=True``) speeds the plain step up a little
-(542 vs 645 CPU ms) but slows the fast one down (529 vs 219): don't combine them.
+Its measured speed, and the choices behind ``PHASES``, are in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -82,13 +75,12 @@ CONV1_STRIDE = 5  # along the width; 1 along the height
 CONV2_KERNEL = (2, 2)
 CONV2_BIAS_INIT = 0.1
 DENSE_UNITS = 20
-# Weight decay on l2_loss(w) = sum(w²)/2, as in the seed (DESIGN.md "The model").
+# Weight decay on l2_loss(w) = sum(w²)/2, as in the seed (docs/architecture.md, "The model").
 CONV_WEIGHT_DECAY = 0.001
 DENSE_WEIGHT_DECAY = 0.004
-# conv1 output columns per tile of the fast formulation (even). 4 measured best of
-# {2, 4, 6} (train step, 2 cores, with and without oneDNN): wider tiles mean a
+# conv1 output columns per tile of the fast formulation (even): wider tiles mean a
 # smaller patch matrix and wider matrix products but more zero products in the
-# block-Toeplitz kernel (50 % zeros at 4).
+# block-Toeplitz kernel (50 % zeros at 4); docs/performance.md has the comparison.
 PHASES = 4
 
 

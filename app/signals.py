@@ -1,6 +1,6 @@
 """SIGTERM/SIGINT as a polite stop request: finish the step, checkpoint, exit 143.
 
-Python as PID 1 ignores SIGTERM without a handler (DESIGN.md), so the job
+Python as PID 1 ignores SIGTERM without a handler, so the job
 always installs one. The handler only sets a flag; the training loop and the
 cache converter poll it between steps/chunks.
 """

@@ -1,6 +1,6 @@
 """End-to-end training speed: ``train()`` reading its on-disk cache vs in-memory tensors.
 
-Both variants run the project's entry point, :func:`app.train.train`, in a fresh process
+Both variants run the project's entry point, :func:`app.training.run.train`, in a fresh process
 with the thread plan applied by :func:`app.budget.apply.apply` (as ``coretrain train`` does),
 on the same prepared cache, config and steps. ``cache`` is the real job: batches gathered
 from the memory-mapped cache by the tf.data pipeline (:mod:`app.data.pipeline`).
@@ -52,18 +52,9 @@ VARIANTS = ("cache", "memory", "memory_one_batch")
 
 def _plan() -> Any:
     """The thread plan ``coretrain train`` would make here (explicit TF_NUM_* win)."""
-    from app.budget import cgroups, plan, topology
+    from app.budget import detect_plan
 
-    budget = cgroups.detect_budget("/")
-    sources, intra, inter = {}, None, None
-    if os.environ.get("TF_NUM_INTRAOP_THREADS"):
-        intra = int(os.environ["TF_NUM_INTRAOP_THREADS"])
-        sources["intra_op_threads"] = "TF_NUM_INTRAOP_THREADS env"
-    if os.environ.get("TF_NUM_INTEROP_THREADS"):
-        inter = int(os.environ["TF_NUM_INTEROP_THREADS"])
-        sources["inter_op_threads"] = "TF_NUM_INTEROP_THREADS env"
-    overrides = plan.Overrides(intra_op_threads=intra, inter_op_threads=inter, sources=sources)
-    return plan.make_plan(budget, topology.detect_topology("/", budget.cpuset), overrides)
+    return detect_plan("/")
 
 
 def _input_ms(data: Any, plan: Any, batch: int, seed: int, batches: int = 20) -> float:
@@ -87,18 +78,18 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
     import logging
 
     from app import logs
-    from app.budget import apply as runtime
+    from app.budget import apply
 
     plan = _plan()
-    runtime.apply(plan)
+    apply.apply(plan)
     logging.getLogger(logs.LOGGER_NAME).setLevel(logging.INFO)  # events to the file only
 
-    import tensorflow as tf
+    tf = apply.import_tensorflow()
 
-    from app import train as train_lib
     from app.config import TrainConfig
     from app.data import cache as cache_lib
     from app.data import pipeline
+    from app.training.run import sources, train
 
     window, steps = spec["window"], spec["steps"]
     with tempfile.TemporaryDirectory(dir=spec["tmp"]) as out:
@@ -127,8 +118,9 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
 
             pipeline.train_dataset = in_memory  # type: ignore[assignment]
         else:
-            input_ms = _input_ms(cache_lib.prepare(config), plan, spec["batch"], config.seed)
-        summary = train_lib.train(config, plan)
+            data = cache_lib.prepare(sources(config), config.resolved_cache_dir)
+            input_ms = _input_ms(data, plan, spec["batch"], config.seed)
+        summary = train(config, plan)
         records = [json.loads(line) for line in (Path(out) / "logs" / "train.jsonl").open()]
     progress = [r for r in records if r.get("event") == "progress"][1:]  # drop warm-up
     samples = sum(window * spec["batch"] for _ in progress)
@@ -156,12 +148,17 @@ def _prepare(spec: dict[str, Any]) -> dict[str, Any]:
     """Convert the whole data set into the cache, as ``train`` does first (timed)."""
     from app.config import TrainConfig
     from app.data import cache as cache_lib
+    from app.training.run import sources
 
     with tempfile.TemporaryDirectory(dir=spec["tmp"]) as out:
         config = TrainConfig(
             data_dir=Path(spec["data"]), output_dir=Path(out), cache_dir=Path(spec["cache"])
         )
-        data, wall, cpu = worker.timed(lambda: cache_lib.prepare(config, threads=spec["threads"]))
+        data, wall, cpu = worker.timed(
+            lambda: cache_lib.prepare(
+                sources(config), config.resolved_cache_dir, threads=spec["threads"]
+            )
+        )
     return {
         "wall_s": round(wall, 3),
         "cpu_self_s": round(cpu, 3),

@@ -1,4 +1,4 @@
-"""``make bench``: every performance figure of issue #7 measured side by side in one run.
+"""``make bench``: every performance figure measured side by side in one run.
 
 ``python -m benchmarks.run [--quick]`` generates the data (``app.data.synthetic``, 4,000
 train / 400 test samples, ~130 MB of text, kept in ``bench-output/data`` for the next

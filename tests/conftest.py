@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,3 +51,11 @@ def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny-data")
     synthetic.generate(out, train=TINY["train"], test=TINY["test"], seed=1)
     return out
+
+
+def prepare_cache(config: Any, **kwargs: Any) -> Any:
+    """``cache.prepare`` for a TrainConfig, as a training run calls it (one place for tests)."""
+    from app.data import cache
+    from app.training.run import sources
+
+    return cache.prepare(sources(config), config.resolved_cache_dir, **kwargs)

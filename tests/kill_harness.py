@@ -21,9 +21,12 @@ deleted first; trigger: the conversion's temporary directory appears), ``checkpo
 (after a ``progress`` event at a checkpoint step, ``ckpt-N_temp`` appears: inside the
 save), ``export`` (after the final checkpoint, ``.model.*`` appears: inside the export),
 ``anytime`` (uniform over the run after TensorFlow started). The output directory is
-polled every millisecond for those names. What the kill left behind is recorded per
-round as evidence of where it landed. The harness itself never imports TensorFlow.
-Exit status 0 when every round passed; the JSON summary goes to stdout.
+polled every millisecond for those names. The first round of each file trigger kills
+at once (delay 0), so the kill lands inside the operation; later rounds wait a random
+delay. What the kill left behind is recorded per round as evidence of where it landed
+(``inside``: the operation's temporary file was still there after the kill). The harness
+itself never imports TensorFlow. Exit status 0 when every round passed; the JSON summary
+goes to stdout.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class Round:
     killed: bool = False
     last_event: str | None = None  # the last event the killed run printed
     leftovers: list[str] = field(default_factory=list)  # temporary files the kill left
+    inside: bool = False  # the kill interrupted the operation: its temporary file remained
     newest_logged_checkpoint: int | None = None
     resumed_from: int | None = None
     rerun_seconds: float = 0.0
@@ -183,6 +187,10 @@ def _appears(child: Child, directory: Path, match: Any, timeout: float) -> bool:
     return False
 
 
+#: What each file trigger's interrupted operation leaves (a name in :func:`leftovers`).
+LEFTOVER_OF = {"cache": "cache/.", "checkpoint": "_temp", "export": ".model."}
+
+
 def _kill_after(
     child: Child, out: Path, rnd: Round, rng: random.Random, est: dict[str, float]
 ) -> None:
@@ -226,6 +234,8 @@ def _kill_after(
         rnd.delay = rng.uniform(0.0, est["run"])
     if seen is None or child.proc.poll() is not None:
         return
+    if rnd.index < len(TRIGGERS) and rnd.trigger in LEFTOVER_OF:
+        rnd.delay = 0.0  # the first round of each kind: inside the operation
     time.sleep(rnd.delay)
     if child.proc.poll() is None:
         child.proc.send_signal(signal.SIGKILL)
@@ -337,6 +347,8 @@ def run(n: int, workdir: Path, data: Path, seed: int = 0, log: Any = None) -> di
         if not rnd.killed and rc != 0:
             rnd.problems.append(f"the run to be killed failed on its own: exit {rc}")
         rnd.leftovers = leftovers(out)
+        mark = LEFTOVER_OF.get(rnd.trigger)
+        rnd.inside = rnd.killed and mark is not None and any(mark in x for x in rnd.leftovers)
         t0 = time.monotonic()
         rerun = Child([*args, *TRAIN_ARGS], workdir / f"round-{i}-rerun.stderr")
         rc, stdout = rerun.finish()

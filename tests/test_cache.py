@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from app.config import TrainConfig
-from app.data import cache
 from app.errors import DataError, Preempted
+from tests.conftest import prepare_cache
 
 
 def _config(data: Path, tmp_path: Path) -> TrainConfig:
@@ -19,7 +19,7 @@ def _config(data: Path, tmp_path: Path) -> TrainConfig:
 
 
 def test_conversion_matches_the_text_and_statistics(tiny_data: Path, tmp_path: Path) -> None:
-    c = cache.prepare(_config(tiny_data, tmp_path))
+    c = prepare_cache(_config(tiny_data, tmp_path))
     x = np.loadtxt(tiny_data / "train_features.txt", dtype=np.float32).reshape(-1, 20, 195)
     y = np.loadtxt(tiny_data / "train_labels.txt", dtype=np.float32)
     assert np.array_equal(c.features("train"), x)
@@ -34,12 +34,12 @@ def test_unchanged_sources_reuse_the_cache_and_changed_ones_convert_again(
 ) -> None:
     data = shutil.copytree(tiny_data, tmp_path / "data")
     config = _config(data, tmp_path)
-    first = cache.prepare(config)
-    assert cache.prepare(config).path == first.path
+    first = prepare_cache(config)
+    assert prepare_cache(config).path == first.path
     lines = (data / "test_labels.txt").read_text().splitlines()
     lines[0] = "1 2 3"
     (data / "test_labels.txt").write_text("\n".join(lines) + "\n")
-    second = cache.prepare(config)
+    second = prepare_cache(config)
     assert second.path != first.path
     assert second.labels("test")[0].tolist() == [1.0, 2.0, 3.0]
     assert not first.path.exists()  # the stale cache was removed
@@ -54,7 +54,7 @@ def test_line_count_mismatch_names_both_files_and_leaves_no_cache(
     (data / "train_labels.txt").write_text("\n".join(lines[:-1]) + "\n")
     config = _config(data, tmp_path)
     with pytest.raises(DataError) as err:
-        cache.prepare(config)
+        prepare_cache(config)
     assert str(data / "train_labels.txt") in str(err.value)
     assert str(data / "train_features.txt") in str(err.value)
     assert "239" in str(err.value) and "240" in str(err.value)
@@ -66,7 +66,7 @@ def test_stop_request_during_conversion_removes_partial_files(
 ) -> None:
     config = _config(tiny_data, tmp_path)
     with pytest.raises(Preempted):
-        cache.prepare(config, stop=lambda: True)
+        prepare_cache(config, stop=lambda: True)
     assert list(config.resolved_cache_dir.iterdir()) == []
 
 
@@ -78,12 +78,12 @@ def test_temporary_dirs_of_dead_conversions_are_removed(tiny_data: Path, tmp_pat
     alive = root / f".0123456789abcdef.{os.getpid()}.y"
     dead.mkdir()
     alive.mkdir()
-    cache.prepare(config)
+    prepare_cache(config)
     assert not dead.exists() and alive.exists()
 
 
 def test_read_rows_matches_the_memory_map(tiny_data: Path, tmp_path: Path) -> None:
-    c = cache.prepare(_config(tiny_data, tmp_path))
+    c = prepare_cache(_config(tiny_data, tmp_path))
     idx = np.array([0, 1, 2, 7, 7, 100, 239])  # runs, a repeat, the last row
     assert np.array_equal(c.read_rows("train", "features", idx), c.features("train")[idx])
     assert np.array_equal(c.read_rows("train", "labels", idx), c.labels("train")[idx])

@@ -1,4 +1,4 @@
-"""Multi-worker training (app/distributed.py, docs/distributed.md).
+"""Multi-worker training (app/cluster/, app/training/replicas.py, docs/distributed.md).
 
 Cluster resolution and input shards are pure functions, tested directly. The
 behaviour is tested with real worker processes of the real CLI on localhost
@@ -22,19 +22,26 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app import distributed
+from app.cluster import spec
+from app.cluster.spec import Cluster, ClusterError, ClusterOptions
 from app.config import TrainConfig
 from app.errors import ConfigError
+from app.training import workspace
 from tests.conftest import REPO, events, json_lines, run_cli
+
+
+def resolve(environ: dict[str, str], hosts: str | None = None, **options: object) -> Cluster | None:
+    return spec.resolve(environ, ClusterOptions(worker_hosts=hosts, **options))  # type: ignore[arg-type]
+
 
 # --- cluster resolution (no TensorFlow) ------------------------------------------------------
 
 
 def test_no_tf_config_and_no_workers_means_a_single_process() -> None:
-    assert distributed.resolve({}) is None
-    assert distributed.resolve({"TF_CONFIG": "  "}) is None
-    assert distributed.resolve({}, workers=1) is None
-    assert distributed.resolve({"JOB_COMPLETION_INDEX": "3"}) is None
+    assert resolve({}) is None
+    assert resolve({"TF_CONFIG": "  "}) is None
+    assert resolve({}, workers=1) is None
+    assert resolve({"JOB_COMPLETION_INDEX": "3"}) is None
 
 
 def test_tf_config_with_workers() -> None:
@@ -42,21 +49,21 @@ def test_tf_config_with_workers() -> None:
         "cluster": {"worker": ["a:1", "b:2", "c:3"]},
         "task": {"type": "worker", "index": 2},
     }
-    cluster = distributed.resolve({"TF_CONFIG": json.dumps(tf_config)})
+    cluster = resolve({"TF_CONFIG": json.dumps(tf_config)})
     assert cluster is not None
     assert cluster.hosts == ("a:1", "b:2", "c:3")
     assert (cluster.count, cluster.index, cluster.is_chief) == (3, 2, False)
     assert cluster.source == "TF_CONFIG"
     assert cluster.tf_config() == tf_config
-    assert cluster.to_json()["heartbeat_timeout_s"] == distributed.DEFAULT_HEARTBEAT_TIMEOUT
+    assert cluster.to_json()["heartbeat_timeout_s"] == spec.DEFAULT_HEARTBEAT_TIMEOUT
 
 
 def test_tf_config_chief_is_worker_zero() -> None:
     cluster_spec = {"chief": ["c:1"], "worker": ["w0:1", "w1:1"]}
-    chief = distributed.resolve(
+    chief = resolve(
         {"TF_CONFIG": json.dumps({"cluster": cluster_spec, "task": {"type": "chief", "index": 0}})}
     )
-    worker = distributed.resolve(
+    worker = resolve(
         {"TF_CONFIG": json.dumps({"cluster": cluster_spec, "task": {"type": "worker", "index": 1}})}
     )
     assert chief is not None and worker is not None
@@ -72,7 +79,7 @@ def test_tf_config_chief_is_worker_zero() -> None:
 
 def test_tf_config_with_one_worker_is_a_single_process() -> None:
     one = {"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}}
-    assert distributed.resolve({"TF_CONFIG": json.dumps(one)}) is None
+    assert resolve({"TF_CONFIG": json.dumps(one)}) is None
 
 
 @pytest.mark.parametrize(
@@ -93,12 +100,12 @@ def test_tf_config_with_one_worker_is_a_single_process() -> None:
 )
 def test_bad_tf_config_is_a_config_error(value: str, problem: str) -> None:
     with pytest.raises(ConfigError, match="TF_CONFIG") as info:
-        distributed.resolve({"TF_CONFIG": value})
+        resolve({"TF_CONFIG": value})
     assert problem in str(info.value)
 
 
 def test_indexed_job_pattern_with_job_completion_index() -> None:
-    cluster = distributed.resolve(
+    cluster = resolve(
         {"JOB_COMPLETION_INDEX": "1"},
         workers=3,
         hosts="coretrain-{index}.coretrain-workers",
@@ -107,7 +114,7 @@ def test_indexed_job_pattern_with_job_completion_index() -> None:
     )
     assert cluster is not None
     assert cluster.hosts == tuple(
-        f"coretrain-{i}.coretrain-workers:{distributed.DEFAULT_PORT}" for i in range(3)
+        f"coretrain-{i}.coretrain-workers:{spec.DEFAULT_PORT}" for i in range(3)
     )
     assert (cluster.index, cluster.task_type, cluster.task_id) == (1, "worker", 1)
     assert "JOB_COMPLETION_INDEX" in cluster.source
@@ -119,11 +126,11 @@ def test_indexed_job_pattern_with_job_completion_index() -> None:
 
 
 def test_worker_index_option_wins_over_job_completion_index_and_lists_keep_ports() -> None:
-    cluster = distributed.resolve(
+    cluster = resolve(
         {"JOB_COMPLETION_INDEX": "1"}, workers=2, worker_index=0, hosts="10.0.0.5:2222, 10.0.0.6"
     )
     assert cluster is not None
-    assert cluster.hosts == ("10.0.0.5:2222", f"10.0.0.6:{distributed.DEFAULT_PORT}")
+    assert cluster.hosts == ("10.0.0.5:2222", f"10.0.0.6:{spec.DEFAULT_PORT}")
     assert cluster.is_chief
     assert cluster.source == "--workers/--worker-hosts/--worker-index"
 
@@ -139,7 +146,11 @@ def test_worker_index_option_wins_over_job_completion_index_and_lists_keep_ports
         ({}, {"workers": 2, "worker_index": 0, "hosts": "a:1,a:1"}, "appears twice"),
         ({}, {"workers": 2, "worker_index": 0, "hosts": "a:b:c,d"}, "must be a number"),
         ({}, {"hosts": "w{index}"}, "need --workers"),
-        ({}, {"workers": 2, "worker_index": 0, "hosts": "w{index}", "heartbeat_timeout": 0}, "> 0"),
+        (
+            {},
+            {"workers": 2, "worker_index": 0, "hosts": "w{index}", "heartbeat_timeout": 0},
+            "greater than 0",
+        ),
         (
             {"TF_CONFIG": '{"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker"}}'},
             {"workers": 2},
@@ -151,27 +162,26 @@ def test_incomplete_or_contradictory_cluster_options(
     environ: dict[str, str], kwargs: dict, problem: str
 ) -> None:
     with pytest.raises(ConfigError) as info:
-        distributed.resolve(environ, **kwargs)
+        resolve(environ, **kwargs)
     assert problem in str(info.value)
 
 
 def test_only_the_chief_writes_to_the_output_directory_itself(tmp_path: Path) -> None:
-    chief = distributed.resolve({}, workers=2, worker_index=0, hosts="w{index}")
-    other = distributed.resolve({}, workers=2, worker_index=1, hosts="w{index}")
+    chief = resolve({}, workers=2, worker_index=0, hosts="w{index}")
+    other = resolve({}, workers=2, worker_index=1, hosts="w{index}")
     assert chief is not None and other is not None
     config = TrainConfig(data_dir=tmp_path / "data", output_dir=tmp_path / "out")
-    assert distributed.worker_dir(config.output_dir, None) == config.output_dir
-    assert distributed.worker_dir(config.output_dir, chief) == config.output_dir
-    assert distributed.worker_dir(config.output_dir, other) == tmp_path / "out/workers/worker-1"
-    assert distributed.worker_config(config, chief) is config
-    assert distributed.worker_config(config, other).resolved_cache_dir == (
-        tmp_path / "out/workers/worker-1/cache"
-    )
+    assert workspace.for_run(config, None).own == config.output_dir
+    assert workspace.for_run(config, chief).own == config.output_dir
+    assert workspace.for_run(config, other).own == tmp_path / "out/workers/worker-1"
+    assert workspace.for_run(config, chief).cache == config.resolved_cache_dir
+    assert workspace.for_run(config, other).cache == tmp_path / "out/workers/worker-1/cache"
     shared = TrainConfig(
         data_dir=config.data_dir, output_dir=config.output_dir, cache_dir=Path("/c")
     )
-    assert distributed.worker_config(shared, other).resolved_cache_dir == Path("/c/worker-1")
-    assert distributed.worker_config(shared, chief).resolved_cache_dir == Path("/c")
+    assert workspace.for_run(shared, other).cache == Path("/c/worker-1")
+    assert workspace.for_run(shared, chief).cache == Path("/c")
+    assert not workspace.for_run(config, other).is_chief
 
 
 # --- input shards -----------------------------------------------------------------------------
@@ -179,17 +189,17 @@ def test_only_the_chief_writes_to_the_output_directory_itself(tmp_path: Path) ->
 
 @pytest.mark.parametrize(("workers", "batch", "n"), [(2, 40, 240), (3, 7, 50), (4, 64, 100)])
 def test_shards_split_the_single_process_batch(workers: int, batch: int, n: int) -> None:
-    from app.data.pipeline import batch_indices
+    from app.data.pipeline import batch_indices, batch_rows
 
     for step in (0, 1, 5, 17):
-        shards = [distributed.shard_indices(3, step, batch, n, workers, i) for i in range(workers)]
+        shards = [batch_rows(3, step, batch, n, workers, i) for i in range(workers)]
         single = np.sort(batch_indices(3, step, batch * workers, n))  # the 1-process order
         for i, rows in enumerate(shards):
             assert rows.shape == (batch,) and rows.dtype == np.int64
             assert np.array_equal(rows, single[i::workers])
             assert np.all(np.diff(rows) >= 0), "sorted for sequential reads"
         assert np.array_equal(np.sort(np.concatenate(shards)), single)
-    one = distributed.shard_indices(3, 4, batch, n, 1, 0)
+    one = batch_rows(3, 4, batch, n)
     assert np.array_equal(one, np.sort(batch_indices(3, 4, batch, n)))
 
 
@@ -218,14 +228,16 @@ def test_the_loss_is_the_rmse_plus_the_weight_decay() -> None:
 
 
 @pytest.fixture
-def chief() -> distributed.Cluster:
-    cluster = distributed.resolve({}, workers=2, worker_index=0, hosts="w{index}")
+def chief() -> Cluster:
+    cluster = resolve({}, workers=2, worker_index=0, hosts="w{index}")
     assert cluster is not None
     return cluster
 
 
-def test_a_reported_failure_names_the_worker_and_its_error(chief: distributed.Cluster) -> None:
+def test_a_reported_failure_names_the_worker_and_its_error(chief: Cluster) -> None:
     import tensorflow as tf
+
+    from app.cluster import collectives
 
     exc = tf.errors.AbortedError(
         None,
@@ -233,15 +245,17 @@ def test_a_reported_failure_names_the_worker_and_its_error(chief: distributed.Cl
         "Collective ops is aborted by: coretrain worker 1 failed: StorageError: /o: disk full\n"
         "\t [[{{node CollectiveReduceV2}}]]",
     )
-    error = distributed.lost_worker_error(exc, chief, "training step 7")
+    error = collectives.lost_worker_error(exc, chief, "training step 7")
     assert error.exit_code == 6
     assert str(error).startswith(
         "worker 0: training step 7 failed: worker 1 failed (StorageError: /o: disk full); "
     )
 
 
-def test_a_heartbeat_timeout_names_the_silent_worker(chief: distributed.Cluster) -> None:
+def test_a_heartbeat_timeout_names_the_silent_worker(chief: Cluster) -> None:
     import tensorflow as tf
+
+    from app.cluster import collectives
 
     exc = tf.errors.UnavailableError(
         None,
@@ -250,7 +264,7 @@ def test_a_heartbeat_timeout_names_the_silent_worker(chief: distributed.Cluster)
         "aborted by: Error reported from /job:worker/task:1: The following tasks are unhealthy "
         "(stopped sending heartbeats):\n/job:worker/replica:0/task:1\n",
     )
-    error = distributed.lost_worker_error(exc, chief, "evaluation")
+    error = collectives.lost_worker_error(exc, chief, "evaluation")
     assert str(error).startswith(
         "worker 0: evaluation failed: worker 1 stopped responding (heartbeat timeout 30 s "
     )
@@ -259,47 +273,39 @@ def test_a_heartbeat_timeout_names_the_silent_worker(chief: distributed.Cluster)
 
 
 def test_collective_turns_only_peer_failures_into_cluster_errors(
-    chief: distributed.Cluster,
+    chief: Cluster,
 ) -> None:
     import tensorflow as tf
+
+    from app.cluster import collectives
 
     lost = tf.errors.DeadlineExceededError(None, None, "Deadline Exceeded")
     cancelled = tf.errors.CancelledError(None, None, "cancelled")
     for raised in (lost, cancelled):
         with (
-            pytest.raises(distributed.ClusterError, match="restore failed: another worker") as info,
-            distributed.collective(chief, "restore"),
+            pytest.raises(ClusterError, match="restore failed: another worker") as info,
+            collectives.collective(chief, "restore"),
         ):
             raise raised
         assert info.value.__cause__ is raised
     for other in (tf.errors.InvalidArgumentError(None, None, "bad shape"), ValueError("plain")):
-        with pytest.raises(type(other)) as info, distributed.collective(chief, "restore"):
+        with pytest.raises(type(other)) as info, collectives.collective(chief, "restore"):
             raise other
         assert info.value is other
 
 
 def test_failures_every_worker_meets_together_are_not_reported(
-    chief: distributed.Cluster,
+    chief: Cluster,
 ) -> None:
+    from app.cluster import strategy
     from app.errors import Preempted, TrainingDiverged
 
     for exc in (
         Preempted("stopped"),
         TrainingDiverged("nan"),
-        distributed.ClusterError("lost"),
+        ClusterError("lost"),
     ):
-        assert distributed.report_failure(chief, exc) is False
-
-
-def test_the_agreed_stop_changes_only_at_agreement_points() -> None:
-    local = {"stop": False}
-    agreed = distributed.AgreedStop(lambda: local["stop"])
-    assert (agreed(), agreed.local_flag()) == (False, 0.0)
-    local["stop"] = True  # a signal on this worker
-    assert (agreed(), agreed.local_flag()) == (False, 1.0), "not before the next all-reduce"
-    assert agreed.update(0.0) is False
-    assert agreed.update(1.0) is True and agreed()
-    assert agreed.update(0.0) is True, "once agreed, it stays"
+        assert strategy.report_failure(chief, exc) is False
 
 
 # --- CLI usage errors (exit 2 before TensorFlow is imported) ----------------------------------

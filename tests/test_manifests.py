@@ -471,7 +471,7 @@ def test_distributed_job_is_indexed_with_one_pod_per_worker(
 def test_distributed_workers_find_each_other_through_the_headless_service(
     distributed_docs: dict[str, dict[str, Any]],
 ) -> None:
-    from app import distributed
+    from app.cluster import spec
 
     service, job = distributed_docs["Service"], distributed_docs["Job"]
     pod = job["spec"]["template"]
@@ -487,7 +487,8 @@ def test_distributed_workers_find_each_other_through_the_headless_service(
     env = _env(container)
     hosts = env["CORETRAIN_WORKER_HOSTS"]["value"].replace("$(JOB_NAME)", job["metadata"]["name"])
     workers = int(env["CORETRAIN_WORKERS"]["value"])
-    cluster = distributed.resolve({"JOB_COMPLETION_INDEX": "1"}, workers=workers, hosts=hosts)
+    options = spec.ClusterOptions(workers=workers, worker_hosts=hosts)
+    cluster = spec.resolve({"JOB_COMPLETION_INDEX": "1"}, options)
     assert cluster is not None and cluster.index == 1
     assert cluster.hosts == tuple(
         f"{job['metadata']['name']}-{i}.{service['metadata']['name']}:{port['containerPort']}"

@@ -21,11 +21,12 @@ SCRIPT = textwrap.dedent(
     from app.budget import plan as plan_lib
     from app.budget.cgroups import CpuBudget
     from app.config import TrainConfig
-    from app.data import cache, pipeline
+    from app.data import pipeline
+    from tests.conftest import prepare_cache
 
     data, tmp = Path(sys.argv[1]), Path(sys.argv[2])
     config = TrainConfig(data_dir=data, output_dir=tmp / "out", cache_dir=tmp / "cache")
-    c = cache.prepare(config)
+    c = prepare_cache(config)
     limit = json.loads(sys.argv[3])
     budget = CpuBudget(cpu_quota=None, cpuset=(0,), memory_limit=limit, quota_source="none")
     plan = plan_lib.make_plan(budget)

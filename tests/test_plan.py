@@ -11,7 +11,7 @@ import pytest
 
 from app.budget.cgroups import CpuBudget
 from app.budget.cpulist import parse_cpulist
-from app.budget.plan import Overrides, make_plan, overrides_from, round_threads
+from app.budget.plan import Overrides, PlanOptions, make_plan, overrides_from, round_threads
 from app.budget.topology import CpuModel, Topology, detect_cpu
 from app.errors import ConfigError
 from tests.conftest import FIXTURES, run_cli
@@ -172,7 +172,7 @@ def test_unreadable_cpuinfo_leaves_onednn_to_tensorflow_with_a_warning(tmp_path:
 
 def test_thread_variables_count_only_without_the_flag() -> None:
     env = {"TF_NUM_INTRAOP_THREADS": "3", "TF_NUM_INTEROP_THREADS": "2"}
-    ov = overrides_from(env, intra_op_threads=5)
+    ov = overrides_from(env, PlanOptions(intra_op_threads=5))
     assert (ov.intra_op_threads, ov.inter_op_threads) == (5, 2)
     assert ov.sources["inter_op_threads"] == "TF_NUM_INTEROP_THREADS env"
     with pytest.raises(ConfigError, match="not a whole number"):

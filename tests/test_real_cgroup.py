@@ -49,12 +49,10 @@ PLAN_FIELDS = (
 # reports each thread's comm (TF sizes its pools when the first op runs).
 POOL_SNIPPET = r"""
 import collections, json, os
-from app.budget import apply as runtime
-from app.cli import build_plan
-from app.budget.plan import DEFAULT_ROUNDING
-plan = build_plan("/", None, None, None, "auto", DEFAULT_ROUNDING)
-runtime.apply(plan)
-import tensorflow as tf
+from app.budget import apply, detect_plan
+plan = detect_plan("/")
+apply.apply(plan)
+tf = apply.import_tensorflow()
 x = tf.random.normal((128, 128))
 float(tf.reduce_sum(tf.matmul(x, x)))
 def comm(path):
@@ -211,8 +209,16 @@ def test_training_runs_under_the_quota_with_the_detected_plan(
     assert {k: start[k] for k in PLAN_FIELDS} == {k: plans[1.5][k] for k in PLAN_FIELDS}
     assert start["intra_op_threads"] == expected_intra(1.5, len(start["cpuset"]))
     assert [p["step"] for p in events(records, "progress")] == [1, 2]
-    # The training process's inter-op pool has the planned size while it trains.
-    assert [n["tf_Compute"] for n in names_at_progress] == [start["inter_op_threads"]] * 2
+    # No pool is created again while it trains: the thread counts stay put from one
+    # progress event to the next. (The pools' sizes are pinned exactly by the test above;
+    # here the names can't separate them: the threads tf.data starts from inside the step
+    # function inherit the name of the inter-op thread that starts them, "tf_Compute".)
+    first, second = names_at_progress
+    assert first["tf_Compute"] >= start["inter_op_threads"]
+    assert (second["tf_Compute"], sum(second.values())) == (
+        first["tf_Compute"],
+        sum(first.values()),
+    )
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["final_step"] == 2
     assert metrics["plan"]["intra_op_threads"] == start["intra_op_threads"]

@@ -3,3 +3,25 @@
 Nothing here imports TensorFlow except :func:`app.budget.apply.import_tensorflow`, and only
 :mod:`app.budget.apply` changes the process (docs/architecture.md).
 """
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from app.budget import cgroups, topology
+from app.budget.plan import PlanOptions, ThreadPlan, make_plan, overrides_from
+
+
+def detect_plan(
+    root: str = "/", options: PlanOptions | None = None, environ: Mapping[str, str] | None = None
+) -> ThreadPlan:
+    """Detect the budget, topology and CPU model under ``root`` and make the plan.
+
+    ``environ`` (default ``os.environ``) supplies TensorFlow's own variables, which count
+    as explicit settings. No TensorFlow import; raises ConfigError for bad settings.
+    """
+    overrides = overrides_from(os.environ if environ is None else environ, options)
+    budget = cgroups.detect_budget(root)
+    topo = topology.detect_topology(root, budget.cpuset)
+    return make_plan(budget, topo, overrides, topology.detect_cpu(root))

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from app.config import check_bounds, option
 from app.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -23,6 +24,45 @@ PIN_MODES = ("auto", "none", "cores", "physical", "numa")
 # Share of the memory limit that tf.data's autotuner may use for buffers.
 TFDATA_RAM_SHARE = 0.25
 DEFAULT_ROUNDING = "ceil"
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """The command-line settings that shape the thread plan (``plan`` and ``train``)."""
+
+    cpus: float | None = option(
+        None,
+        "CPU budget in CPUs (may be fractional), instead of detecting it from cgroups.",
+        above=0,
+        shown_default="detected",
+        metavar="CPUS",
+    )
+    intra_op_threads: int | None = option(
+        None,
+        "TensorFlow intra-op threads (TF_NUM_INTRAOP_THREADS also sets it).",
+        minimum=1,
+        shown_default="from the CPU budget",
+    )
+    inter_op_threads: int | None = option(
+        None,
+        "TensorFlow inter-op threads (TF_NUM_INTEROP_THREADS also sets it).",
+        minimum=1,
+        shown_default="from the CPU budget",
+    )
+    pin: str = option(
+        "auto",
+        "CPU affinity: auto (no pinning; see docs/cpu-budget.md), none, cores (first N "
+        "allowed CPUs), physical (one CPU per physical core), numa.",
+        choices=PIN_MODES,
+    )
+    rounding: str = option(
+        DEFAULT_ROUNDING,
+        "How a fractional CPU budget becomes a thread count.",
+        choices=ROUNDING_RULES,
+    )
+
+    def __post_init__(self) -> None:
+        check_bounds(self)
 
 
 @dataclass(frozen=True)
@@ -76,21 +116,16 @@ def _bool_env(environ: Mapping[str, str], name: str) -> bool | None:
     raise ConfigError(f"{name}={raw!r}: must be 0, 1, true or false")
 
 
-def overrides_from(
-    environ: Mapping[str, str],
-    *,
-    cpus: float | None = None,
-    intra_op_threads: int | None = None,
-    inter_op_threads: int | None = None,
-    pin: str = "auto",
-    rounding: str = DEFAULT_ROUNDING,
-) -> Overrides:
+def overrides_from(environ: Mapping[str, str], options: PlanOptions | None = None) -> Overrides:
     """The explicit settings: command-line values first, then TensorFlow's own variables.
 
     ``TF_NUM_INTRAOP_THREADS`` / ``TF_NUM_INTEROP_THREADS`` count only where the
     matching flag is not given; ``TF_ENABLE_ONEDNN_OPTS`` is read as TensorFlow reads
     it. Raises ConfigError for a value TensorFlow would not accept.
     """
+    opts = options or PlanOptions()
+    cpus, pin, rounding = opts.cpus, opts.pin, opts.rounding
+    intra_op_threads, inter_op_threads = opts.intra_op_threads, opts.inter_op_threads
     sources: dict[str, str] = {}
     if cpus is not None:
         sources["cpus"] = "--cpus/CORETRAIN_CPUS"

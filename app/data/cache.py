@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +25,6 @@ import numpy as np
 
 from app import logs
 from app.atomic import temp_dir, write_json
-from app.config import TrainConfig
 from app.data import parallel, textfile
 from app.errors import DataError, StorageError
 
@@ -38,6 +37,24 @@ _FILES = {
     "test_features": "test_x.f32",
     "test_labels": "test_y.f32",
 }
+
+
+@dataclass(frozen=True)
+class Sources:
+    """A data set in text: the file of each role (:data:`ROLES`) and how to parse them.
+
+    Features are ``height``×``width`` floats per line; ``allow_nonfinite`` admits
+    NaN/Inf tokens.
+    """
+
+    paths: Mapping[str, Path]
+    height: int
+    width: int
+    allow_nonfinite: bool = False
+
+    def path(self, role: str) -> Path:
+        """The file of ``role`` (a key of :data:`ROLES`)."""
+        return Path(self.paths[role])
 
 
 @dataclass(frozen=True)
@@ -101,14 +118,14 @@ class DataCache:
         return np.memmap(self.path / f"{split}_y.f32", np.float32, "r", shape=(n, self.num_outputs))
 
 
-def source_key(config: TrainConfig) -> str:
+def source_key(sources: Sources) -> str:
     """Hash of the sources' identity (path, size, mtime) and the parse settings.
 
     Raises DataError naming a missing source file.
     """
-    parts: list[object] = [FORMAT_VERSION, config.height, config.width, config.allow_nonfinite]
+    parts: list[object] = [FORMAT_VERSION, sources.height, sources.width, sources.allow_nonfinite]
     for role in ROLES:
-        path = config.data_path(role)
+        path = sources.path(role)
         try:
             st = path.stat()
         except FileNotFoundError as exc:
@@ -135,27 +152,27 @@ def _std(total: np.ndarray, total_sq: np.ndarray, n: int) -> tuple[np.ndarray, n
     return mean.astype(np.float32), std.astype(np.float32)
 
 
-def _convert(config: TrainConfig, tmp: Path, stop: Callable[[], bool], threads: int) -> dict:
-    hw = config.height * config.width
-    hint = f"H×W = {config.height}×{config.width}"
-    k = _label_width(config.data_path("train_labels"))
+def _convert(sources: Sources, tmp: Path, stop: Callable[[], bool], threads: int) -> dict:
+    hw = sources.height * sources.width
+    hint = f"H×W = {sources.height}×{sources.width}"
+    k = _label_width(sources.path("train_labels"))
     sizes: dict[str, int] = {}
     sums: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for role in ROLES:
         width, what = (hw, hint) if role.endswith("features") else (k, f"K = {k} labels")
         done = parallel.convert_file(
-            config.data_path(role),
+            sources.path(role),
             tmp / _FILES[role],
             width=width,
             width_hint=what,
-            allow_nonfinite=config.allow_nonfinite,
+            allow_nonfinite=sources.allow_nonfinite,
             threads=threads,
             stop=stop,
         )
         sizes[role], sums[role] = done.rows, (done.sums, done.sums_sq)
         logs.event(
             "cache_progress",
-            f"converted {config.data_path(role)}",
+            f"converted {sources.path(role)}",
             file=role,
             rows=done.rows,
             threads=done.threads,
@@ -164,8 +181,8 @@ def _convert(config: TrainConfig, tmp: Path, stop: Callable[[], bool], threads: 
         nf, nl = sizes[f"{split}_features"], sizes[f"{split}_labels"]
         if nf != nl:
             raise DataError(
-                f"{config.data_path(f'{split}_labels')}: {nl} label lines but "
-                f"{config.data_path(f'{split}_features')} has {nf} feature lines"
+                f"{sources.path(f'{split}_labels')}: {nl} label lines but "
+                f"{sources.path(f'{split}_features')} has {nf} feature lines"
             )
     n_train = sizes["train_features"]
     f_mean, f_std = _std(*sums["train_features"], n_train)
@@ -178,20 +195,20 @@ def _convert(config: TrainConfig, tmp: Path, stop: Callable[[], bool], threads: 
     baseline = float(np.sqrt(max(sq_err.sum(), 0.0) / (n_test * k)))
     np.savez(
         tmp / "stats.npz",
-        feature_mean=f_mean.reshape(config.height, config.width),
-        feature_std=f_std.reshape(config.height, config.width),
+        feature_mean=f_mean.reshape(sources.height, sources.width),
+        feature_std=f_std.reshape(sources.height, sources.width),
         label_mean=l_mean,
         label_std=l_std,
     )
     manifest = {
         "format_version": FORMAT_VERSION,
-        "height": config.height,
-        "width": config.width,
+        "height": sources.height,
+        "width": sources.width,
         "num_outputs": k,
         "train_size": n_train,
         "test_size": n_test,
         "baseline_rmse": baseline,
-        "sources": {role: str(config.data_path(role)) for role in ROLES},
+        "sources": {role: str(sources.path(role)) for role in ROLES},
     }
     write_json(tmp / "manifest.json", manifest)
     return manifest
@@ -269,9 +286,12 @@ def _remove_stale(root: Path, keep: str, temporary_only: bool = False) -> None:
 
 
 def prepare(
-    config: TrainConfig, stop: Callable[[], bool] = lambda: False, threads: int = 1
+    sources: Sources,
+    cache_dir: Path,
+    stop: Callable[[], bool] = lambda: False,
+    threads: int = 1,
 ) -> DataCache:
-    """Return the cache for ``config``'s data, converting the text files if needed.
+    """Return the cache of ``sources`` in ``cache_dir``, converting the text files if needed.
 
     ``threads``: threads that parse a large plain-text file, each a byte range of it at
     a time (:mod:`app.data.parallel`); the caller sizes it from the CPU budget. 1 reads
@@ -286,8 +306,8 @@ def prepare(
     shared cache directory at once both succeed: the second rename finds the
     first one's complete cache.
     """
-    root = config.resolved_cache_dir
-    key = source_key(config)
+    root = Path(cache_dir)
+    key = source_key(sources)
     final = root / key
     if (final / "manifest.json").is_file():
         cache = _load(final)
@@ -303,7 +323,7 @@ def prepare(
         raise StorageError(f"{root}: cannot create the data cache: {exc.strerror}") from exc
     logs.event("cache", f"converting text data into {final}", path=str(final), reused=False)
     try:
-        manifest = _convert(config, tmp, stop, threads)
+        manifest = _convert(sources, tmp, stop, threads)
         try:
             os.replace(tmp, final)
         except OSError:

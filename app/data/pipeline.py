@@ -17,7 +17,6 @@ data set is. Both give the same batches (tested).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -47,6 +46,21 @@ def batch_indices(seed: int, step: int, batch_size: int, n: int) -> np.ndarray:
     return out
 
 
+def batch_rows(
+    seed: int, step: int, batch_size: int, n: int, workers: int = 1, index: int = 0
+) -> np.ndarray:
+    """Training rows of worker ``index`` of ``workers`` for ``step``: (batch_size,), int64, sorted.
+
+    The global batch is the single-process batch of ``batch_size·workers`` samples
+    (:func:`batch_indices`), sorted (rows in file order read fastest); this worker takes
+    its positions ``index::workers``. The shards are disjoint and their union is the
+    global batch; the training step uses the same positions of the global dropout mask.
+    A single process is worker 0 of 1.
+    """
+    rows = np.sort(batch_indices(seed, step, batch_size * workers, n))
+    return rows[index::workers]
+
+
 def resident_limit(plan: ThreadPlan) -> int:
     """Bytes of training split (features + labels) held in memory rather than streamed.
 
@@ -72,17 +86,19 @@ def fits_in_memory(cache: DataCache, plan: ThreadPlan) -> bool:
 
 
 def dataset_options(plan: ThreadPlan) -> tf.data.Options:
-    """tf.data options from the plan: private threadpool and autotune CPU/RAM budgets.
+    """tf.data options from the plan: a private threadpool of the planned size, no autotuning.
 
-    Without these tf.data sizes itself from the host's CPUs and RAM, not the
-    container's (DESIGN.md "Facts learned the hard way").
+    Without a private threadpool tf.data sizes itself from the host's CPUs, not the
+    container's (docs/architecture.md, "TensorFlow facts"). Autotuning is off: the
+    parallelism and prefetch depths here are fixed, and an iterator's destructor can
+    wait for the autotune thread to wake up by itself (it sleeps 10 ms, 20 ms, …
+    doubling), which held the end of a 25 s training loop until 41 s after its start
+    (seen with gdb: ``~LogicalThreadWrapper`` of ``RootDataset::Iterator`` waiting on
+    ``Model::OptimizeLoop``).
     """
     options = tf.data.Options()
     options.threading.private_threadpool_size = plan.tfdata_threads
-    options.autotune.enabled = True
-    options.autotune.cpu_budget = plan.tfdata_threads
-    if plan.tfdata_ram_budget is not None:
-        options.autotune.ram_budget = plan.tfdata_ram_budget
+    options.autotune.enabled = False
     options.deterministic = True
     return options
 
@@ -95,23 +111,22 @@ def train_dataset(
     batch_size: int,
     start_step: int,
     end_step: int,
-    rows: Callable[[int], np.ndarray] | None = None,
+    workers: int = 1,
+    index: int = 0,
     resident: bool | None = None,
 ) -> tf.data.Dataset:
     """Batches for steps ``start_step .. end_step-1``: (x (B,H,W,1) raw float32, y (B,K) raw).
 
-    ``rows(step)`` gives the sorted training-row indices of a step (``batch_size``
-    of them); default: :func:`batch_indices` (a multi-worker run passes its shard).
-    ``resident``: hold the split in memory (None: :func:`fits_in_memory`).
+    The rows of a step are :func:`batch_rows` for worker ``index`` of ``workers``
+    (``batch_size`` per worker). ``resident``: hold the split in memory (None:
+    :func:`fits_in_memory`).
     """
     if resident is None:
         resident = fits_in_memory(cache, plan)
     n = cache.train_size
 
-    def default_rows(step: int) -> np.ndarray:
-        return np.sort(batch_indices(seed, step, batch_size, n))
-
-    rows_of = rows or default_rows
+    def rows_of(step: int) -> np.ndarray:
+        return batch_rows(seed, step, batch_size, n, workers, index)
 
     def streamed(step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         def load(step: np.int64) -> tuple[np.ndarray, np.ndarray]:

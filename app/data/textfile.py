@@ -1,6 +1,6 @@
 """Parse whitespace-separated float text files into float32 chunks, with exact error positions.
 
-Format (DESIGN.md "Data directory"): one sample per line, fields separated by ASCII
+Format (docs/architecture.md, "Data directory"): one sample per line, fields separated by ASCII
 whitespace (space, tab, CR, LF, VT, FF: the set ``bytes.split()`` uses), each field a decimal
 float (``1``, ``-2.5``, ``.5``, ``3.``, ``1e-3``, ``2.5E+02``) or ``nan`` / ``inf`` /
 ``infinity`` (any case, optional sign). A file may be gzip, recognised by its magic bytes
@@ -25,7 +25,7 @@ parsed one by one with ``float()``, or by ``np.loadtxt`` when most fields are li
 (numpy's default ``%.18e``, ``repr()``); a block with any problem is parsed again line by
 line to name the first bad line and field.
 
-No TensorFlow here (DESIGN.md: data.textfile never imports it).
+No TensorFlow here (docs/architecture.md: data.textfile never imports it).
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The final export: raw features in, raw-scale labels out.
+"""The end of a run: the final export, ``metrics.json`` and the ``end`` event.
+
+The export takes raw features in and gives raw-scale labels out.
 
 ``model/model.keras`` (Keras 3 format; load it with ``app.model`` imported so
 its layers are registered) and ``model/saved_model/`` (TensorFlow SavedModel,
@@ -17,15 +19,20 @@ import ctypes
 import errno
 import os
 import shutil
+import time
 from pathlib import Path
+from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from app.atomic import temp_dir
+from app import __version__, logs
+from app.atomic import temp_dir, write_json
 from app.data.cache import DataCache
-from app.errors import StorageError
+from app.errors import Preempted, StorageError
+from app.training.controller import Outcome
+from app.training.workspace import Workspace
 
 KERAS_FILE = "model.keras"
 SAVED_MODEL_DIR = "saved_model"
@@ -125,3 +132,51 @@ def export(model: keras.Model, cache: DataCache, standardize: bool, directory: P
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def summarize(outcome: Outcome, data: DataCache, samples_per_step: int) -> dict[str, Any]:
+    """The run's summary (``metrics.json`` and the ``end`` event): status, steps, RMSEs in
+    raw label units, samples/s over the training loop."""
+    trained = outcome.step - outcome.start_step
+    return {
+        "status": outcome.status,
+        "final_step": outcome.step,
+        "start_step": outcome.start_step,
+        "steps_trained": trained,
+        "test_rmse": outcome.test_rmse,
+        "baseline_rmse": data.baseline_rmse,
+        "examples_per_sec": round(trained * samples_per_step / max(outcome.loop_seconds, 1e-9), 1),
+        "train_size": data.train_size,
+        "test_size": data.test_size,
+        "version": __version__,
+    }
+
+
+def finish(
+    ws: Workspace, summary: dict[str, Any], model: keras.Model, data: DataCache, standardize: bool
+) -> dict[str, Any]:
+    """Export (chief), write ``metrics.json`` (chief) and log ``end``; return the summary.
+
+    A preempted run exports nothing and raises Preempted (exit 143) after the ``end``
+    event. Raises StorageError when the export or metrics can't be written.
+    """
+    status, step = summary["status"], summary["final_step"]
+    if status == "preempted":
+        logs.event("end", f"preempted at step {step}; rerun to resume", **summary)
+        raise Preempted(f"stopped by signal at step {step}; checkpoint saved, rerun to resume")
+    message = f"{status} at step {step}: test RMSE {summary['test_rmse']:.4g}"
+    if not ws.is_chief:  # the chief exports and writes metrics.json
+        logs.event("end", message, **summary)
+        return summary
+    t_export = time.perf_counter()
+    export_dir = export(model, data, standardize, ws.model)
+    logs.event(
+        "export",
+        f"exported the model to {export_dir}",
+        path=str(export_dir),
+        seconds=round(time.perf_counter() - t_export, 2),
+    )
+    summary["export"] = str(export_dir)
+    write_json(ws.metrics, summary)
+    logs.event("end", f"{message} (mean predictor {data.baseline_rmse:.4g})", **summary)
+    return summary

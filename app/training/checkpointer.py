@@ -1,7 +1,9 @@
-"""Checkpoint restore with fallback: newest valid checkpoint first, never a silent restart.
+"""Saving and restoring the trainer's state, when the controller asks; never deciding when.
+
+Restore falls back: newest valid checkpoint first, never a silent restart.
 
 ``tf.train.latest_checkpoint`` returns None when the newest files are missing,
-which silently trains from scratch (DESIGN.md); a truncated ``.index``/``.data``
+which silently trains from scratch; a truncated ``.index``/``.data``
 file raises on restore. Here every ``ckpt-N`` found on disk or named in the
 state file is tried from the newest down, and a directory that has
 checkpoints but none readable is a StorageError (exit 4).
@@ -17,12 +19,15 @@ from __future__ import annotations
 
 import re
 import shutil
+import time
 from pathlib import Path
 
 import tensorflow as tf
 
 from app import logs
-from app.errors import StorageError
+from app.errors import StorageError, TrainingDiverged, short_message
+from app.training.replicas import Replicas
+from app.training.trainer import Trainer
 
 PREFIX = "ckpt"
 _NUMBERED = re.compile(rf"^{PREFIX}-(\d+)\.index$")
@@ -53,14 +58,6 @@ def remove_partial(directory: Path) -> list[str]:
             raise StorageError(f"{path}: cannot remove a partial save: {exc.strerror}") from exc
         removed.append(path.name)
     return removed
-
-
-def describe(exc: BaseException) -> str:
-    """One short line for a TF/OS error: no ``{{function_node ...}}`` or ``[Op:...]`` noise."""
-    text = exc.message if isinstance(exc, tf.errors.OpError) else str(exc)
-    text = re.sub(r"\{\{[^}]*\}\}\s*", "", text)
-    text = re.sub(r"\s*\[Op:\w+\]", "", text).strip()
-    return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
 def candidates(directory: Path, manager: tf.train.CheckpointManager) -> list[str]:
@@ -103,7 +100,7 @@ def restore(
             ckpt.restore(prefix).assert_existing_objects_matched()
         except Exception as exc:  # TF's reader raises OpError, ValueError, AssertionError,
             # and IndexError ("Read less bytes than requested") for a truncated .data file
-            reason = f"{type(exc).__name__}: {describe(exc)}"
+            reason = f"{type(exc).__name__}: {short_message(exc)}"
             errors.append(f"{prefix}: {reason}")
             logs.event(
                 "checkpoint_unreadable",
@@ -127,3 +124,89 @@ def restore(
             f"(newest: {errors[0]}); move the directory away to start from scratch"
         )
     return None
+
+
+class Checkpointer:
+    """The run's checkpoints: one ``tf.train.Checkpoint`` (step, model, optimizer).
+
+    On the chief (and a single process) ``directory`` is ``<output>/checkpoints`` with
+    the newest ``keep`` checkpoints. Another worker saves too (TensorFlow's multi-worker
+    saving wants every worker to) but into its own scratch directory, one checkpoint
+    kept, and never reads it: at restore the chief reads its newest valid checkpoint and
+    sends the state to the others (:meth:`Replicas.broadcast`), so a worker needs no
+    shared storage.
+    """
+
+    def __init__(self, trainer: Trainer, directory: Path, keep: int, replicas: Replicas):
+        self.trainer, self.directory, self.replicas = trainer, Path(directory), replicas
+        self.manager = tf.train.CheckpointManager(
+            trainer.checkpoint,
+            str(self.directory),
+            max_to_keep=keep if replicas.is_chief else 1,
+            checkpoint_name=PREFIX,
+        )
+
+    def restore(self) -> int:
+        """Restore the newest readable checkpoint (on the chief) everywhere; return its step.
+
+        0 means a fresh start. Raises StorageError when checkpoints exist but none can be
+        restored, or the optimizer state was not restored with them; ClusterError when the
+        workers end up disagreeing.
+        """
+        prefix = None
+        if self.replicas.is_chief:
+            prefix = restore(self.trainer.checkpoint, self.manager, self.directory)
+        else:
+            shutil.rmtree(self.directory, ignore_errors=True)  # scratch: only old copies
+        t0 = time.perf_counter()
+        self.replicas.broadcast(self.trainer.state(), "restore")
+        start = self.trainer.global_step
+        iterations = int(self.trainer.optimizer.iterations.numpy())
+        if iterations != start:
+            raise StorageError(
+                f"{prefix or self.directory}: optimizer state not restored "
+                f"(iterations {iterations}, step {start})"
+            )
+        self.replicas.check_same("the checkpoint to resume from", start_step=start)
+        if start:
+            logs.event(
+                "resume",
+                f"resuming from step {start} ({prefix or 'the chief'})",
+                step=start,
+                path=prefix,
+                broadcast_s=round(time.perf_counter() - t0, 3) if self.replicas.count > 1 else None,
+            )
+        return start
+
+    def kept(self) -> str:
+        """Where the last good checkpoint is, for a divergence message."""
+        if self.manager.latest_checkpoint is None:
+            return "no checkpoint had been saved yet"
+        return f"the last good checkpoint is kept in {self.directory}"
+
+    def save(self, step: int) -> str:
+        """Save checkpoint ``step``; never one holding NaN/Inf (TrainingDiverged instead).
+
+        Raises StorageError when it can't be written (the previous ones stay).
+        """
+        t0 = time.perf_counter()
+        if not self.trainer.finite():
+            raise TrainingDiverged(
+                f"weights became NaN/Inf at step {step} (not saved); {self.kept()}; "
+                "lower --learning-rate"
+            )
+        try:
+            with self.replicas.guard(f"checkpoint {step}"):
+                path = self.manager.save(checkpoint_number=step)
+        except (OSError, tf.errors.OpError) as exc:
+            raise StorageError(
+                f"{self.directory}: cannot save checkpoint {step}: {short_message(exc)}"
+            ) from exc
+        logs.event(
+            "checkpoint",
+            f"saved checkpoint at step {step}",
+            step=step,
+            path=path,
+            seconds=round(time.perf_counter() - t0, 3),
+        )
+        return str(path)

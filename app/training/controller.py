@@ -1,0 +1,247 @@
+"""The Controller owns *when*: the loop to an absolute step, and nothing of what a step is.
+
+As orbit's ``Controller``: it trains to ``max_steps`` from wherever the restore left the
+run, in calls of up to K steps (``--steps-per-loop``), and after each call decides:
+
+* **evaluate** when the step is a multiple of ``eval_every``, the last step, or a stop
+  was requested (a ``progress`` event: loss, test RMSE, rate, CPU use, ETA);
+* **checkpoint** when the step is a multiple of ``checkpoint_every``, the last step, the
+  target was reached, or a stop was requested (the only place a checkpoint is decided);
+* **stop** on an agreed stop request (status ``preempted``), when the test RMSE is below
+  ``target_loss`` (``target_reached``), or at ``max_steps`` (``completed``); a non-finite
+  loss or test RMSE raises TrainingDiverged (exit 5) before anything is saved.
+
+A call never crosses an evaluation or checkpoint step or the last step: K is cut to the
+next boundary, so every interval is honoured at the step the user asked for. With K = 0
+(auto) the first call runs one step (it traces the step function), the second a few,
+timed, and K is chosen so that a call does about :data:`TARGET_CALL_SECONDS` of work
+(agreed between workers, which must make the same calls). No TensorFlow here: the
+trainer and checkpointer are passed in, so the rules are tested with stand-ins.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from app import logs
+from app.errors import TrainingDiverged
+
+WARNING = 30
+#: Warn when the test RMSE is not below the mean predictor from this evaluation on.
+NOT_LEARNING_AFTER_EVALS = 2
+#: Work per call that K = auto aims at (seconds): the host wakes about twice a second,
+#: and a stop request waits at most this long for the call in flight.
+TARGET_CALL_SECONDS = 0.5
+#: Steps the timed calibration call runs (K = auto).
+CALIBRATION_STEPS = 3
+MAX_STEPS_PER_LOOP = 1000
+
+
+class StepResult(Protocol):
+    """What a trainer returns for one call (see app.training.trainer.Steps)."""
+
+    @property
+    def losses(self) -> Any: ...  # a sequence of floats, one per step run
+
+    @property
+    def train_rmse(self) -> float: ...
+
+    @property
+    def stop(self) -> bool: ...
+
+    @property
+    def loss(self) -> float: ...
+
+    @property
+    def diverged(self) -> bool: ...
+
+
+class TrainerLike(Protocol):
+    def train(self, steps: int, stop: Callable[[], bool]) -> StepResult: ...
+
+    def evaluate(self) -> float: ...
+
+    def learning_rate(self, step: int) -> float: ...
+
+
+class CheckpointsLike(Protocol):
+    def save(self, step: int) -> str: ...
+
+    def kept(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The intervals, in steps; ``target_loss`` in raw label units (test RMSE)."""
+
+    max_steps: int
+    eval_every: int
+    checkpoint_every: int
+    steps_per_loop: int = 0
+    target_loss: float = 0.0
+
+    def call_length(self, step: int, k: int) -> int:
+        """Steps of the next call from ``step``: ``k``, cut at the next boundary."""
+        boundaries = (
+            self.max_steps,
+            _next_multiple(step, self.eval_every),
+            _next_multiple(step, self.checkpoint_every),
+        )
+        return max(1, min(step + k, *boundaries) - step)
+
+
+def _next_multiple(step: int, every: int) -> int:
+    return (step // every + 1) * every
+
+
+@dataclass
+class Outcome:
+    """How the loop ended: ``status`` completed / target_reached / preempted."""
+
+    status: str
+    start_step: int
+    step: int
+    test_rmse: float | None
+    loop_seconds: float
+    steps_per_loop: int  # 0 when the loop ended before K = auto was chosen
+
+
+@dataclass
+class Meter:
+    """Rate, CPU use and ETA between two progress events (wall and process CPU time).
+
+    ``cpu_budget`` in CPUs; the window starts after the first call, which traces the
+    step function, so start-up does not count against the first interval's rate.
+    """
+
+    cpu_budget: float
+    samples_per_step: int
+    clock: Callable[[], float] = time.perf_counter
+    cpu_clock: Callable[[], float] = time.process_time
+    step: int = 0
+    wall: float = 0.0
+    cpu: float = 0.0
+
+    def mark(self, step: int) -> None:
+        self.step, self.wall, self.cpu = step, self.clock(), self.cpu_clock()
+
+    def read(self, step: int, max_steps: int) -> dict[str, float]:
+        """examples_per_sec, cpu_util (share of the budget), eta_s since the last mark."""
+        wall = max(self.clock() - self.wall, 1e-9)
+        steps = max(step - self.step, 1)
+        fields = {
+            "examples_per_sec": round(steps * self.samples_per_step / wall, 1),
+            "cpu_util": round((self.cpu_clock() - self.cpu) / (wall * self.cpu_budget), 3),
+            "eta_s": round((max_steps - step) * wall / steps, 1),
+        }
+        self.mark(step)
+        return fields
+
+
+@dataclass
+class Controller:
+    """Runs the loop of the module docstring. ``stop`` is this process's stop request;
+    ``agree`` turns a per-worker number into the one all workers use (the mean; the
+    identity for one process); ``actions`` get every ``progress`` record (summaries)."""
+
+    trainer: TrainerLike
+    checkpoints: CheckpointsLike
+    schedule: Schedule
+    meter: Meter
+    stop: Callable[[], bool]
+    baseline_rmse: float
+    agree: Callable[[float], float] = lambda value: value
+    actions: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
+    evaluations: int = 0
+
+    def run(self, start: int) -> Outcome:
+        """Train from ``start`` to the schedule's end; return how it ended."""
+        s = self.schedule
+        step, status, test_rmse, k, calls = start, "completed", None, s.steps_per_loop, 0
+        clock = self.meter.clock
+        t_loop = clock()
+        self.meter.mark(step)
+        while step < s.max_steps:
+            n = s.call_length(step, k or (1 if calls == 0 else CALIBRATION_STEPS))
+            t_call = clock()
+            result = self.trainer.train(n, self.stop)
+            step, calls = step + len(result.losses), calls + 1
+            if result.diverged:
+                raise TrainingDiverged(
+                    f"loss became {result.loss} at step {step}; {self.checkpoints.kept()}; "
+                    "lower --learning-rate"
+                )
+            last, stopping = step >= s.max_steps, result.stop
+            evaluate = step % s.eval_every == 0 or last or stopping
+            if calls == 1 and not evaluate:
+                self.meter.mark(step)  # the first call traced the step function: not a rate
+            elif calls == 2 and k == 0:
+                k = self._choose_steps_per_loop((clock() - t_call) / n)
+            if evaluate:
+                test_rmse = self._evaluate(step, result)
+                if test_rmse < s.target_loss:
+                    status = "target_reached"
+            if step % s.checkpoint_every == 0 or last or stopping or status != "completed":
+                self.checkpoints.save(step)
+            if stopping:
+                status = "preempted"
+            if status != "completed":
+                break
+        seconds = clock() - t_loop
+        return Outcome(status, start, step, test_rmse, seconds, k)
+
+    def _choose_steps_per_loop(self, step_seconds: float) -> int:
+        """K for about :data:`TARGET_CALL_SECONDS` per call, the same on every worker."""
+        wanted = min(
+            max(round(TARGET_CALL_SECONDS / max(step_seconds, 1e-6)), 1), MAX_STEPS_PER_LOOP
+        )
+        k = max(1, int(self.agree(float(wanted))))
+        logs.event(
+            "steps_per_loop",
+            f"{k} steps per call into TensorFlow ({step_seconds * 1e3:.1f} ms per step, "
+            f"about {TARGET_CALL_SECONDS:g} s per call; --steps-per-loop 0 = auto)",
+            steps_per_loop=k,
+            step_ms=round(step_seconds * 1e3, 2),
+        )
+        return k
+
+    def _evaluate(self, step: int, result: StepResult) -> float:
+        """Test RMSE at ``step``, logged as a ``progress`` event (and to the actions)."""
+        test_rmse = self.trainer.evaluate()
+        if not math.isfinite(test_rmse):  # the weights to be checkpointed are broken
+            raise TrainingDiverged(
+                f"test RMSE became {test_rmse} at step {step} (loss {result.loss:.4g}); "
+                f"{self.checkpoints.kept()}; lower --learning-rate"
+            )
+        self.evaluations += 1
+        record: dict[str, Any] = {
+            "step": step,
+            "loss": result.loss,
+            "train_rmse": result.train_rmse,
+            "test_rmse": test_rmse,
+            "lr": self.trainer.learning_rate(step),
+            **self.meter.read(step, self.schedule.max_steps),
+        }
+        logs.event(
+            "progress",
+            f"step {step}/{self.schedule.max_steps} loss {result.loss:.4f} "
+            f"test_rmse {test_rmse:.4f}",
+            **record,
+        )
+        for action in self.actions:
+            action(record)
+        if self.evaluations >= NOT_LEARNING_AFTER_EVALS and test_rmse >= self.baseline_rmse:
+            logs.event(
+                "not_learning",
+                f"test RMSE {test_rmse:.4g} is not below the mean predictor's "
+                f"{self.baseline_rmse:.4g}",
+                level=WARNING,
+                step=step,
+                test_rmse=test_rmse,
+                baseline_rmse=self.baseline_rmse,
+            )
+        return test_rmse

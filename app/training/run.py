@@ -1,0 +1,204 @@
+"""The training entry point, ``train(config, plan) -> summary``: a short recipe.
+
+workspace → data → trainer → controller → finish. The CLI, tests and benchmarks all
+call it, after :func:`app.budget.apply.apply` has set the thread plan. The data are
+read and checked before TensorFlow is imported, so bad input fails in a fraction of a
+second with one line; TensorFlow (and with it the trainer, the checkpointer and the
+replicas) comes after. Everything it writes lives in the workspace
+(:mod:`app.training.workspace`): under ``config.output_dir`` and the cache directory.
+
+The loop runs *to an absolute step*, restoring the newest valid checkpoint first, so a
+restarted job continues and ends at the same total (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from app import __version__, logs
+from app.budget.apply import import_tensorflow
+from app.budget.plan import ThreadPlan
+from app.cluster.spec import Cluster
+from app.config import TrainConfig
+from app.data import cache as cache_lib
+from app.errors import DataError, Preempted
+from app.signals import StopRequest
+from app.training import workspace as workspace_lib
+from app.training.controller import Controller, Meter, Schedule
+
+
+def train(
+    config: TrainConfig,
+    plan: ThreadPlan,
+    stop: Callable[[], bool] | None = None,
+    cluster: Cluster | None = None,
+) -> dict[str, Any]:
+    """Train to ``config.max_steps`` (or the target loss) and export; return the summary.
+
+    With ``cluster`` this process is one worker of a multi-worker run
+    (docs/distributed.md): ``config.batch_size`` is per worker, only the chief (worker
+    0) writes checkpoints/, model/ and metrics.json, and a lost or failing peer raises
+    ClusterError (exit 6).
+
+    The summary (also ``metrics.json``) has ``status`` ("completed",
+    "target_reached"), ``final_step``, ``test_rmse`` and ``baseline_rmse`` (raw
+    label units), ``examples_per_sec``, ``wall_seconds`` and ``plan``.
+    Raises DataError (bad input), StorageError (output), Preempted (SIGTERM or
+    SIGINT; a checkpoint was saved), TrainingDiverged (NaN/Inf loss).
+    """
+    stop = stop or StopRequest()
+    t_start = time.perf_counter()
+    ws = workspace_lib.for_run(config, cluster)
+    workspace_lib.open_log(ws)
+    samples_per_step = config.batch_size * (cluster.count if cluster else 1)
+    multi: dict[str, Any] = {}
+    if cluster is not None:
+        multi = {"cluster": cluster.to_json(), "global_batch_size": samples_per_step}
+    logs.event(
+        "start",
+        f"coretrain {__version__}: {plan.intra_op_threads} intra-op threads "
+        f"for a budget of {plan.cpu_budget:g} CPUs",
+        version=__version__,
+        tensorflow=_tensorflow_version(),
+        config=config.to_json(),
+        plan=plan.to_json(),
+        **multi,
+    )
+    try:
+        data = load_data(config, ws.cache, plan, stop)  # before TensorFlow: bad data fail fast
+    except Preempted as exc:  # during the conversion
+        logs.event("end", str(exc), status="preempted")
+        raise
+    if stop():
+        raise _preempted("before training started")
+    import_tensorflow()
+    # TensorFlow from here on.
+    from app.data import pipeline
+    from app.training import finish, replicas
+    from app.training.checkpointer import Checkpointer
+    from app.training.trainer import Trainer
+
+    reps = replicas.create(cluster)
+    try:
+        trainer = Trainer(config, plan, data, reps)
+        checkpoints = Checkpointer(trainer, ws.checkpoints, config.keep_checkpoints, reps)
+        start = checkpoints.restore()
+        if reps.sum([1.0 if stop() else 0.0], "restore")[0] > 0:  # agreed by all workers
+            raise _preempted(f"before training resumed at step {start}")
+        trainer.feed(
+            pipeline.train_dataset(
+                data,
+                plan,
+                seed=config.seed,
+                batch_size=config.batch_size,
+                start_step=start,
+                end_step=config.max_steps,
+                workers=reps.count,
+                index=reps.index,
+                resident=_resident(data, plan),
+            )
+        )
+        controller = Controller(
+            trainer,
+            checkpoints,
+            Schedule(
+                config.max_steps,
+                config.eval_every,
+                config.checkpoint_every,
+                config.steps_per_loop,
+                config.target_loss,
+            ),
+            Meter(plan.cpu_budget, samples_per_step),
+            stop,
+            data.baseline_rmse,
+            agree=lambda k: float(reps.sum([k], "steps per loop")[0]) / reps.count,
+        )
+        outcome = controller.run(start)
+        if outcome.test_rmse is None:  # nothing left to train: report the restored model
+            outcome.test_rmse = trainer.evaluate()
+        summary = finish.summarize(outcome, data, samples_per_step)
+        summary.update(
+            wall_seconds=round(time.perf_counter() - t_start, 2),
+            steps_per_loop=outcome.steps_per_loop,
+            plan=plan.to_json(),
+        )
+        if cluster is not None:
+            summary.update(workers=cluster.count, global_batch_size=samples_per_step)
+        return finish.finish(ws, summary, trainer.model, data, config.standardize)
+    except Exception as exc:
+        reps.report_failure(exc)  # the other workers stop instead of waiting for this one
+        raise
+
+
+def _preempted(when: str) -> Preempted:
+    """A stop before the training loop: logged as the ``end`` event, then raised."""
+    exc = Preempted(f"stopped by signal {when}")
+    logs.event("end", str(exc), status="preempted")
+    return exc
+
+
+def sources(config: TrainConfig) -> cache_lib.Sources:
+    """The data files and parse settings of ``config``."""
+    return cache_lib.Sources(
+        paths={role: config.data_path(role) for role in cache_lib.ROLES},
+        height=config.height,
+        width=config.width,
+        allow_nonfinite=config.allow_nonfinite,
+    )
+
+
+def load_data(
+    config: TrainConfig, cache_dir: Path, plan: ThreadPlan, stop: Callable[[], bool]
+) -> cache_lib.DataCache:
+    """Parse the text files once into the binary cache (or reuse it) and check it.
+
+    Large files are parsed in as many threads as TensorFlow gets intra-op threads.
+    Raises DataError for bad input, and when NaN/Inf values (let in by
+    --allow-nonfinite) make the standardisation statistics non-finite.
+    """
+    data = cache_lib.prepare(sources(config), cache_dir, stop=stop, threads=plan.intra_op_threads)
+    if config.standardize:
+        for role, stats in (
+            ("train_features", (data.feature_mean, data.feature_std)),
+            ("train_labels", (data.label_mean, data.label_std)),
+        ):
+            if not all(np.isfinite(s).all() for s in stats):
+                raise DataError(
+                    f"{config.data_path(role)}: NaN/Inf values (allowed by --allow-nonfinite) "
+                    "make the standardisation statistics NaN/Inf; train with --no-standardize, "
+                    "or remove them"
+                )
+    return data
+
+
+def _resident(data: cache_lib.DataCache, plan: ThreadPlan) -> bool:
+    """Whether the training split is held in memory; logged as the ``input`` event."""
+    from app.data import pipeline
+
+    resident = pipeline.fits_in_memory(data, plan)
+    logs.event(
+        "input",
+        "training split held in memory (batches gathered in tf.data)"
+        if resident
+        else "training split read from the cache file batch by batch (larger than the limit)",
+        resident=resident,
+        split_bytes=pipeline.split_bytes(data),
+        resident_limit=pipeline.resident_limit(plan),
+    )
+    return resident
+
+
+def _tensorflow_version() -> str:
+    """TensorFlow's version without importing it (the wheel is tensorflow-cpu on x86)."""
+    for name in ("tensorflow-cpu", "tensorflow"):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"

@@ -1,0 +1,229 @@
+"""The Controller's promises, with a stand-in trainer: each rule is pinned by its own test.
+
+When to evaluate (every ``eval_every``, the last step, on a stop), when to checkpoint
+(every ``checkpoint_every``, the last step, on a stop, on reaching the target), how calls
+are cut at those boundaries, how K = auto is chosen, and what ends the loop. No
+TensorFlow: the trainer and checkpoints are recorded fakes, the clock is simulated.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import pytest
+
+from app import logs
+from app.errors import TrainingDiverged
+from app.training.controller import (
+    CALIBRATION_STEPS,
+    TARGET_CALL_SECONDS,
+    Controller,
+    Meter,
+    Schedule,
+)
+
+
+@dataclass
+class Clock:
+    now: float = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass(frozen=True)
+class Result:
+    losses: list[float]
+    train_rmse: float
+    stop: bool
+
+    @property
+    def loss(self) -> float:
+        return self.losses[-1]
+
+    @property
+    def diverged(self) -> bool:
+        return not math.isfinite(self.loss)
+
+
+@dataclass
+class FakeTrainer:
+    """Trains instantly; ``step_seconds`` of simulated time per step."""
+
+    clock: Clock
+    step: int = 0
+    step_seconds: float = 0.01
+    stop_after: int | None = None  # the stop request turns on once this step is reached
+    nan_at: int | None = None
+    rmse_at: dict[int, float] = field(default_factory=dict)
+    calls: list[int] = field(default_factory=list)
+    evaluated: list[int] = field(default_factory=list)
+
+    def train(self, steps: int, stop: object) -> Result:
+        self.calls.append(steps)
+        losses = []
+        for _ in range(steps):
+            self.step += 1
+            self.clock.now += self.step_seconds
+            losses.append(math.nan if self.step == self.nan_at else 1.0 / self.step)
+            if self.step == self.nan_at:
+                break
+        stopping = self.stop_after is not None and self.step >= self.stop_after
+        return Result(losses, 0.5, stopping)
+
+    def evaluate(self) -> float:
+        self.evaluated.append(self.step)
+        return self.rmse_at.get(self.step, 1.0)
+
+    def learning_rate(self, step: int) -> float:
+        return 0.1
+
+
+@dataclass
+class FakeCheckpoints:
+    saved: list[int] = field(default_factory=list)
+
+    def save(self, step: int) -> str:
+        self.saved.append(step)
+        return f"ckpt-{step}"
+
+    def kept(self) -> str:
+        return f"the last good checkpoint is ckpt-{self.saved[-1]}" if self.saved else "none"
+
+
+def run(
+    *,
+    start: int = 0,
+    max_steps: int = 10,
+    eval_every: int = 3,
+    checkpoint_every: int = 4,
+    k: int = 5,
+    target: float = 0.0,
+    agree: object = None,
+    **trainer: object,
+) -> tuple[object, FakeTrainer, FakeCheckpoints]:
+    clock = Clock()
+    fake = FakeTrainer(clock, step=start, **trainer)  # type: ignore[arg-type]
+    saves = FakeCheckpoints()
+    controller = Controller(
+        fake,
+        saves,
+        Schedule(max_steps, eval_every, checkpoint_every, k, target),
+        Meter(cpu_budget=2.0, samples_per_step=10, clock=clock, cpu_clock=clock),
+        stop=lambda: False,
+        baseline_rmse=2.0,
+        **({"agree": agree} if agree else {}),  # type: ignore[arg-type]
+    )
+    return controller.run(start), fake, saves
+
+
+@pytest.fixture(autouse=True)
+def quiet_logs() -> None:
+    logs.setup(level=logging.ERROR)
+
+
+def test_calls_are_cut_at_every_evaluation_checkpoint_and_the_last_step() -> None:
+    outcome, fake, _ = run()
+    # From 0 with K = 5: to 3 (eval), 4 (checkpoint), 6 (eval), 8 (ckpt), 9 (eval), 10 (last).
+    assert fake.calls == [3, 1, 2, 2, 1, 1]
+    assert outcome.status == "completed" and outcome.step == 10  # type: ignore[attr-defined]
+
+
+def test_evaluation_every_n_steps_and_at_the_last_step() -> None:
+    _, fake, _ = run()
+    assert fake.evaluated == [3, 6, 9, 10]
+
+
+def test_checkpoints_every_n_steps_and_at_the_last_step() -> None:
+    _, _, saves = run()
+    assert saves.saved == [4, 8, 10]
+
+
+def test_a_stop_request_evaluates_checkpoints_and_ends_preempted() -> None:
+    outcome, fake, saves = run(stop_after=5, checkpoint_every=100, eval_every=100, k=5)
+    assert fake.calls == [5]
+    assert (fake.evaluated, saves.saved) == ([5], [5])
+    assert outcome.status == "preempted" and outcome.step == 5  # type: ignore[attr-defined]
+
+
+def test_reaching_the_target_checkpoints_that_step_and_stops() -> None:
+    outcome, fake, saves = run(target=0.5, rmse_at={6: 0.4}, checkpoint_every=100, k=1)
+    assert fake.evaluated == [3, 6]
+    assert saves.saved == [6]
+    assert outcome.status == "target_reached" and outcome.test_rmse == 0.4  # type: ignore[attr-defined]
+
+
+def test_a_non_finite_loss_raises_before_anything_is_saved_at_that_step() -> None:
+    with pytest.raises(TrainingDiverged, match=r"loss became nan at step 7; .*ckpt-4"):
+        run(nan_at=7)
+
+
+def test_a_non_finite_test_rmse_raises() -> None:
+    with pytest.raises(TrainingDiverged, match="test RMSE became inf at step 3"):
+        run(rmse_at={3: math.inf})
+
+
+def test_resume_trains_from_the_restored_step_to_the_same_absolute_end() -> None:
+    outcome, fake, saves = run(start=6)
+    assert fake.calls == [2, 1, 1]  # to 8 (checkpoint), 9 (eval), 10 (last)
+    assert saves.saved == [8, 10]
+    assert outcome.start_step == 6 and outcome.step == 10  # type: ignore[attr-defined]
+
+
+def test_nothing_left_to_train_makes_no_call() -> None:
+    outcome, fake, saves = run(start=10)
+    assert (fake.calls, saves.saved, outcome.test_rmse) == ([], [], None)  # type: ignore[attr-defined]
+
+
+def test_auto_k_traces_with_one_step_then_times_a_few_and_aims_at_the_target_call_time() -> None:
+    step_s = 0.004
+    outcome, fake, _ = run(k=0, max_steps=2000, eval_every=1000, checkpoint_every=1000,
+                           step_seconds=step_s)  # fmt: skip
+    k = round(TARGET_CALL_SECONDS / step_s)
+    assert fake.calls[:2] == [1, CALIBRATION_STEPS]
+    # 1 + 3 steps, then K-step calls cut at 1000 (an evaluation and a checkpoint) and 2000.
+    assert fake.calls[2:10] == [k] * 7 + [1000 - 4 - 7 * k]
+    assert max(fake.calls) == k
+    assert outcome.steps_per_loop == k  # type: ignore[attr-defined]
+
+
+def test_auto_k_is_agreed_between_workers() -> None:
+    asked: list[float] = []
+
+    def agree(value: float) -> float:
+        asked.append(value)
+        return 7.9  # the mean of the workers' proposals
+
+    _, fake, _ = run(k=0, max_steps=100, eval_every=100, checkpoint_every=100, agree=agree)
+    assert len(asked) == 1
+    assert fake.calls[2:4] == [7, 7]
+
+
+def test_progress_rate_leaves_out_the_tracing_call() -> None:
+    records: list[dict] = []
+    clock = Clock()
+    fake = FakeTrainer(clock, step_seconds=0.01)
+    original = fake.train
+
+    def slow_first_call(steps: int, stop: object) -> Result:
+        if not fake.calls:
+            clock.now += 5.0  # tracing
+        return original(steps, stop)
+
+    fake.train = slow_first_call  # type: ignore[method-assign]
+    controller = Controller(
+        fake,
+        FakeCheckpoints(),
+        Schedule(10, 10, 100, 3, 0.0),
+        Meter(cpu_budget=1.0, samples_per_step=100, clock=clock, cpu_clock=clock),
+        stop=lambda: False,
+        baseline_rmse=2.0,
+        actions=[records.append],
+    )
+    controller.run(0)
+    (progress,) = records
+    # 7 steps after the first call (3 steps), 0.07 s: 10,000 samples/s, not 1000/5.1 s.
+    assert progress["examples_per_sec"] == pytest.approx(100 * 7 / 0.07)
+    assert progress["step"] == 10 and progress["loss"] == pytest.approx(0.1)

@@ -1,0 +1,76 @@
+"""The training loop end to end: several steps per call change nothing, and a checkpoint
+written by an earlier version restores (its layout is a contract)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import FIXTURES, events, json_lines, run_cli
+
+pytestmark = pytest.mark.slow
+
+OLD = FIXTURES / "checkpoints" / "v0.1.0-step3"
+ARGS = ["--batch-size", "40", "--eval-every", "6", "--checkpoint-every", "6"]
+
+
+def _train(data: Path, out: Path, steps: int, *extra: str) -> list[dict]:
+    args = ["--data", str(data), "--output", str(out), "--max-steps", str(steps), *ARGS, *extra]
+    proc = run_cli("train", *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json_lines(proc.stdout)
+
+
+def _tensors(prefix: Path) -> dict[str, np.ndarray]:
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(str(prefix))
+    return {
+        name: reader.get_tensor(name)
+        for name in reader.get_variable_to_shape_map()
+        if name not in ("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter/.ATTRIBUTES/VARIABLE_VALUE")
+    }
+
+
+def test_steps_per_call_do_not_change_the_trajectory(tiny_data: Path, tmp_path: Path) -> None:
+    # One step per call, four (cut at 6 and 12), and auto: the same ops on the same batches.
+    runs = {k: _train(tiny_data, tmp_path / k, 12, "--steps-per-loop", k) for k in ("1", "4", "0")}
+    losses = {k: [p["loss"] for p in events(r, "progress")] for k, r in runs.items()}
+    assert len(losses["1"]) == 2
+    assert losses["4"] == losses["1"] and losses["0"] == losses["1"]
+    ckpt = {k: _tensors(tmp_path / k / "checkpoints" / "ckpt-12") for k in runs}
+    for name, value in ckpt["1"].items():
+        assert np.array_equal(ckpt["4"][name], value), name
+        assert np.array_equal(ckpt["0"][name], value), name
+    (chosen,) = events(runs["0"], "steps_per_loop")
+    assert chosen["steps_per_loop"] >= 1
+    ends = {k: events(r, "end")[-1] for k, r in runs.items()}
+    assert ends["4"]["steps_per_loop"] == 4 and ends["1"]["steps_per_loop"] == 1
+
+
+def test_a_checkpoint_of_version_0_1_0_restores_and_training_continues(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    expected = json.loads((OLD / "expected.json").read_text())
+    out = tmp_path / "out"
+    shutil.copytree(OLD, out / "checkpoints", ignore=shutil.ignore_patterns("expected.json"))
+    # Nothing left to train: the restored model itself is evaluated and exported.
+    same = _train(tiny_data, out, expected["step"], "--seed", str(expected["seed"]))
+    (resume,) = events(same, "resume")
+    assert resume["step"] == expected["step"]
+    end = events(same, "end")[-1]
+    assert end["steps_trained"] == 0
+    # The weights are the old run's: its test RMSE, up to the CPU's float32 rounding.
+    assert end["test_rmse"] == pytest.approx(expected["test_rmse"], rel=1e-5)
+    # The optimizer state came with them (the restore checks iterations == step), and
+    # training goes on to the new absolute end.
+    more = _train(tiny_data, out, 6, "--seed", str(expected["seed"]))
+    assert events(more, "resume")[0]["step"] == expected["step"]
+    end = events(more, "end")[-1]
+    assert (end["status"], end["start_step"], end["final_step"]) == ("completed", 3, 6)
+    restored = _tensors(out / "checkpoints" / "ckpt-6")
+    assert int(restored["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"]) == 6
