@@ -191,8 +191,10 @@ def train_cmd(**values: Any) -> None:
     from app import lock
     from app.budget import apply, detect_plan
     from app.cluster import spec
+    from app.errors import Replan
     from app.signals import StopRequest
     from app.training import workspace
+    from app.training.run import REPLAN_AT_ENV
 
     logs.setup()
     stop = StopRequest().install()
@@ -206,7 +208,11 @@ def train_cmd(**values: Any) -> None:
         apply.apply(plan)
         from app.training.run import train
 
-        train(config, plan, stop, cluster)
+        try:
+            train(config, plan, stop, cluster)
+        except Replan as replan:  # a new thread plan needs a new process: same PID, same lock
+            env = {REPLAN_AT_ENV: str(replan.at), lock.HELD_FD_ENV: str(held.fileno())}
+            apply.restart(env, keep_fds=(held.fileno(),))
         held.close()
     except Exception as exc:  # one place turns every failure into a message + exit code
         _fail(exc)

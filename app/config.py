@@ -172,6 +172,13 @@ class TrainConfig:
     formulation: str = option(
         "fast", "CNN implementation (same function and checkpoint layout).", choices=FORMULATIONS
     )
+    replan: str = option(
+        "on-change",
+        "When the CPU budget changes while training (e.g. a pod resized in place) so that "
+        "the thread plan would change: on-change saves a checkpoint and restarts TensorFlow "
+        "with the new plan; never only logs it. Multi-worker runs never re-plan.",
+        choices=("on-change", "never"),
+    )
 
     def __post_init__(self) -> None:
         check_bounds(self)

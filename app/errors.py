@@ -47,6 +47,18 @@ class TrainingDiverged(AppError):
     exit_code = 5
 
 
+class Replan(AppError):
+    """Not a failure: the CPU budget changed, a checkpoint was saved, and the run must go on
+    in a fresh process with the new thread plan (app.budget.apply.restart). ``at``: when
+    the change was noticed (seconds since the epoch)."""
+
+    exit_code = 0
+
+    def __init__(self, message: str, at: float) -> None:
+        super().__init__(message)
+        self.at = at
+
+
 class OutputLocked(AppError):
     """Another run holds the output directory's lock (sysexits EX_TEMPFAIL). Exit 75."""
 

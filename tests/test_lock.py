@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import pytest
 
 from app import lock
 from app.errors import OutputLocked
-from tests.conftest import run_cli
+from tests.conftest import REPO, run_cli
 
 HOLD = """
 import sys, time
@@ -57,3 +58,41 @@ def test_lock_of_a_killed_run_does_not_block(tmp_path: Path) -> None:
     holder.wait()  # reaped: the kernel has released its flock
     assert (tmp_path / ".lock").read_text().strip() == str(holder.pid)  # stale file remains
     lock.acquire(tmp_path).close()
+
+
+HAND_OVER = """
+import os, sys
+from pathlib import Path
+from app import lock
+out = Path(sys.argv[1])
+if sys.argv[2] == "first":  # take the lock, then exec into the second image, as a re-plan does
+    held = lock.acquire(out)
+    os.set_inheritable(held.fileno(), True)
+    os.environ[lock.HELD_FD_ENV] = str(held.fileno())
+    os.execv(sys.executable, [sys.executable, sys.argv[0], str(out), "second"])
+held = lock.acquire(out)  # adopts the inherited lock instead of failing with exit 75
+print("adopted", lock.HELD_FD_ENV in os.environ, flush=True)
+sys.stdin.readline()  # hold it until the test is done
+"""
+
+
+def test_a_restarted_run_keeps_its_lock_across_exec(tmp_path: Path) -> None:
+    script = tmp_path / "hand_over.py"
+    script.write_text(HAND_OVER)
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(out), "first"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().split() == ["adopted", "False"]
+        with pytest.raises(OutputLocked):  # held all along: nobody else got in
+            lock.acquire(out)
+    finally:
+        proc.communicate("done\n", timeout=30)
+    assert proc.returncode == 0
+    lock.acquire(out).close()  # released when it exited

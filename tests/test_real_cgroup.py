@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from app.budget.plan import DEFAULT_ROUNDING, round_threads
-from benchmarks.cgroup_run import CpuCgroup, cpu_cgroup, unavailable_reason
+from benchmarks.cgroup_run import PERIOD_US, CpuCgroup, cpu_cgroup, unavailable_reason
 from tests.conftest import REPO, events
 
 REASON = unavailable_reason()
@@ -225,3 +225,43 @@ def test_training_runs_under_the_quota_with_the_detected_plan(
     # The run was scheduled under this group's CFS bandwidth control.
     assert after["nr_periods"] > before["nr_periods"]
     assert grp.pids() == []
+
+
+@pytest.mark.slow
+def test_a_quota_raised_mid_run_replans_and_finishes_at_the_same_step(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    """Quota 1.0 → 2.0 CPUs while training: budget_changed, a checkpoint, a fresh
+    TensorFlow with 2 intra-op threads in the same process, the requested end, exit 0."""
+    args = ["--data", str(tiny_data), "--output", str(tmp_path / "out"), "--max-steps", "16"]
+    args += ["--batch-size", "40", "--eval-every", "4", "--checkpoint-every", "100"]
+    records: list[dict[str, Any]] = []
+    with cpu_cgroup(1.0, prefix="coretrain-test-replan") as grp:
+        proc = subprocess.Popen(
+            grp.command([*coretrain(), "train", *args]),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=clean_env(),
+            cwd=REPO,
+        )
+        assert proc.stdout is not None and proc.stderr is not None
+        for line in proc.stdout:
+            records.append(json.loads(line))
+            if records[-1]["event"] == "progress" and grp.quota_us() == PERIOD_US:
+                grp.set_quota(2.0)  # as an in-place pod resize or docker update --cpus
+        returncode = proc.wait(timeout=300)
+        assert returncode == 0, proc.stderr.read()[-3000:]
+    starts = events(records, "start")
+    assert [s["plan"]["intra_op_threads"] for s in starts] == [1, expected_intra(2.0, 2)]
+    (changed,) = events(records, "budget_changed")
+    assert changed["replan"] is True
+    assert (changed["old"]["cpu_quota"], changed["new"]["cpu_quota"]) == (1.0, 2.0)
+    first = events(records, "progress")[0]
+    assert events(records, "checkpoint")[0]["step"] == first["step"]
+    assert events(records, "resume")[0]["step"] == first["step"]
+    assert events(records, "replanned")[0]["seconds"] > 0
+    end = events(records, "end")[-1]
+    assert (end["status"], end["final_step"]) == ("completed", 16)
+    # Under the 1-CPU quota the kernel's counters are in the progress event.
+    assert first["cpu_throttled_ratio"] is not None and first["cpu_throttled_s"] is not None

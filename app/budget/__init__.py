@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 
 from app.budget import cgroups, topology
-from app.budget.plan import PlanOptions, ThreadPlan, make_plan, overrides_from
+from app.budget.plan import Overrides, PlanOptions, ThreadPlan, make_plan, overrides_from
 
 
 def detect_plan(
@@ -21,7 +21,12 @@ def detect_plan(
     ``environ`` (default ``os.environ``) supplies TensorFlow's own variables, which count
     as explicit settings. No TensorFlow import; raises ConfigError for bad settings.
     """
-    overrides = overrides_from(os.environ if environ is None else environ, options)
+    return plan_with(root, overrides_from(os.environ if environ is None else environ, options))
+
+
+def plan_with(root: str, overrides: Overrides) -> ThreadPlan:
+    """Detect the budget under ``root`` now and plan with ``overrides`` (e.g. a running
+    plan's own, to see whether a changed budget changes the plan)."""
     budget = cgroups.detect_budget(root)
     topo = topology.detect_topology(root, budget.cpuset)
     return make_plan(budget, topo, overrides, topology.detect_cpu(root))

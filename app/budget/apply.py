@@ -52,6 +52,11 @@ if pending and not any(n in pending for n in drop):
 """
 
 
+#: The environment as it was before :func:`apply` changed it (name → value or None), so a
+#: restart (:func:`restart`) plans afresh instead of taking our settings for the user's.
+_BEFORE: dict[str, str | None] = {}
+
+
 def apply(plan: ThreadPlan, environ: MutableMapping[str, str] | None = None) -> list[str]:
     """Set TF's thread and oneDNN env vars and the CPU affinity from ``plan``.
 
@@ -61,6 +66,9 @@ def apply(plan: ThreadPlan, environ: MutableMapping[str, str] | None = None) -> 
     if "tensorflow" in sys.modules:
         raise RuntimeError("app.budget.apply.apply() must run before TensorFlow is imported")
     env = os.environ if environ is None else environ
+    if environ is None:
+        names = ["TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", ONEDNN_ENV, *DEFAULTS]
+        _BEFORE.update({n: os.environ.get(n) for n in names if n not in _BEFORE})
     done = []
     settings: list[tuple[str, object]] = [
         ("TF_NUM_INTRAOP_THREADS", plan.intra_op_threads),
@@ -128,3 +136,26 @@ def import_tensorflow() -> ModuleType:
         with contextlib.suppress(subprocess.TimeoutExpired):
             filter_proc.wait(timeout=10)
     return tensorflow
+
+
+def restart(extra_env: dict[str, str], keep_fds: tuple[int, ...] = ()) -> None:
+    """Replace this process by a fresh run of the same command (``execve``; never returns).
+
+    TensorFlow's thread pools can't be resized in a process, so a new plan needs a new
+    process; ``exec`` keeps the PID (PID 1 in a container stays PID 1), stdout and the
+    file descriptors in ``keep_fds`` (e.g. the output lock). The variables :func:`apply`
+    set are put back as they were, so the new process plans from the budget it finds;
+    ``extra_env`` is added. Raises OSError when the exec fails.
+    """
+    env = dict(os.environ)
+    for name, value in _BEFORE.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    env.update(extra_env)
+    for fd in keep_fds:
+        os.set_inheritable(fd, True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, list(sys.orig_argv), env)

@@ -68,6 +68,8 @@ class CpuBudget:
         reasons: one human-readable line per decision; fallbacks start with ``"warning: "``.
         cpu_request: CPUs from the ``CPU_REQUEST`` hint (read only when no quota was found);
             informational, not part of :attr:`cpu_budget`.
+        cpu_stat: path (as seen from root) of ``cpu.stat`` in the cgroup whose quota is the
+            limit (the process's own cgroup when none is set): its throttling counters.
     """
 
     cpu_quota: float | None
@@ -77,6 +79,7 @@ class CpuBudget:
     inputs: dict[str, str] = field(default_factory=dict)
     reasons: tuple[str, ...] = ()
     cpu_request: float | None = None
+    cpu_stat: str | None = None
 
     @property
     def cpu_budget(self) -> float:
@@ -336,8 +339,9 @@ def _v2_quota(directory: str, probe: RootFiles, is_top: bool) -> float | None:
     return quota / period
 
 
-def _cpu_quota(hierarchy: Hierarchy, probe: RootFiles) -> float | None:
-    """Tightest CFS quota (CPUs) from the process's cgroup up to the mount root."""
+def _cpu_quota(hierarchy: Hierarchy, probe: RootFiles) -> tuple[float | None, str]:
+    """Tightest CFS quota (CPUs) from the process's cgroup up to the mount root, and the
+    directory that sets it (the process's own cgroup when none does)."""
     found: list[tuple[float, str]] = []
     directories = hierarchy.directories()
     for directory in directories:
@@ -349,13 +353,13 @@ def _cpu_quota(hierarchy: Hierarchy, probe: RootFiles) -> float | None:
             found.append((quota, directory))
     if not found:
         probe.note(f"cpu quota: none set on {len(directories)} level(s) (unlimited)")
-        return None
+        return None, directories[0]
     quota, where = min(found)
     probe.note(
         f"cpu quota: {quota:g} CPUs from {where}"
         + (" (tightest of the chain)" if len(directories) > 1 else "")
     )
-    return quota
+    return quota, where
 
 
 def _memory_limit(hierarchy: Hierarchy, probe: RootFiles) -> int | None:
@@ -527,7 +531,7 @@ def detect_budget(
         probe.warn("no /proc/self/cgroup or /proc/self/mountinfo: cgroup limits unknown")
 
     cpu = _locate("cpu", entries, mounts, probe)
-    cpu_quota = _cpu_quota(cpu, probe) if cpu else None
+    cpu_quota, cpu_dir = _cpu_quota(cpu, probe) if cpu else (None, None)
     quota_source = f"cgroup v{cpu.version}" if cpu and cpu_quota is not None else "none"
     cpu_request = None
     if cpu_quota is None:
@@ -551,6 +555,7 @@ def detect_budget(
     memory_limit = _memory_limit(memory, probe) if memory else None
 
     return CpuBudget(
+        cpu_stat=f"{cpu_dir}/cpu.stat" if cpu_dir else None,
         cpu_quota=cpu_quota,
         cpuset=cpuset,
         memory_limit=memory_limit,

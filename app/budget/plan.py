@@ -177,6 +177,12 @@ class ThreadPlan:
     inputs: Mapping[str, str]
     onednn: bool | None = None
     cpu_model: str = "unknown"
+    cpu_stat: str | None = None  # cpu.stat of the limiting cgroup (app.budget.usage)
+    overrides: Overrides = field(default_factory=lambda: Overrides())  # what the user set
+
+    def threads(self) -> tuple[int, int, tuple[int, ...] | None]:
+        """What TensorFlow's runtime is sized by: intra-op, inter-op threads, affinity."""
+        return (self.intra_op_threads, self.inter_op_threads, self.pin_cpus)
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict (lists for tuples); the contract of ``coretrain plan``."""
@@ -185,6 +191,10 @@ class ThreadPlan:
         out["pin_cpus"] = None if self.pin_cpus is None else list(self.pin_cpus)
         out["reasons"] = list(self.reasons)
         out["inputs"] = dict(self.inputs)
+        out["overrides"] = {
+            k: v for k, v in asdict(self.overrides).items() if v is not None and k != "sources"
+        }
+        out["overrides"]["sources"] = dict(self.overrides.sources)
         return out
 
 
@@ -336,6 +346,8 @@ def make_plan(
         inputs=inputs,
         onednn=onednn,
         cpu_model=cpu.name if cpu is not None else "unknown",
+        cpu_stat=budget.cpu_stat,
+        overrides=ov,
     )
 
 

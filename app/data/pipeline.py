@@ -17,6 +17,7 @@ data set is. Both give the same batches (tested).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -25,8 +26,14 @@ from app.budget.plan import ThreadPlan
 from app.data.cache import DataCache
 
 PREFETCH_BATCHES = 2
+#: An elementwise function of a batch tensor (e.g. the standardisation).
+Transform = Callable[[tf.Tensor], tf.Tensor]
 #: Share of the memory limit a training split may take to be held in memory.
 RESIDENT_SHARE = 0.25
+
+
+def _identity(t: tf.Tensor) -> tf.Tensor:
+    return t
 
 
 def batch_indices(seed: int, step: int, batch_size: int, n: int) -> np.ndarray:
@@ -114,13 +121,18 @@ def train_dataset(
     workers: int = 1,
     index: int = 0,
     resident: bool | None = None,
+    features: Transform | None = None,
+    labels: Transform | None = None,
 ) -> tf.data.Dataset:
-    """Batches for steps ``start_step .. end_step-1``: (x (B,H,W,1) raw float32, y (B,K) raw).
+    """Batches for steps ``start_step .. end_step-1``: (x (B,H,W,1) float32, y (B,K)).
 
     The rows of a step are :func:`batch_rows` for worker ``index`` of ``workers``
     (``batch_size`` per worker). ``resident``: hold the split in memory (None:
-    :func:`fits_in_memory`).
+    :func:`fits_in_memory`). ``features`` / ``labels``: elementwise transforms (the
+    standardisation) applied once to a resident split, else to each batch in the
+    pipeline; raw values without them.
     """
+    features_fn, labels_fn = features or _identity, labels or _identity
     if resident is None:
         resident = fits_in_memory(cache, plan)
     n = cache.train_size
@@ -137,13 +149,13 @@ def train_dataset(
         x, y = tf.numpy_function(load, [step], (tf.float32, tf.float32), stateful=False)
         x.set_shape((batch_size, cache.height, cache.width, 1))
         y.set_shape((batch_size, cache.num_outputs))
-        return x, y
+        return features_fn(x), labels_fn(y)
 
     fetch = streamed
     if resident:
-        # One copy from the memory map, which is dropped again (no pages stay mapped).
-        features = tf.constant(cache.features("train")[..., None])
-        labels = tf.constant(cache.labels("train"))
+        # One copy from the memory map (no pages stay mapped), transformed once.
+        x_all = features_fn(tf.constant(cache.features("train")[..., None]))
+        y_all = labels_fn(tf.constant(cache.labels("train")))
 
         def gathered(step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
             def indices(step: np.int64) -> np.ndarray:
@@ -151,7 +163,7 @@ def train_dataset(
 
             idx = tf.numpy_function(indices, [step], tf.int64, stateful=False)
             idx.set_shape((batch_size,))
-            return tf.gather(features, idx), tf.gather(labels, idx)
+            return tf.gather(x_all, idx), tf.gather(y_all, idx)
 
         fetch = gathered
 
@@ -160,8 +172,14 @@ def train_dataset(
     return ds.prefetch(PREFETCH_BATCHES).with_options(dataset_options(plan))
 
 
-def eval_dataset(cache: DataCache, plan: ThreadPlan, batch_size: int) -> tf.data.Dataset:
-    """The test set in order: (x (b,H,W,1) raw, y (b,K) raw), last batch may be short."""
+def eval_dataset(
+    cache: DataCache, plan: ThreadPlan, batch_size: int, features: Transform | None = None
+) -> tf.data.Dataset:
+    """The test set in order: (x (b,H,W,1), y (b,K) raw), the last batch may be short.
+
+    ``features``: an elementwise transform of x (the standardisation); raw without it.
+    """
+    features_fn = features or _identity
 
     def load(start: np.int64) -> tuple[np.ndarray, np.ndarray]:
         idx = np.arange(int(start), min(int(start) + batch_size, cache.test_size))
@@ -172,7 +190,7 @@ def eval_dataset(cache: DataCache, plan: ThreadPlan, batch_size: int) -> tf.data
         x, y = tf.numpy_function(load, [start], (tf.float32, tf.float32), stateful=False)
         x.set_shape((None, cache.height, cache.width, 1))
         y.set_shape((None, cache.num_outputs))
-        return x, y
+        return features_fn(x), y
 
     ds = tf.data.Dataset.range(0, cache.test_size, batch_size).map(fetch)
     return ds.prefetch(PREFETCH_BATCHES).with_options(dataset_options(plan))

@@ -8,8 +8,10 @@ run, in calls of up to K steps (``--steps-per-loop``), and after each call decid
 * **checkpoint** when the step is a multiple of ``checkpoint_every``, the last step, the
   target was reached, or a stop was requested (the only place a checkpoint is decided);
 * **stop** on an agreed stop request (status ``preempted``), when the test RMSE is below
-  ``target_loss`` (``target_reached``), or at ``max_steps`` (``completed``); a non-finite
-  loss or test RMSE raises TrainingDiverged (exit 5) before anything is saved.
+  ``target_loss`` (``target_reached``), at ``max_steps`` (``completed``), or when the CPU
+  budget changed so that the thread plan must change (``replan``, after a checkpoint: the
+  caller restarts TensorFlow with the new plan); a non-finite loss or test RMSE raises
+  TrainingDiverged (exit 5) before anything is saved.
 
 A call never crosses an evaluation or checkpoint step or the last step: K is cut to the
 next boundary, so every interval is honoured at the step the user asked for. With K = 0
@@ -100,7 +102,7 @@ def _next_multiple(step: int, every: int) -> int:
 
 @dataclass
 class Outcome:
-    """How the loop ended: ``status`` completed / target_reached / preempted."""
+    """How the loop ended: ``status`` completed / target_reached / preempted / replan."""
 
     status: str
     start_step: int
@@ -122,6 +124,7 @@ class Meter:
     samples_per_step: int
     clock: Callable[[], float] = time.perf_counter
     cpu_clock: Callable[[], float] = time.process_time
+    throttling: Callable[[], dict[str, float | None]] | None = None  # per interval
     step: int = 0
     wall: float = 0.0
     cpu: float = 0.0
@@ -129,15 +132,17 @@ class Meter:
     def mark(self, step: int) -> None:
         self.step, self.wall, self.cpu = step, self.clock(), self.cpu_clock()
 
-    def read(self, step: int, max_steps: int) -> dict[str, float]:
+    def read(self, step: int, max_steps: int) -> dict[str, float | None]:
         """examples_per_sec, cpu_util (share of the budget), eta_s since the last mark."""
         wall = max(self.clock() - self.wall, 1e-9)
         steps = max(step - self.step, 1)
-        fields = {
+        fields: dict[str, float | None] = {
             "examples_per_sec": round(steps * self.samples_per_step / wall, 1),
             "cpu_util": round((self.cpu_clock() - self.cpu) / (wall * self.cpu_budget), 3),
             "eta_s": round((max_steps - step) * wall / steps, 1),
         }
+        if self.throttling is not None:
+            fields.update(self.throttling())
         self.mark(step)
         return fields
 
@@ -156,6 +161,7 @@ class Controller:
     baseline_rmse: float
     agree: Callable[[float], float] = lambda value: value
     actions: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
+    replan: Callable[[], bool] = lambda: False
     evaluations: int = 0
 
     def run(self, start: int) -> Outcome:
@@ -185,6 +191,8 @@ class Controller:
                 test_rmse = self._evaluate(step, result)
                 if test_rmse < s.target_loss:
                     status = "target_reached"
+                elif not (last or stopping) and self.replan():
+                    status = "replan"
             if step % s.checkpoint_every == 0 or last or stopping or status != "completed":
                 self.checkpoints.save(step)
             if stopping:

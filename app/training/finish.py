@@ -30,7 +30,7 @@ import tensorflow as tf
 from app import __version__, logs
 from app.atomic import temp_dir, write_json
 from app.data.cache import DataCache
-from app.errors import Preempted, StorageError
+from app.errors import Preempted, Replan, StorageError
 from app.training.controller import Outcome
 from app.training.workspace import Workspace
 
@@ -161,6 +161,9 @@ def finish(
     event. Raises StorageError when the export or metrics can't be written.
     """
     status, step = summary["status"], summary["final_step"]
+    if status == "replan":
+        logs.event("replan", f"checkpoint saved at step {step}; restarting with the new plan")
+        raise Replan(f"the CPU budget changed at step {step}", at=time.time())
     if status == "preempted":
         logs.event("end", f"preempted at step {step}; rerun to resume", **summary)
         raise Preempted(f"stopped by signal at step {step}; checkpoint saved, rerun to resume")

@@ -14,6 +14,7 @@ restarted job continues and ends at the same total (docs/architecture.md).
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,13 +25,18 @@ import numpy as np
 from app import __version__, logs
 from app.budget.apply import import_tensorflow
 from app.budget.plan import ThreadPlan
+from app.budget.usage import Throttling
 from app.cluster.spec import Cluster
 from app.config import TrainConfig
 from app.data import cache as cache_lib
 from app.errors import DataError, Preempted
 from app.signals import StopRequest
 from app.training import workspace as workspace_lib
+from app.training.budget_watch import BudgetWatch, warn_when_throttled
 from app.training.controller import Controller, Meter, Schedule
+
+#: Set in the environment of a run restarted for a new plan: when the change was noticed.
+REPLAN_AT_ENV = "_CORETRAIN_REPLAN_AT"
 
 
 def train(
@@ -89,6 +95,7 @@ def train(
         trainer = Trainer(config, plan, data, reps)
         checkpoints = Checkpointer(trainer, ws.checkpoints, config.keep_checkpoints, reps)
         start = checkpoints.restore()
+        _log_replanned(plan)
         if reps.sum([1.0 if stop() else 0.0], "restore")[0] > 0:  # agreed by all workers
             raise _preempted(f"before training resumed at step {start}")
         trainer.feed(
@@ -102,6 +109,8 @@ def train(
                 workers=reps.count,
                 index=reps.index,
                 resident=_resident(data, plan),
+                features=trainer.standardize_x,
+                labels=trainer.standardize_y,
             )
         )
         controller = Controller(
@@ -114,10 +123,16 @@ def train(
                 config.steps_per_loop,
                 config.target_loss,
             ),
-            Meter(plan.cpu_budget, samples_per_step),
+            Meter(plan.cpu_budget, samples_per_step, throttling=Throttling(plan.cpu_stat).read),
             stop,
             data.baseline_rmse,
             agree=lambda k: float(reps.sum([k], "steps per loop")[0]) / reps.count,
+            actions=[warn_when_throttled(plan)],
+            replan=BudgetWatch(
+                plan,
+                enabled=config.replan == "on-change" and cluster is None,
+                why_not="--replan never" if cluster is None else "a multi-worker run",
+            ),
         )
         outcome = controller.run(start)
         if outcome.test_rmse is None:  # nothing left to train: report the restored model
@@ -134,6 +149,20 @@ def train(
     except Exception as exc:
         reps.report_failure(exc)  # the other workers stop instead of waiting for this one
         raise
+
+
+def _log_replanned(plan: ThreadPlan) -> None:
+    """After a restart for a new plan: how long from noticing the change to training again."""
+    at = os.environ.pop(REPLAN_AT_ENV, "")
+    if at:
+        seconds = round(time.time() - float(at), 2)
+        logs.event(
+            "replanned",
+            f"training again {seconds} s after the CPU budget change was noticed, with "
+            f"{plan.intra_op_threads} intra-op threads",
+            seconds=seconds,
+            intra_op_threads=plan.intra_op_threads,
+        )
 
 
 def _preempted(when: str) -> Preempted:

@@ -119,7 +119,9 @@ class Trainer:
         self.seed = tf.constant(config.seed, tf.int64)
         self._loop = tf.function(self._train_loop)
         self._sums = tf.function(self._eval_sums)
-        self._test = replicas.shard(pipeline.eval_dataset(data, plan, config.batch_size))
+        self._test = replicas.shard(
+            pipeline.eval_dataset(data, plan, config.batch_size, features=self.standardize_x)
+        )
         self._batches: Any = None
 
     # -- state ------------------------------------------------------------------------
@@ -147,8 +149,18 @@ class Trainer:
 
     # -- training -------------------------------------------------------------------
 
+    def standardize_x(self, x: tf.Tensor) -> tf.Tensor:
+        """Raw features (…, H, W, 1) → standardised (training-set mean and std)."""
+        return (x - self.f_mean) * self.f_inv
+
+    def standardize_y(self, y: tf.Tensor) -> tf.Tensor:
+        """Raw labels (…, K) → standardised."""
+        return (y - self.l_mean) / self.l_std
+
     def feed(self, batches: tf.data.Dataset) -> None:
-        """Train on ``batches`` from now on: one element per step, in step order."""
+        """Train on ``batches`` from now on: one element per step, in step order, already
+        standardised (:meth:`standardize_x`, :meth:`standardize_y`; the pipeline applies
+        them once to a split held in memory)."""
         self._batches = iter(batches)
 
     def train(self, steps: int, stop: Callable[[], bool]) -> Steps:
@@ -177,8 +189,7 @@ class Trainer:
                 break
         return losses.stack(), rmse, stops
 
-    def _replica_step(self, x: tf.Tensor, y: tf.Tensor, stop: tf.Tensor) -> tuple:
-        xs, ys = (x - self.f_mean) * self.f_inv, (y - self.l_mean) / self.l_std
+    def _replica_step(self, xs: tf.Tensor, ys: tf.Tensor, stop: tf.Tensor) -> tuple:
         with tf.GradientTape() as tape:
             h = self._dropout(self.model.features(xs))
             pred = self.model.head(h)
@@ -208,10 +219,9 @@ class Trainer:
 
     # -- evaluation -----------------------------------------------------------------
 
-    def predict(self, x: tf.Tensor) -> tf.Tensor:
-        """Raw features (n, H, W, 1) → raw-scale predictions (n, K)."""
-        pred = self.model((x - self.f_mean) * self.f_inv, training=False)
-        return pred * self.l_std + self.l_mean
+    def predict(self, xs: tf.Tensor) -> tf.Tensor:
+        """Standardised features (n, H, W, 1) → raw-scale predictions (n, K)."""
+        return self.model(xs, training=False) * self.l_std + self.l_mean
 
     def evaluate(self) -> float:
         """Test RMSE over all outputs, in raw label units (each worker evaluates a shard)."""

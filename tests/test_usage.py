@@ -1,0 +1,123 @@
+"""Throttling from cpu.stat (v1 and v2 formats), and the budget watch's decisions."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from app import logs
+from app.budget.cgroups import CpuBudget
+from app.budget.plan import Overrides, make_plan
+from app.budget.usage import Throttling, read_cpu_stat
+from app.training.budget_watch import BudgetWatch, warn_when_throttled
+from tests.conftest import FIXTURES
+
+V1 = "nr_periods 200\nnr_throttled 50\nthrottled_time 2500000000\n"
+V2 = (
+    "usage_usec 9000000\nuser_usec 8000000\nsystem_usec 1000000\n"
+    "nr_periods 400\nnr_throttled 100\nthrottled_usec 1500000\n"
+)
+
+
+def _stat(tmp_path: Path, text: str) -> str:
+    (tmp_path / "cg").mkdir(exist_ok=True)
+    (tmp_path / "cg" / "cpu.stat").write_text(text)
+    return "/cg/cpu.stat"
+
+
+@pytest.mark.parametrize(("text", "seconds"), [(V1, 2.5), (V2, 1.5)])
+def test_cpu_stat_counters_in_seconds(tmp_path: Path, text: str, seconds: float) -> None:
+    stat = read_cpu_stat(_stat(tmp_path, text), str(tmp_path))
+    assert stat is not None and stat.throttled_s == seconds
+    assert stat.throttled / stat.periods == 0.25
+
+
+def test_throttling_is_per_interval(tmp_path: Path) -> None:
+    path = _stat(tmp_path, V1)
+    meter = Throttling(path, str(tmp_path))
+    (tmp_path / "cg" / "cpu.stat").write_text(
+        "nr_periods 300\nnr_throttled 90\nthrottled_time 4500000000\n"
+    )
+    assert meter.read() == {"cpu_throttled_ratio": 0.4, "cpu_throttled_s": 2.0}
+    # No period elapsed (no quota, or nothing ran): no ratio, no throttled time.
+    assert meter.read() == {"cpu_throttled_ratio": None, "cpu_throttled_s": 0.0}
+
+
+def test_unreadable_cpu_stat_gives_nulls(tmp_path: Path) -> None:
+    assert read_cpu_stat("/nope/cpu.stat", str(tmp_path)) is None
+    assert read_cpu_stat(_stat(tmp_path, "garbage\n"), str(tmp_path)) is None
+    assert Throttling(None).read() == {"cpu_throttled_ratio": None, "cpu_throttled_s": None}
+
+
+def test_the_live_budget_names_the_cpu_stat_of_its_cgroup() -> None:
+    from app.budget.cgroups import detect_budget
+
+    case = FIXTURES / "cgroup" / "docker-v1-cpus-1.5"
+    budget = detect_budget(case, env={})
+    assert budget.cpu_quota == 1.5
+    assert budget.cpu_stat is not None and budget.cpu_stat.endswith("/cpu.stat")
+
+
+def _plan(quota: float | None, cpus: int = 4) -> object:
+    budget = CpuBudget(
+        cpu_quota=quota, cpuset=tuple(range(cpus)), memory_limit=None, quota_source="t"
+    )
+    return make_plan(budget, overrides=Overrides())
+
+
+class Events(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def logged() -> list[logging.LogRecord]:
+    logs.setup(level=logging.INFO)
+    handler = Events()
+    logging.getLogger(logs.LOGGER_NAME).addHandler(handler)
+    yield handler.records
+    logging.getLogger(logs.LOGGER_NAME).removeHandler(handler)
+
+
+def test_budget_watch_replans_only_when_the_threads_change(logged: list) -> None:
+    now = {"plan": _plan(2.0)}
+    watch = BudgetWatch(_plan(2.0), detect=lambda plan: now["plan"])  # type: ignore[arg-type]
+    assert watch() is False and logged == []  # nothing changed
+    now["plan"] = _plan(1.5)  # ceil(1.5) = 2 threads, as before
+    assert watch() is False
+    assert [r.event for r in logged] == ["budget_changed"] and logged[0].replan is False
+    now["plan"] = _plan(3.0)
+    assert watch() is True
+    assert logged[-1].old["intra_op_threads"] == 2 and logged[-1].new["intra_op_threads"] == 3
+    assert watch() is False  # the change is now the watch's plan
+
+
+def test_budget_watch_disabled_logs_why_and_never_replans(logged: list) -> None:
+    watch = BudgetWatch(
+        _plan(1.0),  # type: ignore[arg-type]
+        enabled=False,
+        why_not="--replan never",
+        detect=lambda plan: _plan(4.0),  # type: ignore[arg-type, return-value]
+    )
+    assert watch() is False
+    assert logged[-1].levelno == logging.WARNING and "--replan never" in logged[-1].getMessage()
+
+
+def test_a_throttled_interval_warns_with_what_to_change(logged: list) -> None:
+    plan = dataclasses.replace(_plan(1.5), intra_op_threads=2)  # type: ignore[type-var]
+    action = warn_when_throttled(plan)  # type: ignore[arg-type]
+    action({"step": 10, "cpu_throttled_ratio": 0.2, "cpu_throttled_s": 0.1})
+    assert logged == []
+    action({"step": 20, "cpu_throttled_ratio": 0.6, "cpu_throttled_s": 3.0})
+    (warning,) = logged
+    assert warning.event == "cpu_throttled" and warning.levelno == logging.WARNING
+    assert "60%" in warning.getMessage() and "--rounding floor" in warning.getMessage()
+    json.dumps(warning.cpu_throttled_ratio)
