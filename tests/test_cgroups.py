@@ -3,6 +3,8 @@
 Each fixture folder is a mini root (proc/self/..., sys/...) of a real-world layout with an
 expected.json: cpu_quota (CPUs), cpuset (CPU list string), memory_limit (bytes), quota_source,
 warnings (exact number of "warning: " reasons), reasons_include (substrings), optional env.
+A file the process may not read is a directory of that name (git keeps no permissions; an
+UNREADABLE note inside says so): opening it fails, as EACCES does on the real host.
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ def test_fixture_inputs_match_the_files(case: str) -> None:
             continue
         if value == "<missing>":
             assert not path.exists(), key
+        elif value.startswith("<unreadable: "):
+            assert (path / "UNREADABLE").is_file(), key
         else:
             assert path.read_text().strip() == value, key
 
