@@ -3,6 +3,8 @@
 Each fixture folder is a mini root (proc/self/..., sys/...) of a real-world layout with an
 expected.json: cpu_quota (CPUs), cpuset (CPU list string), memory_limit (bytes), quota_source,
 warnings (exact number of "warning: " reasons), reasons_include (substrings), optional env.
+A file the process may not read is a directory of that name (git keeps no permissions; an
+UNREADABLE note inside says so): opening it fails, as EACCES does on the real host.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def load(case: str) -> dict:
 
 
 def test_there_are_enough_layouts() -> None:
-    assert len(CASES) >= 15
+    assert len(CASES) >= 30
     for case in CASES:
         assert (FIXTURES / case / "expected.json").is_file(), case
         assert (FIXTURES / case / "proc" / "self" / "mountinfo").is_file(), case
@@ -85,6 +87,8 @@ def test_fixture_inputs_match_the_files(case: str) -> None:
             continue
         if value == "<missing>":
             assert not path.exists(), key
+        elif value.startswith("<unreadable: "):
+            assert (path / "UNREADABLE").is_file(), key
         else:
             assert path.read_text().strip() == value, key
 
@@ -184,22 +188,111 @@ def test_proc_cgroup_parsing_keeps_colons_in_paths() -> None:
         ("/docker/abc", "/docker/abcdef", None),
         ("/system.slice/docker-1.scope", "/nomad/shared", None),
         ("/", "/../../outside", None),
+        ("/../../..", "/", None),
+        ("/..", "/child", None),
     ],
 )
 def test_relative_to_mount_root(root: str, path: str, relative: str | None) -> None:
     assert relative_to_mount_root(root, path) == relative
 
 
-def test_unreadable_file_is_a_warned_fallback(tmp_path: Path) -> None:
-    """A cgroup file that cannot be read (here a directory in its place) never crashes."""
+def copy_of(case: str, tmp_path: Path) -> Path:
+    """A writable copy of a fixture tree, for variations no real layout has as such."""
     root = tmp_path / "root"
-    shutil.copytree(FIXTURES / "docker-v2-cgroupns-private", root)
+    shutil.copytree(FIXTURES / case, root)
+    return root
+
+
+def warnings_of(budget: CpuBudget) -> list[str]:
+    return [r for r in budget.reasons if r.startswith("warning: ")]
+
+
+def test_unreadable_file_is_a_warned_fallback(tmp_path: Path) -> None:
+    """A cgroup file that cannot be read (here a directory in its place) never crashes.
+
+    Unreadable is not missing: even at the top of the chain, where v2 has no cpu.max when the
+    top is the root cgroup, an unreadable file may hide a limit and is warned.
+    """
+    root = copy_of("docker-v2-cgroupns-private", tmp_path)
     (root / "sys/fs/cgroup/cpu.max").unlink()
     (root / "sys/fs/cgroup/cpu.max").mkdir()
     budget = detect_budget(root, env={})
     assert budget.cpu_quota is None
     assert budget.inputs["/sys/fs/cgroup/cpu.max"].startswith("<unreadable: ")
     assert budget.memory_limit == 1073741824
+    assert [w for w in warnings_of(budget) if "/sys/fs/cgroup/cpu.max unreadable" in w]
+
+
+def test_quota_without_its_period_uses_the_default_period(tmp_path: Path) -> None:
+    """A present cpu.cfs_quota_us is not dropped for a missing period (sched-bwc.rst: 100 ms)."""
+    root = copy_of("docker-v1-cpus-1.5", tmp_path)
+    (root / "sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us").unlink()
+    budget = detect_budget(root, env={})
+    assert budget.cpu_quota == 1.5
+    assert budget.quota_source == "cgroup v1"
+    (warning,) = warnings_of(budget)
+    assert "cpu.cfs_period_us missing next to" in warning and "100000 us" in warning
+
+
+@pytest.mark.parametrize("proc_cgroup", ["0::/system.slice/containerd.service\n", None])
+def test_mounted_v1_hierarchy_without_a_cgroup_line_is_read_at_its_mount_point(
+    tmp_path: Path, proc_cgroup: str | None
+) -> None:
+    """Only the 0:: line (or no /proc/self/cgroup at all) next to docker's v1 bind mounts."""
+    root = copy_of("docker-v1-cpus-1.5", tmp_path)
+    if proc_cgroup is None:
+        (root / "proc/self/cgroup").unlink()
+    else:
+        (root / "proc/self/cgroup").write_text(proc_cgroup)
+    budget = detect_budget(root, env={})
+    assert budget.cpu_quota == 1.5
+    assert budget.quota_source == "cgroup v1"
+    assert budget.memory_limit == load("docker-v1-cpus-1.5")["memory_limit"]
+    assert any(
+        "has no line for the cgroup v1 hierarchy mounted at" in w for w in warnings_of(budget)
+    )
+
+
+def _hybrid_with_cpu_max_on_v2(tmp_path: Path, cpu_max: str) -> Path:
+    root = copy_of("hybrid-build-machine", tmp_path)
+    (root / "sys/fs/cgroup/unified/cpu.max").write_text(cpu_max)
+    return root
+
+
+def test_controller_bound_to_v1_is_not_looked_up_on_v2(tmp_path: Path) -> None:
+    """cpu is on a mounted v1 hierarchy: a cpu.max on the unified mount is not its limit."""
+    budget = detect_budget(_hybrid_with_cpu_max_on_v2(tmp_path, "50000 100000\n"), env={})
+    assert budget.cpu_quota is None
+    assert "/sys/fs/cgroup/unified/cpu.max" not in budget.inputs
+    assert not warnings_of(budget)
+
+
+def test_v1_controller_with_no_v1_mount_is_read_on_v2_when_the_file_is_there(
+    tmp_path: Path,
+) -> None:
+    """The v1 cpu hierarchy is not mounted in the container; the v2 chain has cpu.max."""
+    root = _hybrid_with_cpu_max_on_v2(tmp_path, "250000 100000\n")
+    mountinfo = root / "proc/self/mountinfo"
+    lines = mountinfo.read_text().splitlines(keepends=True)
+    mountinfo.write_text("".join(line for line in lines if " /sys/fs/cgroup/cpu " not in line))
+    shutil.rmtree(root / "sys/fs/cgroup/cpu")
+    budget = detect_budget(root, env={})
+    assert budget.cpu_quota == 2.5
+    assert budget.quota_source == "cgroup v2"
+    assert any("bound to cgroup v1" in w and "read there" in w for w in warnings_of(budget))
+
+
+def test_malformed_cgroup2_mount_line_falls_back_to_the_usual_mount_point(tmp_path: Path) -> None:
+    root = copy_of("docker-v2-cgroupns-private", tmp_path)
+    mountinfo = root / "proc/self/mountinfo"
+    text = mountinfo.read_text()
+    line = next(line for line in text.splitlines() if " - cgroup2 " in line)
+    mountinfo.write_text(text.replace(line, line.split(" - ")[0]))
+    budget = detect_budget(root, env={})
+    assert budget.cpu_quota == 1.5
+    assert budget.memory_limit == 1073741824
+    assert any("is malformed and was skipped" in w for w in warnings_of(budget))
+    assert any("usual mount point /sys/fs/cgroup" in w for w in warnings_of(budget))
 
 
 def test_empty_root_never_crashes(tmp_path: Path) -> None:

@@ -44,6 +44,14 @@ class RootFiles:
         self.inputs[path] = text.strip()
         return text
 
+    def exists(self, path: str) -> bool:
+        """True when ``path`` (as seen from root) exists, readable or not; not an input."""
+        return os.path.lexists(os.path.join(self.root, path.lstrip("/")))
+
+    def is_dir(self, path: str) -> bool:
+        """True when ``path`` (as seen from root) is a directory; not an input."""
+        return os.path.isdir(os.path.join(self.root, path.lstrip("/")))
+
     def listdir(self, path: str) -> list[str]:
         """Names in directory ``path`` (as seen from root); [] when it can't be listed."""
         try:
