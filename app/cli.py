@@ -27,8 +27,8 @@ import click
 from app import __version__, logs
 from app.budget.plan import PlanOptions
 from app.cluster.spec import ClusterOptions
-from app.config import GenerateConfig, TrainConfig, check_bounds, flag_of, option
-from app.errors import AppError, Preempted
+from app.config import GenerateConfig, PredictConfig, TrainConfig, check_bounds, flag_of, option
+from app.errors import AppError, ModelRejected, Preempted
 
 F = TypeVar("F", bound=Callable[..., Any])
 ENV_PREFIX = "CORETRAIN_"
@@ -127,12 +127,11 @@ def _fail(exc: BaseException) -> None:
     """Report an error in one line on stderr (and as a log event) and exit."""
     if isinstance(exc, AppError):
         code, message = exc.exit_code, str(exc)
-        status = "preempted" if isinstance(exc, Preempted) else "failed"
     else:
-        code, message, status = 1, f"unexpected error: {type(exc).__name__}: {exc}", "failed"
+        code, message = 1, f"unexpected error: {type(exc).__name__}: {exc}"
         logs.event("traceback", "".join(traceback.format_exception(exc)), level=logging.ERROR)
-    if status == "failed":
-        logs.event("end", message, level=logging.ERROR, status=status, exit_code=code)
+    if not isinstance(exc, Preempted | ModelRejected):  # those logged their own end event
+        logs.event("end", message, level=logging.ERROR, status="failed", exit_code=code)
     click.echo(f"coretrain: {message}", err=True)
     sys.exit(code)
 
@@ -214,6 +213,56 @@ def train_cmd(**values: Any) -> None:
             env = {REPLAN_AT_ENV: str(replan.at), lock.HELD_FD_ENV: str(held.fileno())}
             apply.restart(env, keep_fds=(held.fileno(),))
         held.close()
+    except Exception as exc:  # one place turns every failure into a message + exit code
+        _fail(exc)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelsReport:
+    """``coretrain models``: how to print the published versions."""
+
+    format: str = option("table", "Output format.", choices=("table", "json"))
+
+
+@cli.command("models")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@options_of(ModelsReport)
+def models_cmd(directory: Path, **values: Any) -> None:
+    """List the model versions published in DIRECTORY (--publish-dir), newest last."""
+    from app.training.versions import listing
+
+    report = build(ModelsReport, values)
+    rows = listing(directory)
+    if report.format == "json":
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo(f"no published versions in {directory}")
+        return
+    click.echo(f"{'version':>7}  {'published_at':25}  {'test_rmse':>10}  {'steps':>6}  data")
+    for row in rows:
+        rmse = "-" if row["test_rmse"] is None else f"{row['test_rmse']:.6g}"
+        mark = "  (served)" if row["champion"] else ""
+        click.echo(
+            f"{row['version']:>7}  {row['published_at'] or '-':25}  {rmse:>10}  "
+            f"{row['final_step'] or '-':>6}  {row['data'] or '-'}{mark}"
+        )
+
+
+@cli.command("predict")
+@options_of(PredictConfig, PlanOptions)
+def predict_cmd(**values: Any) -> None:
+    """Predict labels for a features file with a trained or published model."""
+    from app.budget import apply, detect_plan
+
+    logs.setup()
+    try:
+        config = build(PredictConfig, values)
+        apply.apply(detect_plan("/", build(PlanOptions, values)))
+        apply.import_tensorflow()
+        from app.predict import predict
+
+        predict(config)
     except Exception as exc:  # one place turns every failure into a message + exit code
         _fail(exc)
 

@@ -18,13 +18,10 @@ from typing import Any
 
 from app.errors import ConfigError
 
-#: The four data files by role, with their default names in the data directory.
-DATA_FILE_NAMES = {
-    "train_features": "train_features.txt",
-    "train_labels": "train_labels.txt",
-    "test_features": "test_features.txt",
-    "test_labels": "test_labels.txt",
-}
+FILE_HELP = (
+    "File name in --data (a .gz file is read as gzip, recognised by its content). Without "
+    "it the file is found by its default name, plain or with .gz."
+)
 FORMULATIONS = ("fast", "plain")
 
 
@@ -117,17 +114,17 @@ class TrainConfig:
         directory=True,
         shown_default="OUTPUT/cache",
     )
-    train_features: str = option(
-        DATA_FILE_NAMES["train_features"], "File name in --data.", metavar="NAME"
+    train_features: str | None = option(
+        None, FILE_HELP, metavar="NAME", shown_default="train_features.txt[.gz]"
     )
-    train_labels: str = option(
-        DATA_FILE_NAMES["train_labels"], "File name in --data.", metavar="NAME"
+    train_labels: str | None = option(
+        None, FILE_HELP, metavar="NAME", shown_default="train_labels.txt[.gz]"
     )
-    test_features: str = option(
-        DATA_FILE_NAMES["test_features"], "File name in --data.", metavar="NAME"
+    test_features: str | None = option(
+        None, FILE_HELP, metavar="NAME", shown_default="test_features.txt[.gz]"
     )
-    test_labels: str = option(
-        DATA_FILE_NAMES["test_labels"], "File name in --data.", metavar="NAME"
+    test_labels: str | None = option(
+        None, FILE_HELP, metavar="NAME", shown_default="test_labels.txt[.gz]"
     )
     height: int = option(20, "Feature rows H (a line holds H×W floats).", minimum=1)
     width: int = option(195, "Feature columns W.", minimum=1)
@@ -172,6 +169,24 @@ class TrainConfig:
     formulation: str = option(
         "fast", "CNN implementation (same function and checkpoint layout).", choices=FORMULATIONS
     )
+    publish_dir: Path | None = option(
+        None,
+        "Publish the final model here as the next numbered version (TensorFlow Serving's "
+        "layout) if it is at least as good as the newest version on this run's test set; "
+        "a rejected model ends with exit 7.",
+        directory=True,
+        shown_default="none",
+    )
+    publish_tolerance: float = option(
+        0.0,
+        "Publish when the test RMSE is at most the newest version's × (1 + this).",
+        minimum=0,
+    )
+    publish_keep: int = option(
+        0,
+        "Versions kept in --publish-dir (the oldest are removed, never the newest); 0 keeps all.",
+        minimum=0,
+    )
     replan: str = option(
         "on-change",
         "When the CPU budget changes while training (e.g. a pod resized in place) so that "
@@ -187,11 +202,6 @@ class TrainConfig:
     def resolved_cache_dir(self) -> Path:
         """The binary cache directory: ``--cache-dir`` or ``<output>/cache``."""
         return self.cache_dir if self.cache_dir is not None else self.output_dir / "cache"
-
-    def data_path(self, role: str) -> Path:
-        """Path of one data file; ``role`` is a key of :data:`DATA_FILE_NAMES`."""
-        name: str = getattr(self, role)
-        return self.data_dir / name
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable dict of every field (paths as strings)."""
@@ -210,6 +220,36 @@ class GenerateConfig:
     train: int = option(3000, "Training samples (lines).", minimum=1)
     test: int = option(600, "Test samples (lines).", minimum=1)
     seed: int = option(0, "Random seed.")
+
+    def __post_init__(self) -> None:
+        check_bounds(self)
+
+
+@dataclass(frozen=True)
+class PredictConfig:
+    """``coretrain predict``: a trained model applied to a features file."""
+
+    model: Path = option(
+        help="A run's model/ directory, one published version, or a publish directory (its "
+        "newest version is used).",
+        directory=True,
+    )
+    features: Path = option(
+        help="Features in the training format: one sample of H×W floats per line (.gz read "
+        "as gzip).",
+    )
+    out: Path = option(
+        help="Where to write the predictions: one line of K values per input line, or a "
+        "(n, K) float32 array when the name ends in .npy.",
+    )
+    batch_size: int = option(
+        1000, "Lines predicted at a time (memory is bounded by this).", minimum=1
+    )
+    allow_nonfinite: bool = option(
+        False,
+        "Accept NaN/Inf tokens in the features file.",
+        flag="--allow-nonfinite/--reject-nonfinite",
+    )
 
     def __post_init__(self) -> None:
         check_bounds(self)

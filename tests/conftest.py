@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,3 +61,24 @@ def prepare_cache(config: Any, **kwargs: Any) -> Any:
     from app.training.run import sources
 
     return cache.prepare(sources(config), config.resolved_cache_dir, **kwargs)
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def logged() -> Iterator[list[logging.LogRecord]]:
+    """The project's log records (events) emitted during the test, in order."""
+    from app import logs
+
+    logs.setup(level=logging.INFO)
+    handler = _Records()
+    logging.getLogger(logs.LOGGER_NAME).addHandler(handler)
+    yield handler.records
+    logging.getLogger(logs.LOGGER_NAME).removeHandler(handler)

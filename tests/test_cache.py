@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -10,7 +11,9 @@ import numpy as np
 import pytest
 
 from app.config import TrainConfig
+from app.data import cache
 from app.errors import DataError, Preempted
+from app.training.run import sources
 from tests.conftest import prepare_cache
 
 
@@ -61,13 +64,51 @@ def test_line_count_mismatch_names_both_files_and_leaves_no_cache(
     assert list(config.resolved_cache_dir.iterdir()) == []
 
 
-def test_stop_request_during_conversion_removes_partial_files(
-    tiny_data: Path, tmp_path: Path
+def test_a_stopped_conversion_keeps_its_finished_files_and_the_rerun_does_the_rest(
+    tiny_data: Path, tmp_path: Path, logged: list[logging.LogRecord]
 ) -> None:
     config = _config(tiny_data, tmp_path)
+    root = config.resolved_cache_dir
+    work = root / f"{cache.PARTIAL}{cache.source_key(sources(config))}"
+    # Stop as soon as the first file is done (its record is the last thing written).
     with pytest.raises(Preempted):
-        prepare_cache(config, stop=lambda: True)
-    assert list(config.resolved_cache_dir.iterdir()) == []
+        prepare_cache(config, stop=lambda: (work / "train_features.json").exists())
+    assert sorted(p.name for p in root.iterdir()) == [work.name]  # no final cache
+    kept = sorted(p.name for p in work.iterdir())
+    assert kept == [cache.OWNER, "train_features.json", "train_features.npz", "train_x.f32"]
+    logged.clear()
+    resumed = prepare_cache(config)
+    records = list(logged)
+    starts = [r for r in records if getattr(r, "event", "") == "cache" and hasattr(r, "resumed")]
+    assert starts[0].resumed == ["train_features"]
+    converted = [r.file for r in records if getattr(r, "file", None)]
+    assert converted == ["train_labels", "test_features", "test_labels"]
+    fresh = prepare_cache(_config(tiny_data, tmp_path / "fresh"))
+    for split in ("train", "test"):
+        assert np.array_equal(resumed.features(split), fresh.features(split))
+        assert np.array_equal(resumed.labels(split), fresh.labels(split))
+    assert np.array_equal(resumed.feature_std, fresh.feature_std)
+    assert sorted(p.name for p in root.iterdir()) == [resumed.path.name]
+
+
+def test_the_cache_is_keyed_by_content_not_by_where_the_data_are(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(tiny_data, moved)  # copytree keeps the modification times
+    shared = tmp_path / "cache"
+    a = prepare_cache(TrainConfig(data_dir=tiny_data, output_dir=tmp_path / "a", cache_dir=shared))
+    b = prepare_cache(TrainConfig(data_dir=moved, output_dir=tmp_path / "b", cache_dir=shared))
+    assert a.path == b.path
+    # A changed byte in the middle of a file changes the key (its mtime changes too).
+    path = moved / "train_labels.txt"
+    text = path.read_bytes()
+    middle = len(text) // 2
+    path.write_bytes(
+        text[:middle] + (b"1" if text[middle : middle + 1] != b"1" else b"2") + text[middle + 1 :]
+    )
+    c = prepare_cache(TrainConfig(data_dir=moved, output_dir=tmp_path / "c", cache_dir=shared))
+    assert c.path != a.path
 
 
 def test_temporary_dirs_of_dead_conversions_are_removed(tiny_data: Path, tmp_path: Path) -> None:

@@ -111,9 +111,14 @@ def copy_output(src: Path, dst: Path, with_cache: bool = True) -> Path:
 
 
 def no_partial_cache(out: Path) -> list[str]:
-    """Whatever is left in OUTPUT/cache (nothing is allowed after a failed conversion)."""
+    """What a failed or stopped conversion left in OUTPUT/cache but its resumable work
+    directory (``.partial-<key>``, finished files only): nothing else is allowed."""
     root = out / "cache"
-    return sorted(p.name for p in root.iterdir()) if root.exists() else []
+    if not root.exists():
+        return []
+    left = [p.name for p in root.iterdir() if not p.name.startswith(".partial-")]
+    left += [f"{w.name}/{p.name}" for w in root.glob(".partial-*") for p in w.glob("*.part")]
+    return sorted(left)
 
 
 def mount_tmpfs(target: Path, options: str) -> str | None:
@@ -320,7 +325,7 @@ def test_sigint_during_cache_conversion_removes_partial_files_and_exits_143(
     assert "during cache conversion" in run.stderr.strip().splitlines()[-1], run.stderr
     assert not any("ready" in r["message"] for r in events(records, "cache"))
     assert (run.out / "cache").is_dir()
-    assert no_partial_cache(run.out) == []  # neither the temporary dir nor a final cache
+    assert no_partial_cache(run.out) == []  # no final cache, no half-written file
     assert not (run.out / "checkpoints").exists()
 
 
@@ -522,7 +527,7 @@ def _bad_case(name: str, data: Path) -> tuple[Path, list[str], str, str]:
         return data / "train_features.txt", ["--width", "4"], ":1: ", "expected 8 fields (H×W"
     if name == "missing_file":
         (data / "test_labels.txt").unlink()
-        return data / "test_labels.txt", [], ": ", "missing data file (test labels)"
+        return data / "test_labels.txt", [], ": ", "missing data file (test labels; also looked"
     if name == "unreadable_file":
         path = data / "train_features.txt"
         if IS_ROOT:  # root reads any file whatever its mode: a directory can't be read

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from app import logs
 from app.budget.cgroups import CpuBudget
 from app.budget.plan import Overrides, make_plan
 from app.budget.usage import Throttling, read_cpu_stat
@@ -67,24 +66,6 @@ def _plan(quota: float | None, cpus: int = 4) -> object:
         cpu_quota=quota, cpuset=tuple(range(cpus)), memory_limit=None, quota_source="t"
     )
     return make_plan(budget, overrides=Overrides())
-
-
-class Events(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
-@pytest.fixture
-def logged() -> list[logging.LogRecord]:
-    logs.setup(level=logging.INFO)
-    handler = Events()
-    logging.getLogger(logs.LOGGER_NAME).addHandler(handler)
-    yield handler.records
-    logging.getLogger(logs.LOGGER_NAME).removeHandler(handler)
 
 
 def test_budget_watch_replans_only_when_the_threads_change(logged: list) -> None:

@@ -3,11 +3,16 @@
 Layout: ``<cache_dir>/<key>/`` holds ``train_x.f32`` (N×H×W), ``train_y.f32``
 (N×K), ``test_x.f32``, ``test_y.f32`` (row-major float32, native byte order),
 ``stats.npz`` (training-set mean and standard deviation of features (H×W) and
-labels (K,)) and ``manifest.json``. ``key`` hashes the source files' paths,
-sizes and modification times plus the parse settings, so an unchanged data set
-is reused and a changed one is converted again. Each conversion is built in a
-temporary directory and renamed into place: a killed conversion leaves no
-partial cache. Never imports TensorFlow.
+labels (K,)) and ``manifest.json``. ``key`` hashes what the source files are (size,
+modification time and a sample of their bytes: app/data/sources.py), not where they
+are, plus the parse settings: an unchanged data set is reused wherever it is mounted,
+a changed one is converted again.
+
+A conversion is built in ``<cache_dir>/.partial-<key>/`` and renamed into place, so a
+reader never sees a partial cache. Each file's result is kept there as soon as that file
+is done (its array, then ``<role>.json`` with its row count and column sums), so a
+conversion stopped by SIGTERM, or killed, goes on at the next run with the files not yet
+done. Progress (bytes, rate, ETA) is logged every few seconds. Never imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -17,44 +22,32 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Mapping
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
 from app import logs
 from app.atomic import temp_dir, write_json
 from app.data import parallel, textfile
-from app.errors import DataError, StorageError
+from app.data.sources import ROLES, Sources, fingerprint
+from app.errors import DataError, Preempted, StorageError
 
-FORMAT_VERSION = 1
-OWNER = ".owner"  # flock-ed by the process converting into a temporary directory
-ROLES = ("train_features", "train_labels", "test_features", "test_labels")
+FORMAT_VERSION = 2
+OWNER = ".owner"  # flock-ed by the process converting into a work directory
+PARTIAL = ".partial-"  # the resumable work directory of a key: <cache_dir>/.partial-<key>
+#: Seconds between two ``cache_progress`` events while a file converts.
+PROGRESS_EVERY_S = 5.0
 _FILES = {
     "train_features": "train_x.f32",
     "train_labels": "train_y.f32",
     "test_features": "test_x.f32",
     "test_labels": "test_y.f32",
 }
-
-
-@dataclass(frozen=True)
-class Sources:
-    """A data set in text: the file of each role (:data:`ROLES`) and how to parse them.
-
-    Features are ``height``×``width`` floats per line; ``allow_nonfinite`` admits
-    NaN/Inf tokens.
-    """
-
-    paths: Mapping[str, Path]
-    height: int
-    width: int
-    allow_nonfinite: bool = False
-
-    def path(self, role: str) -> Path:
-        """The file of ``role`` (a key of :data:`ROLES`)."""
-        return Path(self.paths[role])
 
 
 @dataclass(frozen=True)
@@ -119,21 +112,39 @@ class DataCache:
 
 
 def source_key(sources: Sources) -> str:
-    """Hash of the sources' identity (path, size, mtime) and the parse settings.
-
-    Raises DataError naming a missing source file.
-    """
+    """Hash of what the sources are (:func:`app.data.sources.fingerprint` of each file)
+    and the parse settings. Raises DataError naming a missing or unreadable file."""
     parts: list[object] = [FORMAT_VERSION, sources.height, sources.width, sources.allow_nonfinite]
-    for role in ROLES:
-        path = sources.path(role)
-        try:
-            st = path.stat()
-        except FileNotFoundError as exc:
-            raise DataError(f"{path}: missing data file ({role.replace('_', ' ')})") from exc
-        except OSError as exc:
-            raise DataError(f"{path}: cannot read: {exc.strerror}") from exc
-        parts.append([str(path.resolve()), st.st_size, st.st_mtime_ns])
+    parts += [fingerprint(sources.path(role)) for role in ROLES]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+
+
+class Progress:
+    """``cache_progress`` events while converting: bytes parsed of the whole data set, the
+    rate and the time left, at most every :data:`PROGRESS_EVERY_S` seconds (thread-safe)."""
+
+    def __init__(self, total_bytes: int, clock: Callable[[], float] = time.monotonic):
+        self.total, self.done, self.clock = total_bytes, 0, clock
+        self.start = self.last = clock()
+        self._lock = threading.Lock()
+
+    def add(self, count: int) -> None:
+        with self._lock:
+            self.done += count
+            now = self.clock()
+            if now - self.last < PROGRESS_EVERY_S:
+                return
+            self.last = now
+            rate = self.done / max(now - self.start, 1e-9)
+        logs.event(
+            "cache_progress",
+            f"converted {self.done / 1e6:,.0f} of {self.total / 1e6:,.0f} MB "
+            f"({100 * self.done / max(self.total, 1):.0f} %), {rate / 1e6:,.0f} MB/s",
+            bytes_done=self.done,
+            bytes_total=self.total,
+            mb_per_s=round(rate / 1e6, 1),
+            eta_s=round((self.total - self.done) / max(rate, 1e-9), 1),
+        )
 
 
 def _label_width(path: Path) -> int:
@@ -152,31 +163,56 @@ def _std(total: np.ndarray, total_sq: np.ndarray, n: int) -> tuple[np.ndarray, n
     return mean.astype(np.float32), std.astype(np.float32)
 
 
-def _convert(sources: Sources, tmp: Path, stop: Callable[[], bool], threads: int) -> dict:
+def _convert_role(
+    sources: Sources, role: str, work: Path, k: int, threads: int, stop: Callable[[], bool],
+    progress: Progress,
+) -> tuple[int, np.ndarray, np.ndarray]:  # fmt: skip
+    """Convert one file into ``work`` unless a finished result is there; (rows, sums, sums²).
+
+    The array is written as ``<name>.part`` and renamed when complete; ``<role>.json``
+    (rows) and ``<role>.npz`` (float64 column sums) are written after it: together they
+    mark the file done.
+    """
+    record, sums_file, final = work / f"{role}.json", work / f"{role}.npz", work / _FILES[role]
     hw = sources.height * sources.width
-    hint = f"H×W = {sources.height}×{sources.width}"
+    width, hint = (
+        (hw, f"H×W = {sources.height}×{sources.width}")
+        if "features" in role
+        else (k, f"K = {k} labels")
+    )
+    if record.is_file() and sums_file.is_file() and final.is_file():
+        rows = json.loads(record.read_text())["rows"]
+        if final.stat().st_size == 4 * rows * width:
+            with np.load(sums_file) as sums:
+                progress.add(sources.path(role).stat().st_size)
+                return rows, sums["sums"], sums["sums_sq"]
+    part = final.with_name(final.name + ".part")
+    done = parallel.convert_file(
+        sources.path(role), part, width=width, width_hint=hint,
+        allow_nonfinite=sources.allow_nonfinite, threads=threads, stop=stop,
+        progress=progress.add,
+    )  # fmt: skip
+    os.replace(part, final)
+    np.savez(sums_file, sums=done.sums, sums_sq=done.sums_sq)
+    write_json(record, {"rows": done.rows, "threads": done.threads})
+    logs.event(
+        "cache_progress",
+        f"converted {sources.path(role)}",
+        file=role,
+        rows=done.rows,
+        threads=done.threads,
+    )
+    return done.rows, done.sums, done.sums_sq
+
+
+def _convert(sources: Sources, work: Path, stop: Callable[[], bool], threads: int) -> dict:
     k = _label_width(sources.path("train_labels"))
+    progress = Progress(sum(sources.path(role).stat().st_size for role in ROLES))
     sizes: dict[str, int] = {}
     sums: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for role in ROLES:
-        width, what = (hw, hint) if role.endswith("features") else (k, f"K = {k} labels")
-        done = parallel.convert_file(
-            sources.path(role),
-            tmp / _FILES[role],
-            width=width,
-            width_hint=what,
-            allow_nonfinite=sources.allow_nonfinite,
-            threads=threads,
-            stop=stop,
-        )
-        sizes[role], sums[role] = done.rows, (done.sums, done.sums_sq)
-        logs.event(
-            "cache_progress",
-            f"converted {sources.path(role)}",
-            file=role,
-            rows=done.rows,
-            threads=done.threads,
-        )
+        rows, total, total_sq = _convert_role(sources, role, work, k, threads, stop, progress)
+        sizes[role], sums[role] = rows, (total, total_sq)
     for split in ("train", "test"):
         nf, nl = sizes[f"{split}_features"], sizes[f"{split}_labels"]
         if nf != nl:
@@ -194,12 +230,15 @@ def _convert(sources: Sources, tmp: Path, stop: Callable[[], bool], threads: int
     sq_err = t_sq - 2 * lm * t_sum + n_test * np.square(lm)
     baseline = float(np.sqrt(max(sq_err.sum(), 0.0) / (n_test * k)))
     np.savez(
-        tmp / "stats.npz",
+        work / "stats.npz",
         feature_mean=f_mean.reshape(sources.height, sources.width),
         feature_std=f_std.reshape(sources.height, sources.width),
         label_mean=l_mean,
         label_std=l_std,
     )
+    for role in ROLES:  # the per-file records are only for resuming
+        (work / f"{role}.json").unlink()
+        (work / f"{role}.npz").unlink()
     manifest = {
         "format_version": FORMAT_VERSION,
         "height": sources.height,
@@ -209,8 +248,9 @@ def _convert(sources: Sources, tmp: Path, stop: Callable[[], bool], threads: int
         "test_size": n_test,
         "baseline_rmse": baseline,
         "sources": {role: str(sources.path(role)) for role in ROLES},
+        "fingerprints": {role: fingerprint(sources.path(role)) for role in ROLES},
     }
-    write_json(tmp / "manifest.json", manifest)
+    write_json(work / "manifest.json", manifest)
     return manifest
 
 
@@ -285,6 +325,24 @@ def _remove_stale(root: Path, keep: str, temporary_only: bool = False) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def _claim(root: Path, key: str) -> tuple[Path, IO[bytes]]:
+    """The work directory of ``key`` and its held ``.owner`` lock: ``.partial-<key>``
+    (resumable) unless another live run converts the same data there; then a private one.
+    Raises OSError."""
+    partial = root / f"{PARTIAL}{key}"
+    partial.mkdir(exist_ok=True)
+    owner = open(partial / OWNER, "ab")  # noqa: SIM115 - held until the conversion ends
+    try:
+        fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return partial, owner
+    except BlockingIOError:
+        owner.close()
+    private = temp_dir(root, f".{key}.{os.getpid()}.")
+    owner = open(private / OWNER, "wb")  # noqa: SIM115 - held until the conversion ends
+    fcntl.flock(owner, fcntl.LOCK_EX)
+    return private, owner
+
+
 def prepare(
     sources: Sources,
     cache_dir: Path,
@@ -297,13 +355,13 @@ def prepare(
     a time (:mod:`app.data.parallel`); the caller sizes it from the CPU budget. 1 reads
     each file in one pass.
 
-    ``stop`` is polled between chunks; when it returns True the partial
-    conversion is removed and Preempted is raised. Raises DataError for bad
-    input (file:line: problem), StorageError when the cache can't be written.
-    Older caches in the same directory are removed after a successful conversion;
-    temporary directories of dead conversions (no process holds their ``.owner``
-    lock) whenever the cache is used. Two runs converting the same data into a
-    shared cache directory at once both succeed: the second rename finds the
+    ``stop`` is polled between chunks; when it returns True the files already converted
+    are kept for the next run (in ``.partial-<key>``) and Preempted is raised. Raises
+    DataError for bad input (file:line: problem), StorageError when the cache can't be
+    written. Older caches in the same directory are removed after a successful conversion;
+    work directories of dead conversions (no process holds their ``.owner`` lock) whenever
+    the cache is used. Two runs converting the same data into a shared cache directory at
+    once both succeed: the second works in a private directory, and its rename finds the
     first one's complete cache.
     """
     root = Path(cache_dir)
@@ -316,16 +374,23 @@ def prepare(
         return cache
     try:
         root.mkdir(parents=True, exist_ok=True)
-        tmp = temp_dir(root, f".{key}.{os.getpid()}.")
-        owner = open(tmp / OWNER, "wb")  # noqa: SIM115 - held until the conversion ends
-        fcntl.flock(owner, fcntl.LOCK_EX)
+        work, owner = _claim(root, key)
     except OSError as exc:
         raise StorageError(f"{root}: cannot create the data cache: {exc.strerror}") from exc
-    logs.event("cache", f"converting text data into {final}", path=str(final), reused=False)
+    resumed = [role for role in ROLES if (work / f"{role}.json").is_file()]
+    logs.event(
+        "cache",
+        f"converting text data into {final}"
+        + (f" (resuming: {', '.join(resumed)} already done)" if resumed else ""),
+        path=str(final),
+        reused=False,
+        resumed=resumed,
+    )
+    keep = False
     try:
-        manifest = _convert(sources, tmp, stop, threads)
+        manifest = _convert(sources, work, stop, threads)
         try:
-            os.replace(tmp, final)
+            os.replace(work, final)
         except OSError:
             # ENOTEMPTY/EEXIST: another run sharing --cache-dir finished the same data set
             # first; its cache is complete (rename is atomic) and identical, so use it.
@@ -336,10 +401,17 @@ def prepare(
             )
         else:
             (final / OWNER).unlink(missing_ok=True)
+    except Preempted:
+        keep = work.name.startswith(PARTIAL)  # the finished files wait for the next run
+        raise
     except OSError as exc:
         raise StorageError(f"{root}: cannot write the data cache: {exc.strerror}") from exc
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if keep:
+            for part in work.glob("*.part"):
+                part.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
         owner.close()
     _remove_stale(root, keep=key)
     logs.event(

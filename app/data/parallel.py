@@ -137,6 +137,7 @@ def convert_file(
     threads: int = 1,
     stop: Callable[[], bool] = lambda: False,
     min_range_bytes: int | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> Converted:
     """Parse the text file ``src`` into ``dst``: rows of ``width`` native float32, in order.
 
@@ -144,7 +145,9 @@ def convert_file(
     gzip files and files under ``2 * min_range_bytes``, default :data:`MIN_RANGE_BYTES`);
     the caller sizes it from the CPU budget (:attr:`app.budget.plan.ThreadPlan.intra_op_threads`).
     ``stop`` is polled between chunks of 512 lines, by every thread. ``width_hint`` and
-    ``allow_nonfinite`` as in :func:`app.data.textfile.iter_chunks`.
+    ``allow_nonfinite`` as in :func:`app.data.textfile.iter_chunks`. ``progress`` is called
+    with the bytes of ``src`` parsed since its last call, from any of the threads (it must
+    be thread-safe).
 
     Memory per thread: one chunk of lines and its rows (textfile's bound), never the file.
 
@@ -162,9 +165,10 @@ def convert_file(
     done = False
     try:
         if len(ranges) == 1:
-            result = _one_pass(src, out, width, width_hint, allow_nonfinite, stop)
+            result = _one_pass(src, out, width, width_hint, allow_nonfinite, stop, progress)
         else:
-            result = _in_ranges(src, out, ranges, width, width_hint, allow_nonfinite, threads, stop)
+            job = _Job(os.fspath(src), tuple(ranges), width, width_hint, allow_nonfinite, progress)
+            result = _in_ranges(job, out, threads, stop)
         done = True
         return result
     finally:
@@ -179,9 +183,11 @@ def _one_pass(
     hint: str,
     allow_nonfinite: bool,
     stop: Callable[[], bool],
+    progress: Callable[[int], None] | None,
 ) -> Converted:
+    job = _Job(os.fspath(src), ((0, 0),), width, hint, allow_nonfinite, progress)
     with open(dst, "wb") as f:
-        result = _write_rows(src, f, None, width, hint, allow_nonfinite, stop, textfile.Buffers())
+        result = _write_rows(job, f, None, stop, textfile.Buffers())
     if result.status == "stopped":
         raise Preempted(f"{os.fspath(src)}: stopped by signal during cache conversion")
     return Converted(result.rows, result.sums, result.sums_sq, threads=1, ranges=1)
@@ -205,25 +211,21 @@ class _Result:
 
 
 def _write_rows(
-    src: str | os.PathLike[str],
+    job: _Job,
     f: Any,
     span: textfile.Span | None,
-    width: int,
-    hint: str,
-    allow_nonfinite: bool,
     stopped: Callable[[], bool],
     buffers: textfile.Buffers,
 ) -> _Result:
-    """Parse ``src`` (or its span) into the open file ``f``; DataError only without a span.
-
-    ``buffers``: the calling thread's (see :class:`app.data.textfile.Buffers`)."""
-    rows = 0
+    """Parse ``job.src`` (or its span) into the open file ``f``; DataError only without a
+    span. ``buffers``: the calling thread's (see :class:`app.data.textfile.Buffers`)."""
+    rows, width = 0, job.width
     total = np.zeros(width, np.float64)
     total_sq = np.zeros(width, np.float64)
     try:
         for chunk in textfile.iter_chunks(
-            src, width=width, allow_nonfinite=allow_nonfinite, width_hint=hint, span=span,
-            buffers=buffers,
+            job.src, width=width, allow_nonfinite=job.allow_nonfinite, width_hint=job.hint,
+            span=span, buffers=buffers, progress=job.progress,
         ):  # fmt: skip
             if stopped():
                 return _Result("stopped")
@@ -249,13 +251,14 @@ def _write_rows(
 
 @dataclass(frozen=True)
 class _Job:
-    """Everything a thread needs to parse any of the ranges."""
+    """Everything a thread needs to parse the file or any of its ranges."""
 
     src: str
     ranges: tuple[tuple[int, int], ...]
     width: int
     hint: str
     allow_nonfinite: bool
+    progress: Callable[[int], None] | None = None
 
 
 class _Counter:
@@ -347,21 +350,11 @@ def _count_lines(src: str, start: int, stop: int, last: bool, buf: memoryview) -
     return lines + (1 if last and tail != b"\n" else 0)
 
 
-def _in_ranges(
-    src: str | os.PathLike[str],
-    dst: Path,
-    ranges: list[tuple[int, int]],
-    width: int,
-    hint: str,
-    allow_nonfinite: bool,
-    threads: int,
-    stop: Callable[[], bool],
-) -> Converted:
+def _in_ranges(job: _Job, dst: Path, threads: int, stop: Callable[[], bool]) -> Converted:
     """Two passes, each spread over the threads: count each range's lines, then parse each
     range straight into ``dst`` at the row its first line will have (a valid file has one
     row per line, blank lines only at its end), so there are no part files to join."""
-    name = os.fspath(src)
-    job = _Job(name, tuple(ranges), width, hint, allow_nonfinite)
+    name, ranges, width = job.src, list(job.ranges), job.width
     halt = threading.Event()
     local = threading.local()  # each thread's memory, reused across its ranges
     last = len(ranges) - 1
@@ -382,8 +375,8 @@ def _in_ranges(
             if not hasattr(local, "buffers"):
                 local.buffers = textfile.Buffers()
             result = _write_rows(
-                name, sink, textfile.Span(start, end), width, hint, allow_nonfinite,
-                lambda: halt.is_set() or stop(), local.buffers,
+                job, sink, textfile.Span(start, end), lambda: halt.is_set() or stop(),
+                local.buffers,
             )  # fmt: skip
             if result.status == "data_error":
                 counter.end(len(ranges))  # the ranges before it still finish

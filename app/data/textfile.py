@@ -34,7 +34,7 @@ import gzip
 import os
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import BinaryIO
@@ -126,6 +126,7 @@ def iter_chunks(
     width_hint: str = "",
     span: Span | None = None,
     buffers: Buffers | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> Iterator[np.ndarray]:
     """Yield the file's samples as float32 arrays of shape (rows <= chunk_rows, width), in order.
 
@@ -139,6 +140,8 @@ def iter_chunks(
     and an empty span is no error. A UTF-8 BOM is only recognised at offset 0.
     ``buffers``: memory to keep and reuse across chunks and calls (one :class:`Buffers` per
     thread); the arrays then share memory, each valid only until the next is requested.
+    ``progress``: called with the bytes of the file (compressed bytes for gzip) read since
+    its last call, after every read (from the calling thread).
 
     Memory: one chunk of lines as bytes (plus a 1 MiB read), its float32 array and
     temporaries for ~256 KiB of lines (a copy of the chunk on the np.loadtxt and error
@@ -160,7 +163,8 @@ def iter_chunks(
     part = span if span is not None else Span()
     state.blank_line = part.blank_line
     next_line = part.first_line
-    for first_line, buf, begin, ends in _read_blocks(state.path, chunk_rows, part, buffers):
+    blocks = _read_blocks(state.path, chunk_rows, part, buffers, progress)
+    for first_line, buf, begin, ends in blocks:
         next_line = first_line + len(ends)
         values = _parse_block(state, buf, begin, first_line, ends)
         if len(values):
@@ -285,7 +289,11 @@ def _read_into(stream: BinaryIO, view: memoryview, path: str) -> int:
 
 
 def _read_blocks(
-    path: str, chunk_rows: int, span: Span, buffers: Buffers | None = None
+    path: str,
+    chunk_rows: int,
+    span: Span,
+    buffers: Buffers | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> Iterator[tuple[int, np.ndarray, int, np.ndarray]]:
     """Yield (first line number, buffer, begin, line ends) for up to chunk_rows whole lines.
 
@@ -314,6 +322,7 @@ def _read_blocks(
         nls = np.empty(0, np.int64)  # offsets just past the newlines in there
         eof = False
         line = span.first_line
+        position = raw.tell()
         while True:
             while (
                 not eof
@@ -336,6 +345,10 @@ def _read_blocks(
                 got = _read_into(stream, buf.data[end : end + want], path) if want else 0
                 if left is not None:
                     left -= got
+                if progress is not None:
+                    now = raw.tell()
+                    progress(now - position)
+                    position = now
                 if bom and buf[_PAD : _PAD + 3].tobytes() == _BOM:
                     buf[_PAD : _PAD + 3] = 32
                 bom = False

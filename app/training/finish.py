@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,7 @@ import tensorflow as tf
 from app import __version__, logs
 from app.atomic import temp_dir, write_json
 from app.data.cache import DataCache
-from app.errors import Preempted, Replan, StorageError
+from app.errors import ModelRejected, Preempted, Replan, StorageError
 from app.training.controller import Outcome
 from app.training.workspace import Workspace
 
@@ -153,12 +155,20 @@ def summarize(outcome: Outcome, data: DataCache, samples_per_step: int) -> dict[
 
 
 def finish(
-    ws: Workspace, summary: dict[str, Any], model: keras.Model, data: DataCache, standardize: bool
+    ws: Workspace,
+    summary: dict[str, Any],
+    model: keras.Model,
+    data: DataCache,
+    standardize: bool,
+    publish: Callable[[Path], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Export (chief), write ``metrics.json`` (chief) and log ``end``; return the summary.
+    """Export (chief), publish if asked, write ``metrics.json`` (chief), log ``end``.
 
-    A preempted run exports nothing and raises Preempted (exit 143) after the ``end``
-    event. Raises StorageError when the export or metrics can't be written.
+    ``publish(export_dir)`` returns the gate's decision (app/training/publish.py); it goes
+    into the summary as ``publish``. Returns the summary. A preempted run exports nothing
+    and raises Preempted (exit 143) after the ``end`` event; a candidate the gate rejected
+    raises ModelRejected (exit 7) after everything was written. Raises StorageError when
+    the export or metrics can't be written.
     """
     status, step = summary["status"], summary["final_step"]
     if status == "replan":
@@ -180,6 +190,18 @@ def finish(
         seconds=round(time.perf_counter() - t_export, 2),
     )
     summary["export"] = str(export_dir)
+    decision = publish(export_dir) if publish is not None else None
+    if decision is not None:
+        summary["publish"] = decision
+        if not decision["published"]:
+            logs.event(
+                "publish_rejected",
+                f"not published: {decision['reason']}",
+                level=logging.WARNING,
+                **decision,
+            )
     write_json(ws.metrics, summary)
     logs.event("end", f"{message} (mean predictor {data.baseline_rmse:.4g})", **summary)
+    if decision is not None and not decision["published"]:
+        raise ModelRejected(f"model not published: {decision['reason']}")
     return summary

@@ -29,6 +29,7 @@ from app.budget.usage import Throttling
 from app.cluster.spec import Cluster
 from app.config import TrainConfig
 from app.data import cache as cache_lib
+from app.data.sources import ROLES, Sources, find
 from app.errors import DataError, Preempted
 from app.signals import StopRequest
 from app.training import workspace as workspace_lib
@@ -127,7 +128,7 @@ def train(
             stop,
             data.baseline_rmse,
             agree=lambda k: float(reps.sum([k], "steps per loop")[0]) / reps.count,
-            actions=[warn_when_throttled(plan)],
+            actions=[warn_when_throttled(plan), *_summaries(ws, config, plan, start)],
             replan=BudgetWatch(
                 plan,
                 enabled=config.replan == "on-change" and cluster is None,
@@ -145,10 +146,52 @@ def train(
         )
         if cluster is not None:
             summary.update(workers=cluster.count, global_batch_size=samples_per_step)
-        return finish.finish(ws, summary, trainer.model, data, config.standardize)
+        publisher = _publisher(config, plan, data, summary) if config.publish_dir else None
+        return finish.finish(ws, summary, trainer.model, data, config.standardize, publisher)
     except Exception as exc:
         reps.report_failure(exc)  # the other workers stop instead of waiting for this one
         raise
+
+
+def _publisher(
+    config: TrainConfig, plan: ThreadPlan, data: cache_lib.DataCache, summary: dict[str, Any]
+) -> Callable[[Path], dict[str, Any]]:
+    """The publish step for finish(): the gate against --publish-dir's newest version."""
+    import datetime
+
+    from app.training import publish
+
+    def run(export_dir: Path) -> dict[str, Any]:
+        assert config.publish_dir is not None
+        meta = {
+            "published_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "metrics": {k: v for k, v in summary.items() if k != "plan"},
+            "data_key": data.path.name,
+            "config": config.to_json(),
+            "plan": plan.to_json(),
+            "versions": {"coretrain": __version__, "tensorflow": _tensorflow_version()},
+        }
+        decision = publish.publish(
+            export_dir,
+            config.publish_dir,
+            data,
+            meta,
+            tolerance=config.publish_tolerance,
+            keep=config.publish_keep,
+        )
+        return decision.to_json()
+
+    return run
+
+
+def _summaries(ws: Any, config: TrainConfig, plan: ThreadPlan, start: int) -> list[Any]:
+    """The TensorBoard action (the chief only: one set of curves per run)."""
+    if not ws.is_chief:
+        return []
+    from app.training.summaries import Summaries
+
+    run = {"config": config.to_json(), "plan": plan.to_json(), "version": __version__}
+    return [Summaries(ws.output / "tensorboard", run, start)]
 
 
 def _log_replanned(plan: ThreadPlan) -> None:
@@ -172,10 +215,12 @@ def _preempted(when: str) -> Preempted:
     return exc
 
 
-def sources(config: TrainConfig) -> cache_lib.Sources:
-    """The data files and parse settings of ``config``."""
-    return cache_lib.Sources(
-        paths={role: config.data_path(role) for role in cache_lib.ROLES},
+def sources(config: TrainConfig) -> Sources:
+    """The data files (found in ``config.data_dir``: app/data/sources.py) and the parse
+    settings of ``config``. Raises DataError (a missing file), ConfigError (two
+    candidates for one role)."""
+    return Sources(
+        paths={role: find(config.data_dir, role, getattr(config, role)) for role in ROLES},
         height=config.height,
         width=config.width,
         allow_nonfinite=config.allow_nonfinite,
@@ -191,7 +236,8 @@ def load_data(
     Raises DataError for bad input, and when NaN/Inf values (let in by
     --allow-nonfinite) make the standardisation statistics non-finite.
     """
-    data = cache_lib.prepare(sources(config), cache_dir, stop=stop, threads=plan.intra_op_threads)
+    found = sources(config)
+    data = cache_lib.prepare(found, cache_dir, stop=stop, threads=plan.intra_op_threads)
     if config.standardize:
         for role, stats in (
             ("train_features", (data.feature_mean, data.feature_std)),
@@ -199,7 +245,7 @@ def load_data(
         ):
             if not all(np.isfinite(s).all() for s in stats):
                 raise DataError(
-                    f"{config.data_path(role)}: NaN/Inf values (allowed by --allow-nonfinite) "
+                    f"{found.path(role)}: NaN/Inf values (allowed by --allow-nonfinite) "
                     "make the standardisation statistics NaN/Inf; train with --no-standardize, "
                     "or remove them"
                 )

@@ -1,0 +1,105 @@
+"""``coretrain predict``: use an exported model where it was made, on the CPUs planned for it.
+
+The model is a run's ``model/`` (its ``saved_model/``), one published version (a
+directory with ``saved_model.pb``) or a publish directory (its newest version). The
+features file is read in the training format (plain or gzip, the same ``file:line``
+errors), ``--batch-size`` lines at a time, so memory is bounded by a batch, not the file;
+each batch goes through the SavedModel's ``serve`` signature (raw features in, raw-scale
+labels out). The output is written to a temporary name and renamed when complete.
+Import it after :func:`app.budget.apply.apply` (it imports TensorFlow).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from app import logs
+from app.config import PredictConfig
+from app.data import textfile
+from app.errors import ConfigError, StorageError
+from app.training.finish import SAVED_MODEL_DIR
+from app.training.versions import newest
+
+
+def resolve_model(directory: Path) -> Path:
+    """The SavedModel directory ``directory`` names (see the module docstring).
+
+    Raises ConfigError (exit 2) when it holds no model.
+    """
+    if (directory / SAVED_MODEL_DIR / "saved_model.pb").is_file():
+        return directory / SAVED_MODEL_DIR
+    if (directory / "saved_model.pb").is_file():
+        return directory
+    version = newest(directory)
+    if version is not None:
+        return version
+    raise ConfigError(
+        f"{directory}: no model here (a run's model/ directory, a version directory with "
+        "saved_model.pb, or a publish directory of numbered versions)"
+    )
+
+
+def predict(config: PredictConfig) -> dict[str, Any]:
+    """Predict every line of ``config.features`` into ``config.out``; return a summary.
+
+    Raises ConfigError (no model), DataError (bad features: file:line), StorageError
+    (the output can't be written).
+    """
+    path = resolve_model(config.model)
+    t0 = time.perf_counter()
+    served = tf.saved_model.load(str(path)).signatures["serve"]
+    width = int(next(iter(served.structured_input_signature[1].values())).shape[-1])
+    npy = config.out.suffix == ".npy"
+    rows = outputs = 0
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{config.out.name}.", dir=config.out.parent)
+    except OSError as exc:
+        raise StorageError(f"{config.out}: cannot write: {exc.strerror}") from exc
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as sink:
+            for chunk in textfile.iter_chunks(
+                config.features,
+                width=width,
+                allow_nonfinite=config.allow_nonfinite,
+                chunk_rows=config.batch_size,
+                width_hint=f"the model takes {width} features",
+            ):
+                out = next(iter(served(tf.constant(chunk)).values())).numpy().astype(np.float32)
+                rows, outputs = rows + len(out), out.shape[1]
+                if npy:
+                    sink.write(out.tobytes())
+                else:
+                    np.savetxt(sink, out, fmt="%.9g")
+        if npy:
+            _raw_to_npy(tmp, rows, outputs)
+        os.replace(tmp, config.out)
+    except OSError as exc:
+        raise StorageError(f"{config.out}: cannot write: {exc.strerror}") from exc
+    finally:
+        tmp.unlink(missing_ok=True)
+    seconds = round(time.perf_counter() - t0, 2)
+    logs.event(
+        "predicted",
+        f"{rows} predictions of {outputs} values from {path} in {config.out}",
+        model=str(path),
+        rows=rows,
+        outputs=outputs,
+        out=str(config.out),
+        seconds=seconds,
+    )
+    return {"model": str(path), "rows": rows, "outputs": outputs, "seconds": seconds}
+
+
+def _raw_to_npy(raw: Path, rows: int, outputs: int) -> None:
+    """Turn a file of float32 rows into a .npy file in place (header + the same bytes)."""
+    data = np.fromfile(raw, np.float32).reshape(rows, outputs)
+    np.save(raw, data, allow_pickle=False)
+    raw.with_name(raw.name + ".npy").replace(raw)  # np.save appends .npy to a name without it

@@ -1,0 +1,196 @@
+"""Published model versions behind a quality gate, in TensorFlow Serving's layout.
+
+``--publish-dir DIR`` holds numbered versions ``DIR/<N>/`` (``saved_model.pb``,
+``variables/``, … as TF Serving loads them; also ``model.keras`` and ``coretrain.json``
+with the run's metrics, data fingerprint, config, plan and versions). TF Serving serves
+the largest number and polls the directory; it has loaded half-copied versions
+(tensorflow/serving#1086), so a version is built under a temporary name in DIR and
+renamed into place whole, under an ``fcntl`` lock on ``DIR/.lock`` so that two runs can't
+take the same number.
+
+The gate (as TFX's Evaluator "blesses" a candidate only when it is at least as good as
+the current one): the candidate and the champion (the highest version) are both
+evaluated, as exported, on this run's test set; the candidate is published only if its
+test RMSE is below the mean predictor's and at most the champion's × (1 + tolerance).
+A champion that can't be evaluated on these data (other input or output size) is no
+comparison, and says so. ``--publish-keep N`` prunes the oldest versions beyond N, never
+the champion. Rolling back is deleting (or moving away) the newest version: TF Serving
+falls back to the next largest.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from app import logs
+from app.atomic import ensure_dir, temp_dir, write_json
+from app.data.cache import DataCache
+from app.errors import StorageError
+from app.training.finish import KERAS_FILE, SAVED_MODEL_DIR
+from app.training.versions import META_FILE, newest, versions
+
+LOCK_NAME = ".lock"
+#: How long a run waits for another run's publishing to finish (seconds).
+LOCK_WAIT_S = 600.0
+
+
+def evaluate_export(saved_model: Path, data: DataCache, batch: int = 4096) -> float | None:
+    """Test RMSE (raw label units) of the SavedModel at ``saved_model`` on ``data``'s test
+    split, fed raw lines as a server would; None when its input or output size doesn't fit
+    these data. Raises StorageError when it can't be loaded."""
+    try:
+        served = tf.saved_model.load(str(saved_model)).signatures["serve"]
+    except (OSError, KeyError, ValueError, tf.errors.OpError) as exc:
+        raise StorageError(f"{saved_model}: cannot load the model: {exc}") from exc
+    spec = next(iter(served.structured_input_signature[1].values()))
+    if spec.shape[-1] != data.height * data.width:
+        return None
+    x = np.asarray(data.features("test")).reshape(data.test_size, -1)
+    y = np.asarray(data.labels("test"), np.float64)
+    sq = 0.0
+    for start in range(0, data.test_size, batch):
+        out = next(iter(served(tf.constant(x[start : start + batch])).values())).numpy()
+        if out.shape[-1] != data.num_outputs:
+            return None
+        sq += float(np.sum(np.square(out.astype(np.float64) - y[start : start + batch])))
+    return math.sqrt(sq / max(y.size, 1))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the gate decided: ``published`` (and ``version``), both RMSEs, the reason."""
+
+    published: bool
+    reason: str
+    candidate_rmse: float | None
+    champion_rmse: float | None
+    champion_version: int | None
+    version: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def judge(
+    candidate: float | None, champion: float | None, champion_version: int | None,
+    baseline: float, tolerance: float,
+) -> Decision:  # fmt: skip
+    """The gate's rule (module docstring) as a pure function of the RMSEs."""
+    if candidate is None or not math.isfinite(candidate):
+        why = f"the candidate's test RMSE is {candidate}: it can't be published"
+        return Decision(False, why, candidate, champion, champion_version)
+    if candidate >= baseline:
+        why = (
+            f"test RMSE {candidate:.6g} is not below the mean predictor's {baseline:.6g}: "
+            "the model has learned nothing (check the training data)"
+        )
+        return Decision(False, why, candidate, champion, champion_version)
+    if champion is not None and candidate > champion * (1 + tolerance):
+        why = (
+            f"test RMSE {candidate:.6g} is worse than champion version {champion_version}'s "
+            f"{champion:.6g} (tolerance {tolerance:g})"
+        )
+        return Decision(False, why, candidate, champion, champion_version)
+    if champion_version is None:
+        why = f"no version published yet; test RMSE {candidate:.6g} beats the mean predictor"
+    elif champion is None:
+        why = (
+            f"champion version {champion_version} can't be evaluated on these data (other "
+            f"input or output size); test RMSE {candidate:.6g} beats the mean predictor"
+        )
+    else:
+        why = (
+            f"test RMSE {candidate:.6g} ≤ champion version {champion_version}'s "
+            f"{champion:.6g} × (1 + {tolerance:g})"
+        )
+    return Decision(True, why, candidate, champion, champion_version)
+
+
+def publish(
+    export_dir: Path, directory: Path, data: DataCache, meta: dict[str, Any],
+    tolerance: float = 0.0, keep: int = 0,
+) -> Decision:  # fmt: skip
+    """Evaluate the candidate in ``export_dir`` against the champion in ``directory`` and
+    publish it as the next version if the gate lets it through; prune to ``keep``.
+
+    Raises StorageError when the directory, the lock or a version can't be written.
+    """
+    ensure_dir(directory, "publish directory")
+    candidate = evaluate_export(export_dir / SAVED_MODEL_DIR, data)
+    with _locked(directory):
+        champion = newest(directory)
+        champion_version = int(champion.name) if champion else None
+        champion_rmse = evaluate_export(champion, data) if champion else None
+        decision = judge(candidate, champion_rmse, champion_version, data.baseline_rmse, tolerance)
+        if not decision.published:
+            return decision
+        number = (champion_version or 0) + 1
+        _write_version(export_dir, directory, number, {**meta, "publish": decision.to_json()})
+        decision = Decision(**{**decision.to_json(), "version": number})
+        _prune(directory, keep)
+    return decision
+
+
+class _locked:
+    """An exclusive ``fcntl`` lock on ``directory/.lock``, waited for up to LOCK_WAIT_S."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / LOCK_NAME
+
+    def __enter__(self) -> None:
+        try:
+            self.handle = open(self.path, "a+")
+        except OSError as exc:
+            raise StorageError(f"{self.path}: cannot open the lock: {exc.strerror}") from exc
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    self.handle.close()
+                    raise StorageError(
+                        f"{self.path}: another run kept publishing for {LOCK_WAIT_S:g} s"
+                    ) from None
+                time.sleep(0.2)
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.close()
+
+
+def _write_version(export_dir: Path, directory: Path, number: int, meta: dict[str, Any]) -> None:
+    """Copy the export into a temporary directory in ``directory``, then rename it to N."""
+    final = directory / str(number)
+    try:
+        tmp = temp_dir(directory, f".{number}.")
+        try:
+            shutil.copytree(export_dir / SAVED_MODEL_DIR, tmp, dirs_exist_ok=True)
+            shutil.copy2(export_dir / KERAS_FILE, tmp / KERAS_FILE)
+            write_json(tmp / META_FILE, meta)
+            os.rename(tmp, final)  # whole or not at all; never over an existing version
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as exc:
+        raise StorageError(f"{final}: cannot publish: {exc.strerror or exc}") from exc
+    logs.event("published", f"published model version {number} in {directory}", version=number)
+
+
+def _prune(directory: Path, keep: int) -> None:
+    """Remove the oldest versions beyond ``keep`` (0 = keep all); never the newest."""
+    found = versions(directory)
+    if keep < 1 or len(found) <= keep:
+        return
+    for number in found[: len(found) - keep]:
+        shutil.rmtree(directory / str(number), ignore_errors=True)
+        logs.event("pruned", f"removed model version {number} (--publish-keep {keep})")

@@ -1,0 +1,195 @@
+"""Nightly retraining: published versions behind a quality gate, TensorBoard curves, gzip
+data with default names, and ``coretrain predict`` on the served version."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.data import synthetic
+from app.training.publish import judge
+from app.training.versions import listing, newest, versions
+from tests.conftest import events, json_lines, run_cli
+
+ARGS = ["--batch-size", "100", "--eval-every", "20", "--checkpoint-every", "1000"]
+
+
+# --- the gate's rule (pure) -----------------------------------------------------------------
+
+
+def test_the_first_version_needs_only_to_beat_the_mean_predictor() -> None:
+    assert judge(0.2, None, None, baseline=0.27, tolerance=0.0).published
+    rejected = judge(0.28, None, None, baseline=0.27, tolerance=0.0)
+    assert not rejected.published and "mean predictor" in rejected.reason
+
+
+def test_a_candidate_must_be_at_least_as_good_as_the_champion_up_to_the_tolerance() -> None:
+    assert judge(0.10, 0.10, 3, baseline=0.27, tolerance=0.0).published  # a tie publishes
+    worse = judge(0.11, 0.10, 3, baseline=0.27, tolerance=0.0)
+    assert not worse.published and "champion version 3" in worse.reason
+    assert judge(0.11, 0.10, 3, baseline=0.27, tolerance=0.1).published
+    assert not judge(math.nan, 0.10, 3, baseline=0.27, tolerance=0.0).published
+
+
+def test_a_champion_that_does_not_fit_the_data_is_no_comparison() -> None:
+    decision = judge(0.2, None, 4, baseline=0.27, tolerance=0.0)
+    assert decision.published and "can't be evaluated on these data" in decision.reason
+
+
+# --- three nights into one publish directory ----------------------------------------------
+
+
+def _train(data: Path, out: Path, models: Path, steps: int) -> tuple[int, list[dict], str]:
+    proc = run_cli(
+        "train", "--data", str(data), "--output", str(out), "--max-steps", str(steps),
+        "--publish-dir", str(models), *ARGS,
+    )  # fmt: skip
+    return proc.returncode, json_lines(proc.stdout), proc.stderr
+
+
+@pytest.fixture(scope="module")
+def nights(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("nights")
+    data = root / "data"
+    synthetic.generate(data, train=1500, test=300, seed=3)
+    models = root / "models"
+    first = _train(data, root / "night1", models, 40)
+    second = _train(data, root / "night2", models, 150)
+    # Night 3: the training labels arrive shuffled (a broken export upstream), the test set
+    # intact, and every file gzip-compressed under its default name + .gz.
+    bad = root / "bad-data"
+    bad.mkdir()
+    rng = np.random.default_rng(0)
+    for role in ("train_features", "train_labels", "test_features", "test_labels"):
+        lines = (data / f"{role}.txt").read_bytes().splitlines(keepends=True)
+        if role == "train_labels":
+            lines = [lines[i] for i in rng.permutation(len(lines))]
+        with gzip.open(bad / f"{role}.txt.gz", "wb") as f:
+            f.write(b"".join(lines))
+    third = _train(bad, root / "night3", models, 150)
+    return {"root": root, "data": data, "models": models, "runs": [first, second, third]}
+
+
+@pytest.mark.slow
+def test_two_good_nights_publish_and_the_bad_one_is_kept_out(nights: dict) -> None:
+    (c1, _, e1), (c2, _, e2), (c3, r3, e3) = nights["runs"]
+    assert (c1, c2) == (0, 0), (e1[-2000:], e2[-2000:])
+    assert c3 == 7, e3[-2000:]
+    (line,) = e3.splitlines()
+    assert line.startswith("coretrain: model not published: ")
+    assert versions(nights["models"]) == [1, 2]
+    metrics = json.loads((nights["root"] / "night3" / "metrics.json").read_text())
+    gate = metrics["publish"]
+    assert gate["published"] is False and gate["champion_version"] == 2
+    assert gate["reason"] in line
+    assert events(r3, "publish_rejected")[0]["level"] == "WARNING"
+    assert events(r3, "end")[-1]["status"] == "completed"
+    # The gzip files were found by their default names, without options.
+    start = events(r3, "start")[0]["config"]
+    assert start["train_features"] is None and events(r3, "cache")
+
+
+@pytest.mark.slow
+def test_the_served_version_reproduces_its_rmse_from_raw_lines(nights: dict) -> None:
+    import tensorflow as tf
+
+    metrics = json.loads((nights["root"] / "night2" / "metrics.json").read_text())
+    reported = metrics["publish"]["candidate_rmse"]
+    assert metrics["publish"]["version"] == 2
+    served = tf.saved_model.load(str(newest(nights["models"]))).signatures["serve"]
+    data = nights["data"]
+    x = np.loadtxt(data / "test_features.txt", dtype=np.float32)
+    y = np.loadtxt(data / "test_labels.txt", dtype=np.float64)
+    pred = next(iter(served(tf.constant(x)).values())).numpy()
+    assert float(np.sqrt(np.mean((pred - y) ** 2))) == pytest.approx(reported, rel=1e-6)
+    assert reported == pytest.approx(metrics["test_rmse"], rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("suffix", [".txt", ".npy"])
+def test_predict_on_the_publish_directory_reproduces_the_rmse(nights: dict, suffix: str) -> None:
+    data, root = nights["data"], nights["root"]
+    packed = root / f"test_features{suffix}.gz"
+    with open(data / "test_features.txt", "rb") as f, gzip.open(packed, "wb") as g:
+        shutil.copyfileobj(f, g)
+    out = root / f"pred{suffix}"
+    proc = run_cli(
+        "predict", "--model", str(nights["models"]), "--features", str(packed), "--out", str(out),
+        "--batch-size", "64",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    pred = np.load(out) if suffix == ".npy" else np.loadtxt(out)
+    y = np.loadtxt(data / "test_labels.txt")
+    assert pred.shape == y.shape == (300, 3)
+    rmse = float(np.sqrt(np.mean((pred - y) ** 2)))
+    reported = json.loads((root / "night2" / "metrics.json").read_text())["publish"]
+    assert rmse == pytest.approx(reported["candidate_rmse"], rel=1e-6)
+    (done,) = events(json_lines(proc.stdout), "predicted")
+    assert done["model"].endswith("/2") and done["rows"] == 300
+
+
+@pytest.mark.slow
+def test_predict_names_the_bad_line(nights: dict, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.txt"
+    lines = (nights["data"] / "test_features.txt").read_text().splitlines()
+    bad.write_text("\n".join([*lines[:4], "1 2 3", *lines[5:10]]) + "\n")
+    out = tmp_path / "p.txt"
+    proc = run_cli("predict", "--model", str(nights["models"]), "--features", str(bad),
+                   "--out", str(out))  # fmt: skip
+    assert proc.returncode == 3
+    (line,) = proc.stderr.splitlines()
+    assert f"{bad}:5: " in line and "expected 3900 fields" in line
+    assert not out.exists() and list(tmp_path.glob(".p.txt*")) == []
+
+
+@pytest.mark.slow
+def test_models_lists_the_versions(nights: dict) -> None:
+    proc = run_cli("models", str(nights["models"]), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert [r["version"] for r in rows] == [1, 2] and rows[-1]["champion"] is True
+    assert rows == listing(nights["models"])
+    table = run_cli("models", str(nights["models"])).stdout
+    assert "(served)" in table.splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_tensorboard_event_files_hold_the_progress_scalars(nights: dict) -> None:
+    import tensorflow as tf
+
+    _, records, _ = nights["runs"][1]
+    progress = {p["step"]: p for p in events(records, "progress")}
+    found: dict[str, dict[int, float]] = {}
+    texts = []
+    for path in sorted((nights["root"] / "night2" / "tensorboard").glob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                tensor = tf.make_ndarray(value.tensor)
+                if value.metadata.plugin_data.plugin_name == "text":
+                    texts.append(tensor.item().decode())
+                else:
+                    found.setdefault(value.tag, {})[event.step] = float(tensor)
+    assert set(found) >= {"loss", "train_rmse", "test_rmse", "learning_rate",
+                          "examples_per_sec", "cpu_util"}  # fmt: skip
+    for step, record in progress.items():
+        assert found["test_rmse"][step] == pytest.approx(record["test_rmse"], rel=1e-6)
+        assert found["learning_rate"][step] == pytest.approx(record["lr"], rel=1e-6)
+    assert texts and '"max_steps": 150' in texts[0]
+
+
+def test_pruning_keeps_the_newest_versions(tmp_path: Path) -> None:
+    from app.training.publish import _prune
+
+    for n in (1, 2, 3, 4):
+        (tmp_path / str(n)).mkdir()
+        (tmp_path / str(n) / "saved_model.pb").write_bytes(b"")
+    _prune(tmp_path, keep=2)
+    assert versions(tmp_path) == [3, 4]
+    _prune(tmp_path, keep=0)
+    assert versions(tmp_path) == [3, 4]
