@@ -390,6 +390,13 @@ def test_volumes_data_read_only_output_on_a_claim_tmp_in_an_emptydir(
     assert "emptyDir" in volumes[mounts["/tmp"]["name"]]
 
 
+def test_a_failing_container_leaves_its_last_log_lines_as_the_termination_message(
+    container: dict[str, Any],
+) -> None:
+    # The one-line error on stderr is then in `kubectl get pod` (docs/architecture.md).
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
 def test_pod_and_container_security_context(
     pod_spec: dict[str, Any], container: dict[str, Any]
 ) -> None:
