@@ -5,13 +5,18 @@ behaviour is tested with real worker processes of the real CLI on localhost
 ports: two workers train to identical weights; SIGTERM to one worker stops
 both at the same step with a checkpoint and exit 143; a rerun resumes; a
 worker killed with SIGKILL makes the other exit 6; a worker whose peer never
-starts gives up after --cluster-timeout.
+starts gives up after --cluster-timeout. The same with an output directory per
+worker (as with a volume per pod) and the cluster in TF_CONFIG as the manifest gives
+it: a rerun with an empty worker directory resumes both from the chief's checkpoint,
+with the losses of an uninterrupted run bit for bit; workers given different data or
+options stop with exit 6 naming what differs.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,9 +30,10 @@ import pytest
 from app.cluster import spec
 from app.cluster.spec import Cluster, ClusterError, ClusterOptions
 from app.config import TrainConfig
+from app.data import synthetic
 from app.errors import ConfigError
 from app.training import workspace
-from tests.conftest import REPO, events, json_lines, run_cli
+from tests.conftest import REPO, TINY, events, json_lines, run_cli
 
 
 def resolve(environ: dict[str, str], hosts: str | None = None, **options: object) -> Cluster | None:
@@ -356,13 +362,32 @@ def _free_ports(count: int) -> list[int]:
 
 
 class Worker:
-    """One ``python -m app train`` worker process; stdout goes to a file we can poll."""
+    """One ``python -m app train`` worker process; stdout goes to a file we can poll.
 
-    def __init__(self, index: int, hosts: str, data: Path, out: Path, *args: str) -> None:
+    The cluster is given as ``--workers/--worker-index/--worker-hosts``, or with
+    ``chief_job`` as k8s/distributed.yaml gives it: TF_CONFIG with a "chief" job (the
+    first host) and a "worker" job (the others).
+    """
+
+    def __init__(
+        self, index: int, hosts: str, data: Path, out: Path, *args: str, chief_job: bool = False
+    ) -> None:
         self.index = index
         self.log = out.parent / f"{out.name}-worker{index}-{time.monotonic_ns()}.stdout"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CORETRAIN_", "TF_NUM"))}
         env.pop("TF_CONFIG", None)
+        cluster = ["--workers", "2", "--worker-index", str(index), "--worker-hosts", hosts]
+        if chief_job:
+            chief, *others = hosts.split(",")
+            task = (
+                {"type": "chief", "index": 0}
+                if index == 0
+                else {"type": "worker", "index": index - 1}
+            )
+            env["TF_CONFIG"] = json.dumps(
+                {"cluster": {"chief": [chief], "worker": others}, "task": task}
+            )
+            cluster = []
         out.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "w", encoding="utf-8") as stdout:
             self.proc = subprocess.Popen(
@@ -375,12 +400,7 @@ class Worker:
                     str(data),
                     "--output",
                     str(out),
-                    "--workers",
-                    "2",
-                    "--worker-index",
-                    str(index),
-                    "--worker-hosts",
-                    hosts,
+                    *cluster,
                     *WORKER_ARGS,
                     *args,
                 ],
@@ -420,9 +440,22 @@ class Worker:
         return self.proc.returncode
 
 
-def _start_pair(data: Path, out: Path, *args: str) -> list[Worker]:
+def _start_pair(
+    data: Path | tuple[Path, Path],
+    out: Path | tuple[Path, Path],
+    *args: str,
+    chief_job: bool = False,
+    other: tuple[str, ...] = (),
+) -> list[Worker]:
+    """Workers 0 and 1 on free localhost ports, with ``args``; ``data`` and ``out`` are one
+    directory for both or one each; ``other``: more arguments for worker 1 only."""
     hosts = ",".join(f"localhost:{p}" for p in _free_ports(2))
-    return [Worker(i, hosts, data, out, *args) for i in range(2)]
+    datas = data if isinstance(data, tuple) else (data, data)
+    outs = out if isinstance(out, tuple) else (out, out)
+    return [
+        Worker(i, hosts, datas[i], outs[i], *args, *(other if i else ()), chief_job=chief_job)
+        for i in range(2)
+    ]
 
 
 def _checkpoint_tensors(prefix: Path) -> dict[str, np.ndarray]:
@@ -434,6 +467,17 @@ def _checkpoint_tensors(prefix: Path) -> dict[str, np.ndarray]:
         for name in reader.get_variable_to_shape_map()
         if name != "_CHECKPOINTABLE_OBJECT_GRAPH"
     }
+
+
+def _same_checkpoints(a: Path, b: Path) -> dict[str, np.ndarray]:
+    """Assert that checkpoints ``a`` and ``b`` hold the same training state (step, model,
+    optimizer), bit for bit; return ``a``'s. ``save_counter`` counts one process's saves."""
+    ours, theirs = _checkpoint_tensors(a), _checkpoint_tensors(b)
+    assert ours.keys() == theirs.keys()
+    for name, value in ours.items():
+        if not name.startswith("save_counter/"):
+            assert np.array_equal(value, theirs[name]), name
+    return ours
 
 
 @pytest.fixture(scope="module")
@@ -449,12 +493,10 @@ def pair_run(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory):
 def test_two_workers_train_to_identical_weights(pair_run) -> None:
     out, workers, codes = pair_run
     assert codes == [0, 0], [w.stderr[-2000:] for w in workers]
-    chief = _checkpoint_tensors(out / "checkpoints" / "ckpt-6")
-    copy = _checkpoint_tensors(out / "workers" / "worker-1" / "checkpoints" / "ckpt-6")
-    assert chief.keys() == copy.keys()
+    chief = _same_checkpoints(
+        out / "checkpoints" / "ckpt-6", out / "workers" / "worker-1" / "checkpoints" / "ckpt-6"
+    )
     assert any("dense2" in name for name in chief)
-    for name, value in chief.items():
-        assert np.array_equal(value, copy[name]), name
     assert int(chief["step/.ATTRIBUTES/VARIABLE_VALUE"]) == 6
     assert int(chief["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"]) == 6
     # Training moved the weights away from the (seeded, shared) initialisation.
@@ -532,6 +574,10 @@ def test_workers_log_their_index_and_agree_on_every_evaluation(pair_run) -> None
     assert {r["worker"] for r in chief_file} == {0}
 
 
+#: What the chief writes in its output directory (sorted).
+CHIEF_FILES = [".lock", "cache", "checkpoints", "logs", "metrics.json", "model"]
+
+
 @pytest.mark.slow
 def test_only_the_chief_writes_checkpoints_model_and_metrics(pair_run) -> None:
     out, _, codes = pair_run
@@ -547,15 +593,7 @@ def test_only_the_chief_writes_checkpoints_model_and_metrics(pair_run) -> None:
     other = out / "workers" / "worker-1"
     assert sorted(p.name for p in other.iterdir()) == [".lock", "cache", "checkpoints", "logs"]
     assert [p.name for p in (other / "checkpoints").glob("*.index")] == ["ckpt-6.index"]
-    assert sorted(p.name for p in out.iterdir()) == [
-        ".lock",
-        "cache",
-        "checkpoints",
-        "logs",
-        "metrics.json",
-        "model",
-        "workers",
-    ]
+    assert sorted(p.name for p in out.iterdir()) == [*CHIEF_FILES, "workers"]
 
 
 @pytest.fixture(scope="module")
@@ -569,25 +607,35 @@ def preempted_run(pair_run, tiny_data: Path):
     return out, workers, [w.finish() for w in workers]
 
 
+def _stopped_together(
+    workers: list[Worker], codes: list[int], checkpoints: tuple[Path, Path], signalled: int
+) -> int:
+    """Assert that both workers stopped (exit 143) after the same step S, each with its
+    checkpoint of S in ``checkpoints``, and that only worker ``signalled`` got the signal.
+    Returns S."""
+    assert codes == [143, 143], [w.stderr[-2000:] for w in workers]
+    ends = [events(w.records(), "end")[-1] for w in workers]
+    assert [e["status"] for e in ends] == ["preempted", "preempted"]
+    stopped = ends[0]["final_step"]
+    assert ends[1]["final_step"] == stopped
+    for w, where in zip(workers, checkpoints, strict=True):
+        assert bool(events(w.records(), "signal")) == (w.index == signalled), w.index
+        assert events(w.records(), "checkpoint")[-1]["step"] == stopped
+        assert (where / f"ckpt-{stopped}.index").is_file()
+    assert "rerun to resume" in workers[1 - signalled].stderr
+    return int(stopped)
+
+
 @pytest.mark.slow
 def test_sigterm_to_one_worker_stops_both_after_the_same_step_with_a_checkpoint(
     preempted_run,
 ) -> None:
     out, workers, codes = preempted_run
-    assert codes == [143, 143], [w.stderr[-2000:] for w in workers]
-    ends = [events(w.records(), "end")[-1] for w in workers]
-    assert [e["status"] for e in ends] == ["preempted", "preempted"]
-    stopped = ends[0]["final_step"]
-    assert ends[1]["final_step"] == stopped and stopped > 9
+    checkpoints = (out / "checkpoints", out / "workers" / "worker-1" / "checkpoints")
+    stopped = _stopped_together(workers, codes, checkpoints, signalled=1)
+    assert stopped > 9
     # Resumed from the first run's last checkpoint, on both workers.
     assert [events(w.records(), "resume")[0]["step"] for w in workers] == [6, 6]
-    # Only worker 1 got the signal; both saved the step they stopped after.
-    assert events(workers[1].records(), "signal")
-    assert not events(workers[0].records(), "signal")
-    for w, where in zip(workers, ("checkpoints", "workers/worker-1/checkpoints"), strict=True):
-        assert events(w.records(), "checkpoint")[-1]["step"] == stopped
-        assert (out / where / f"ckpt-{stopped}.index").is_file()
-    assert "rerun to resume" in workers[0].stderr
 
 
 @pytest.mark.slow
@@ -607,6 +655,165 @@ def test_rerun_after_preemption_resumes_from_the_saved_step(preempted_run, tiny_
             stopped + 2,
         )
     assert json.loads((out / "metrics.json").read_text())["final_step"] == stopped + 2
+
+
+# --- each worker with its own output directory (one volume per pod: k8s/distributed.yaml) ---
+
+#: Every step evaluated, so the ``progress`` events carry every step's loss; long enough
+#: that a SIGTERM after step 2 stops the run well before its end.
+OWN_STEPS = 12
+OWN_ARGS = ("--max-steps", str(OWN_STEPS), "--eval-every", "1", "--checkpoint-every", "1000")
+
+
+def _own_outputs(base: Path) -> tuple[Path, Path]:
+    """Output directories on two "volumes": the chief's and worker 1's."""
+    return base / "chief-volume" / "output", base / "worker-volume" / "output"
+
+
+@pytest.fixture(scope="module")
+def own_volumes_run(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The pair trains OWN_STEPS steps, each worker into its own directory, the cluster in
+    TF_CONFIG with a chief job (as the manifest gives it)."""
+    outs = _own_outputs(tmp_path_factory.mktemp("own"))
+    workers = _start_pair(tiny_data, outs, *OWN_ARGS, chief_job=True)
+    return outs, workers, [w.finish() for w in workers]
+
+
+@pytest.mark.slow
+def test_workers_with_their_own_output_directories_train(own_volumes_run) -> None:
+    (chief_out, worker_out), workers, codes = own_volumes_run
+    assert codes == [0, 0], [w.stderr[-2000:] for w in workers]
+    clusters = [events(w.records(), "start")[0]["cluster"] for w in workers]
+    assert [(c["source"], c["index"], c["chief"]) for c in clusters] == [
+        ("TF_CONFIG", 0, True),
+        ("TF_CONFIG", 1, False),
+    ]
+    assert sorted(p.name for p in chief_out.iterdir()) == CHIEF_FILES
+    assert json.loads((chief_out / "metrics.json").read_text())["final_step"] == OWN_STEPS
+    # Worker 1 wrote its scratch directory on its own volume, and nothing else anywhere.
+    assert [p.relative_to(worker_out).as_posix() for p in worker_out.glob("*/*")] == [
+        "workers/worker-1"
+    ]
+    _same_checkpoints(
+        chief_out / "checkpoints" / f"ckpt-{OWN_STEPS}",
+        worker_out / "workers" / "worker-1" / "checkpoints" / f"ckpt-{OWN_STEPS}",
+    )
+
+
+@pytest.fixture(scope="module")
+def own_volumes_preempted(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The same on fresh directories; the chief gets SIGTERM after its step 2."""
+    outs = _own_outputs(tmp_path_factory.mktemp("own-preempted"))
+    workers = _start_pair(tiny_data, outs, *OWN_ARGS, chief_job=True)
+    workers[0].wait_for("progress", step=2)
+    workers[0].proc.send_signal(signal.SIGTERM)
+    return outs, workers, [w.finish() for w in workers]
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_chief_stops_both_with_a_checkpoint_on_each_volume(
+    own_volumes_preempted,
+) -> None:
+    (chief_out, worker_out), workers, codes = own_volumes_preempted
+    checkpoints = (chief_out / "checkpoints", worker_out / "workers" / "worker-1" / "checkpoints")
+    stopped = _stopped_together(workers, codes, checkpoints, signalled=0)
+    assert 2 <= stopped < OWN_STEPS
+
+
+@pytest.fixture(scope="module")
+def own_volumes_resumed(own_volumes_preempted, tiny_data: Path):
+    """Both rerun; worker 1's volume is new and empty, as a replaced pod's emptyDir."""
+    outs, first, codes = own_volumes_preempted
+    assert codes == [143, 143]
+    shutil.rmtree(outs[1])
+    workers = _start_pair(tiny_data, outs, *OWN_ARGS, chief_job=True)
+    return outs, first, workers, [w.finish() for w in workers]
+
+
+@pytest.mark.slow
+def test_rerun_resumes_both_from_the_chiefs_checkpoint_with_an_empty_worker_volume(
+    own_volumes_resumed,
+) -> None:
+    (chief_out, worker_out), first, workers, codes = own_volumes_resumed
+    assert codes == [0, 0], [w.stderr[-2000:] for w in workers]
+    stopped = events(first[0].records(), "end")[-1]["final_step"]
+    (chief, *more), (other, *others) = (events(w.records(), "resume") for w in workers)
+    assert (chief["step"], other["step"], more, others) == (stopped, stopped, [], [])
+    # The chief read its checkpoint; worker 1 read nothing and got the state by broadcast.
+    assert chief["path"] == str(chief_out / "checkpoints" / f"ckpt-{stopped}")
+    assert isinstance(chief["read_s"], float) and isinstance(chief["broadcast_s"], float)
+    assert (other["path"], other["read_s"]) == (None, None)
+    assert isinstance(other["broadcast_s"], float)
+    for w in workers:
+        end = events(w.records(), "end")[-1]
+        assert (end["status"], end["start_step"], end["final_step"]) == (
+            "completed",
+            stopped,
+            OWN_STEPS,
+        )
+    scratch = worker_out / "workers" / "worker-1" / "checkpoints"
+    assert (scratch / f"ckpt-{OWN_STEPS}.index").is_file()
+
+
+@pytest.mark.slow
+def test_a_resumed_run_has_the_losses_and_weights_of_an_uninterrupted_one_bit_for_bit(
+    own_volumes_run, own_volumes_resumed
+) -> None:
+    (reference_out, _), reference, codes = own_volumes_run
+    assert codes == [0, 0]
+    (resumed_out, _), first, resumed, codes = own_volumes_resumed
+    assert codes == [0, 0]
+
+    def steps(worker: Worker) -> list[tuple]:
+        return [
+            (p["step"], p["loss"], p["train_rmse"], p["test_rmse"], p["lr"])
+            for p in events(worker.records(), "progress")
+        ]
+
+    for index in range(2):
+        uninterrupted = steps(reference[index])
+        assert [s[0] for s in uninterrupted] == list(range(1, OWN_STEPS + 1))
+        # JSON floats round-trip exactly: equal values are equal bits.
+        assert steps(first[index]) + steps(resumed[index]) == uninterrupted, index
+    _same_checkpoints(
+        reference_out / "checkpoints" / f"ckpt-{OWN_STEPS}",
+        resumed_out / "checkpoints" / f"ckpt-{OWN_STEPS}",
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("differs", "field", "values"),
+    [
+        ("data", "train_size", (TINY["train"], TINY["train"] - 40)),
+        ("max_steps", "max_steps", (6, 7)),
+    ],
+)
+def test_workers_that_disagree_stop_with_exit_6_naming_what_differs(
+    differs: str, field: str, values: tuple[int, int], tiny_data: Path, tmp_path: Path
+) -> None:
+    data: Path | tuple[Path, Path] = tiny_data
+    other: tuple[str, ...] = ()
+    if differs == "data":  # worker 1 is given another data set
+        other_data = tmp_path / "other-data"
+        synthetic.generate(other_data, train=values[1], test=TINY["test"], seed=2)
+        data = (tiny_data, other_data)
+    else:
+        other = ("--max-steps", str(values[1]))
+    outs = _own_outputs(tmp_path)
+    workers = _start_pair(data, outs, "--max-steps", str(values[0]), chief_job=True, other=other)
+    codes = [w.finish() for w in workers]
+    assert codes == [6, 6], [w.stderr[-2000:] for w in workers]
+    for w, value in zip(workers, values, strict=True):
+        # Only the differing field, with this worker's value; a disagreement, not a lost peer.
+        assert (
+            f"worker {w.index}: the workers disagree on the data set and training options "
+            f"({field}={value} here; give every worker the same data and options)"
+        ) in w.stderr
+        assert "stopped responding" not in w.stderr
+        end = events(w.records(), "end")[-1]
+        assert (end["status"], end["exit_code"]) == ("failed", 6)
+    assert not (outs[0] / "checkpoints").exists()
 
 
 @pytest.mark.slow

@@ -15,22 +15,24 @@ import shlex
 import stat
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from app.cluster import spec
+from app.cluster.spec import Cluster
+
 REPO = Path(__file__).resolve().parents[1]
 K8S = REPO / "k8s"
 VENV_BIN = Path(sys.executable).parent
 
-#: Oldest Kubernetes the manifests support (podFailurePolicy with onPodConditions and
-#: CronJob timeZone are on by default there) and the newest schema kubernetes-validate ships.
-K8S_VERSIONS = ["1.29.0", "1.37.0"]
-#: Manifests that need a newer Kubernetes: the multi-worker Job's successPolicy is beta (on
-#: by default) from 1.31.
-MIN_K8S_VERSION = {"k8s/distributed.yaml": "1.31.0"}
+#: Oldest Kubernetes the manifests support (podFailurePolicy with onPodConditions, CronJob
+#: timeZone and the Jobs' podReplacementPolicy are on by default there), a release in
+#: between, and the newest schema kubernetes-validate ships.
+K8S_VERSIONS = ["1.29.0", "1.32.0", "1.37.0"]
 
 IMAGE_UID = 10001
 IMAGE_GID = 10001
@@ -285,22 +287,16 @@ def test_compose_uses_one_cpu_setting_for_cpus_and_deploy_limits() -> None:
 # --- Kubernetes ----------------------------------------------------------------------------
 
 
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split("."))
-
-
-@pytest.mark.parametrize("version", sorted({*K8S_VERSIONS, *MIN_K8S_VERSION.values()}))
+@pytest.mark.parametrize("version", K8S_VERSIONS)
 def test_manifests_pass_strict_schema_validation(version: str) -> None:
-    manifests = sorted(
-        name
-        for name in (str(p.relative_to(REPO)) for p in K8S.glob("*.yaml"))
-        if _version(version) >= _version(MIN_K8S_VERSION.get(name, version))
-    )
-    assert {"k8s/job.yaml", "k8s/cronjob.yaml", "k8s/pvc.yaml", "k8s/configmap.yaml"} <= set(
-        manifests
-    )
-    if _version(version) >= _version(MIN_K8S_VERSION["k8s/distributed.yaml"]):
-        assert "k8s/distributed.yaml" in manifests
+    manifests = sorted(str(p.relative_to(REPO)) for p in K8S.glob("*.yaml"))
+    assert {
+        "k8s/job.yaml",
+        "k8s/cronjob.yaml",
+        "k8s/pvc.yaml",
+        "k8s/configmap.yaml",
+        "k8s/distributed.yaml",
+    } <= set(manifests)
     result = subprocess.run(
         [_tool("kubernetes-validate"), "--strict", "-k", version, *manifests],
         capture_output=True,
@@ -340,13 +336,17 @@ def test_downward_api_exposes_cpu_limit_and_request_in_millicores(
         assert ref == {"containerName": container["name"], "resource": resource, "divisor": "1m"}
 
 
-def test_env_references_only_earlier_variables(container: dict[str, Any]) -> None:
-    # Kubernetes expands $(VAR) only for variables defined earlier in the list.
+def _assert_env_order(container: dict[str, Any]) -> None:
+    """Kubernetes expands $(VAR) only for variables defined earlier in the list."""
     seen: set[str] = set()
     for item in container["env"]:
         for ref in re.findall(r"\$\((\w+)\)", item.get("value", "")):
             assert ref in seen, f"{item['name']} uses $({ref}) before it is defined"
         seen.add(item["name"])
+
+
+def test_env_references_only_earlier_variables(container: dict[str, Any]) -> None:
+    _assert_env_order(container)
     env = _env(container)
     assert env["CORETRAIN_OUTPUT"]["value"] == "/output/$(JOB_NAME)"
     assert env["JOB_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == (
@@ -388,6 +388,13 @@ def test_volumes_data_read_only_output_on_a_claim_tmp_in_an_emptydir(
     assert output["persistentVolumeClaim"]["claimName"] in claims
 
     assert "emptyDir" in volumes[mounts["/tmp"]["name"]]
+
+
+def test_a_failing_container_leaves_its_last_log_lines_as_the_termination_message(
+    container: dict[str, Any],
+) -> None:
+    # The one-line error on stderr is then in `kubectl get pod` (docs/architecture.md).
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
 
 def test_pod_and_container_security_context(
@@ -440,96 +447,422 @@ def test_cronjob_schedule_and_history(job: dict[str, Any], cronjob: dict[str, An
     assert job["spec"]["activeDeadlineSeconds"] < 24 * 3600
 
 
-# --- multi-worker Indexed Job (k8s/distributed.yaml) -------------------------------------
+# --- multi-worker run: a chief Job and an Indexed Job of the others (k8s/distributed.yaml) ---
 
 
 @pytest.fixture(scope="module")
-def distributed_docs() -> dict[str, dict[str, Any]]:
-    return {
-        doc["kind"]: doc
-        for doc in _load_all(K8S / "distributed.yaml")
-        if doc["kind"] != "PersistentVolumeClaim"
+def distributed_docs() -> list[dict[str, Any]]:
+    return _load_all(K8S / "distributed.yaml")
+
+
+def _pod_environ(job: dict[str, Any], index: int = 0) -> dict[str, str]:
+    """The container's variables in pod ``index`` of ``job`` as the kubelet sets them: the
+    Downward API fields the manifests use, ``$(VAR)`` expanded from earlier entries."""
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    fields = {
+        "metadata.labels['batch.kubernetes.io/job-name']": job["metadata"]["name"],
+        "metadata.annotations['batch.kubernetes.io/job-completion-index']": str(index),
     }
+    environ: dict[str, str] = {}
+    for item in container["env"]:
+        if "value" in item:
+            environ[item["name"]] = re.sub(
+                r"\$\((\w+)\)", lambda m: environ.get(m.group(1), m.group(0)), item["value"]
+            )
+        elif "fieldRef" in item["valueFrom"]:
+            environ[item["name"]] = fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
+    return environ
 
 
-def test_distributed_job_is_indexed_with_one_pod_per_worker(
-    distributed_docs: dict[str, dict[str, Any]],
+def _cluster(job: dict[str, Any], index: int = 0) -> Cluster:
+    """The cluster coretrain resolves in pod ``index`` of ``job``."""
+    cluster = spec.resolve(_pod_environ(job, index))
+    assert cluster is not None, job["metadata"]["name"]
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def run_jobs(distributed_docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the chief's Job, the other workers' Job)."""
+    jobs = [d for d in distributed_docs if d["kind"] == "Job"]
+    assert len(jobs) == 2
+    chief, workers = sorted(jobs, key=lambda job: not _cluster(job).is_chief)
+    assert _cluster(chief).is_chief and not _cluster(workers).is_chief
+    return chief, workers
+
+
+def test_distributed_run_is_a_chief_job_and_an_indexed_job_of_the_others(
+    run_jobs: tuple[dict[str, Any], dict[str, Any]],
 ) -> None:
-    spec = distributed_docs["Job"]["spec"]
-    (container,) = spec["template"]["spec"]["containers"]
-    workers = int(_env(container)["CORETRAIN_WORKERS"]["value"])
-    assert workers >= 2
-    assert spec["completionMode"] == "Indexed"
-    assert spec["completions"] == spec["parallelism"] == workers
-    assert spec["podReplacementPolicy"] == "Failed"
-    assert spec["successPolicy"] == {"rules": [{"succeededIndexes": "0"}]}
-    assert spec["template"]["spec"]["restartPolicy"] == "Never"
-    # One incident can fail every worker (the cause and its peers, exit 6).
-    assert spec["backoffLimit"] >= 4 * workers
+    chief, workers = run_jobs
+    n = _cluster(chief).count
+    assert n >= 2
+    assert chief["spec"].get("completionMode", "NonIndexed") == "NonIndexed"
+    assert chief["spec"]["completions"] == chief["spec"]["parallelism"] == 1
+    assert workers["spec"]["completionMode"] == "Indexed"
+    assert workers["spec"]["completions"] == workers["spec"]["parallelism"] == n - 1
+    for job in run_jobs:
+        assert job["spec"]["podReplacementPolicy"] == "Failed", "never two pods of one index"
+        assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+        # Both Jobs are one run: one set of labels, which the Service and policy select.
+        labels = job["spec"]["template"]["metadata"]["labels"]
+        assert labels == chief["spec"]["template"]["metadata"]["labels"]
+    # One incident fails every pod once (the cause and its peers, exit 6).
+    assert chief["spec"]["backoffLimit"] >= 4
+    assert workers["spec"]["backoffLimit"] >= 4 * (n - 1)
 
 
-def test_distributed_workers_find_each_other_through_the_headless_service(
-    distributed_docs: dict[str, dict[str, Any]],
+def test_distributed_pods_address_each_other_through_the_headless_service(
+    run_jobs: tuple[dict[str, Any], dict[str, Any]], distributed_docs: list[dict[str, Any]]
 ) -> None:
-    from app.cluster import spec
-
-    service, job = distributed_docs["Service"], distributed_docs["Job"]
-    pod = job["spec"]["template"]
-    (container,) = pod["spec"]["containers"]
+    chief, workers = run_jobs
+    (service,) = [d for d in distributed_docs if d["kind"] == "Service"]
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["publishNotReadyAddresses"] is True
-    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
-    assert pod["spec"]["subdomain"] == service["metadata"]["name"]
-    (port,) = container["ports"]
     (service_port,) = service["spec"]["ports"]
-    assert service_port["targetPort"] == port["name"]
-    # What coretrain derives in pod i: the Indexed Job's pod host names, on the gRPC port.
-    env = _env(container)
-    hosts = env["CORETRAIN_WORKER_HOSTS"]["value"].replace("$(JOB_NAME)", job["metadata"]["name"])
-    workers = int(env["CORETRAIN_WORKERS"]["value"])
-    options = spec.ClusterOptions(workers=workers, worker_hosts=hosts)
-    cluster = spec.resolve({"JOB_COMPLETION_INDEX": "1"}, options)
-    assert cluster is not None and cluster.index == 1
-    assert cluster.hosts == tuple(
-        f"{job['metadata']['name']}-{i}.{service['metadata']['name']}:{port['containerPort']}"
-        for i in range(workers)
+    n = _cluster(chief).count
+    # What coretrain resolves in each pod: its own index, and the same hosts everywhere.
+    clusters = [_cluster(chief)] + [_cluster(workers, i) for i in range(n - 1)]
+    assert [c.index for c in clusters] == list(range(n))
+    assert {c.hosts for c in clusters} == {clusters[0].hosts}
+    ports = []
+    for job in run_jobs:
+        pod = job["spec"]["template"]
+        (container,) = pod["spec"]["containers"]
+        (port,) = container["ports"]
+        assert port["name"] == service_port["targetPort"]
+        ports.append(port["containerPort"])
+        assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+        assert pod["spec"]["subdomain"] == service["metadata"]["name"]
+    # The chief's fixed host name; an Indexed Job names its pods <job name>-<index>.
+    assert "hostname" not in workers["spec"]["template"]["spec"]
+    domain, port = service["metadata"]["name"], ports[0]
+    assert clusters[0].hosts == (
+        f"{chief['spec']['template']['spec']['hostname']}.{domain}:{port}",
+        *(f"{workers['metadata']['name']}-{i}.{domain}:{port}" for i in range(n - 1)),
     )
+    assert ports == [port, port]
 
 
 def test_distributed_pods_match_the_single_job_pod(
-    distributed_docs: dict[str, dict[str, Any]], job: dict[str, Any], pod_spec: dict[str, Any]
+    run_jobs: tuple[dict[str, Any], dict[str, Any]], job: dict[str, Any], pod_spec: dict[str, Any]
 ) -> None:
     from app.cli import cli
 
-    spec = distributed_docs["Job"]["spec"]
-    pod = spec["template"]["spec"]
-    (container,) = pod["containers"]
-    (single,) = pod_spec["containers"]
-    for key in ("securityContext", "terminationGracePeriodSeconds", "automountServiceAccountToken"):
-        assert pod[key] == pod_spec[key], key
-    for key in ("image", "args", "resources", "securityContext", "envFrom", "volumeMounts"):
-        assert container[key] == single[key], key
-    assert spec["podFailurePolicy"]["rules"][:2] == job["spec"]["podFailurePolicy"]["rules"]
-    # The coordinated stop makes every peer of an evicted pod exit 143: not a failure.
-    assert spec["podFailurePolicy"]["rules"][2] == {
-        "action": "Ignore",
-        "onExitCodes": {"containerName": "coretrain", "operator": "In", "values": [143]},
-    }
     train_envvars = {param.envvar for param in cli.commands["train"].params}
-    for name in _env(container):
-        assert name.startswith(("CPU_", "JOB_")) or name in train_envvars, name
-    seen: set[str] = set()
-    for item in container["env"]:
-        for ref in re.findall(r"\$\((\w+)\)", item.get("value", "")):
-            assert ref in seen, f"{item['name']} uses $({ref}) before it is defined"
-        seen.add(item["name"])
+    (single,) = pod_spec["containers"]
+    for run_job in run_jobs:
+        job_spec = run_job["spec"]
+        pod = job_spec["template"]["spec"]
+        (container,) = pod["containers"]
+        for key in (
+            "securityContext",
+            "terminationGracePeriodSeconds",
+            "automountServiceAccountToken",
+            "enableServiceLinks",
+        ):
+            assert pod[key] == pod_spec[key], key
+        for key in (
+            "image",
+            "args",
+            "resources",
+            "securityContext",
+            "envFrom",
+            "volumeMounts",
+            "terminationMessagePolicy",
+        ):
+            assert container[key] == single[key], key
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            assert container.get(probe) == single.get(probe), probe
+        env, single_env = _env(container), _env(single)
+        for name in ("JOB_NAME", "CORETRAIN_OUTPUT", "CPU_LIMIT", "CPU_REQUEST"):
+            assert env[name] == single_env[name], name
+        assert job_spec["podFailurePolicy"]["rules"][:2] == job["spec"]["podFailurePolicy"]["rules"]
+        # The coordinated stop makes every peer of an evicted pod exit 143: not a failure.
+        assert job_spec["podFailurePolicy"]["rules"][2:] == [
+            {
+                "action": "Ignore",
+                "onExitCodes": {"containerName": "coretrain", "operator": "In", "values": [143]},
+            }
+        ]
+        for name in env:
+            assert name.startswith(("CPU_", "JOB_")) or name in {*train_envvars, "TF_CONFIG"}
+        _assert_env_order(container)
 
 
-def test_distributed_storage_is_shared_between_nodes() -> None:
-    docs = _load_all(K8S / "distributed.yaml")
-    claims = {d["metadata"]["name"]: d for d in docs if d["kind"] == "PersistentVolumeClaim"}
-    (job,) = [d for d in docs if d["kind"] == "Job"]
-    volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
-    for name in ("data", "output"):
-        claim = volumes[name]["persistentVolumeClaim"]["claimName"]
-        assert claims[claim]["spec"]["accessModes"] == ["ReadWriteMany"], claim
+def test_distributed_storage_chief_claim_worker_scratch_read_only_data(
+    run_jobs: tuple[dict[str, Any], dict[str, Any]], distributed_docs: list[dict[str, Any]]
+) -> None:
+    claims = {
+        d["metadata"]["name"]: d["spec"]
+        for d in distributed_docs
+        if d["kind"] == "PersistentVolumeClaim"
+    }
+    single_claims = {c["metadata"]["name"] for c in _load_all(K8S / "pvc.yaml")}
+    volumes = [{v["name"]: v for v in j["spec"]["template"]["spec"]["volumes"]} for j in run_jobs]
+    for pod_volumes in volumes:
+        data = pod_volumes["data"]["persistentVolumeClaim"]
+        assert data["readOnly"] is True
+        assert claims[data["claimName"]]["accessModes"] == ["ReadOnlyMany"]
+        # A new ReadOnlyMany volume could not be filled: a copy of the single Job's data.
+        assert claims[data["claimName"]]["dataSource"]["name"] in single_claims
+    chief, workers = volumes
+    output = chief["output"]["persistentVolumeClaim"]["claimName"]
+    assert claims[output]["accessModes"] == ["ReadWriteOnce"], "only the chief mounts it"
+    assert workers["output"]["emptyDir"]["sizeLimit"]
+    # Nothing else writes a claim: the workers' only claim is the read-only data.
+    assert [v for v in workers.values() if "persistentVolumeClaim" in v] == [workers["data"]]
+    assert set(claims) == {data["claimName"], output}
+
+
+# --- TensorFlow server ports: closed to all but their own run ------------------------------
+#
+# TensorFlow's gRPC server has no authentication, runs any graph it is sent
+# (tensorflow/tensorflow SECURITY.md) and listens on all interfaces. Every manifest whose
+# pods are told a cluster (TF_CONFIG, --worker-hosts) must carry a NetworkPolicy that
+# selects exactly those pods and admits ingress only to their server port, only from them.
+
+WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob", "Pod"}
+
+
+def _manifests() -> dict[str, list[dict[str, Any]]]:
+    return {str(p.relative_to(REPO)): _load_all(p) for p in sorted(K8S.glob("*.yaml"))}
+
+
+def _pods(doc: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
+    """(labels, pod spec) of a workload's pods; a Job's pods also get its job-name labels."""
+    kind, labels = doc["kind"], {}
+    if kind == "Pod":
+        template = doc
+    elif kind == "CronJob":  # its Jobs' names are generated per run
+        template = doc["spec"]["jobTemplate"]["spec"]["template"]
+    else:
+        template = doc["spec"]["template"]
+    if kind == "Job":
+        name = doc["metadata"]["name"]
+        labels = {"batch.kubernetes.io/job-name": name, "job-name": name}
+    return {**template.get("metadata", {}).get("labels", {}), **labels}, template["spec"]
+
+
+def _server_ports(pod: dict[str, Any], configmaps: dict[str, dict[str, str]]) -> set[int]:
+    """Ports of the TensorFlow servers the pod's containers are told (TF_CONFIG or the
+    --worker-hosts option, in the environment, a ConfigMap or the arguments)."""
+    ports: set[int] = set()
+    for container in pod["containers"]:
+        env: dict[str, str] = {}
+        for source in container.get("envFrom", []):
+            env.update(configmaps.get(source.get("configMapRef", {}).get("name"), {}))
+        env.update({item["name"]: item.get("value", "0") for item in container.get("env", [])})
+        argv = [*container.get("command", []), *container.get("args", [])]
+        if "--worker-hosts" in argv:
+            env["CORETRAIN_WORKER_HOSTS"] = argv[argv.index("--worker-hosts") + 1]
+        env = {k: re.sub(r"\$\(\w+\)", "0", v) for k, v in env.items()}  # any index or name
+        hosts: tuple[str, ...] = ()
+        if env.get("TF_CONFIG"):
+            jobs, _, _ = spec.parse_tf_config(env["TF_CONFIG"])
+            hosts = tuple(h for job_hosts in jobs.values() for h in job_hosts)
+        elif env.get("CORETRAIN_WORKER_HOSTS"):
+            workers = int(env.get("CORETRAIN_WORKERS", "2"))
+            hosts = spec.worker_hosts(env["CORETRAIN_WORKER_HOSTS"], workers)
+        ports |= {int(host.rsplit(":", 1)[1]) for host in hosts}
+    return ports
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a Kubernetes label selector selects a pod with ``labels``."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for term in selector.get("matchExpressions", []):
+        key, values = term["key"], term.get("values", [])
+        matches = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": labels.get(key) not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[term["operator"]]
+        if not matches:
+            return False
+    return True
+
+
+def _exactly(
+    selector: dict[str, Any], run: list[dict[str, str]], others: list[dict[str, str]]
+) -> bool:
+    """Whether ``selector`` selects every pod of ``run`` and none of ``others``."""
+    return all(_selects(selector, labels) for labels in run) and not any(
+        _selects(selector, labels) for labels in others
+    )
+
+
+def _ingress_problems(
+    where: str,
+    policy: dict[str, Any],
+    run: list[dict[str, str]],
+    others: list[dict[str, str]],
+    ports: dict[int | str, int],
+) -> tuple[list[str], set[int]]:
+    """What ``policy`` admits beyond the run's own pods to its server ``ports`` (numbers
+    and container port names → numbers), and the ports it opens to them."""
+    problems, opened = [], set()
+    if not _exactly(policy["spec"]["podSelector"], run, others):
+        problems.append(f"{where}: podSelector is not exactly the run's server pods")
+    for rule in policy["spec"].get("ingress", []):
+        if not rule.get("from"):
+            problems.append(f"{where}: ingress from anywhere")
+        for peer in rule.get("from", []):
+            if set(peer) != {"podSelector"} or not _exactly(peer["podSelector"], run, others):
+                problems.append(f"{where}: ingress from {peer}, not only the run's pods")
+        if not rule.get("ports"):
+            problems.append(f"{where}: ingress to every port")
+        for port in rule.get("ports", []):
+            if port.get("protocol", "TCP") != "TCP" or "endPort" in port:
+                problems.append(f"{where}: ingress to {port}")
+            elif port.get("port") not in ports:
+                problems.append(f"{where}: ingress to port {port.get('port')}, not a server's")
+            else:
+                opened.add(ports[port["port"]])
+    return problems, opened
+
+
+def _open_port_problems(manifests: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """What lets anyone but a run's own pods reach its TensorFlow servers (empty: nothing).
+
+    The run of a manifest is its pods that are told a cluster; every NetworkPolicy that
+    limits ingress to one of them counts (policies add up), and one must be in the manifest.
+    """
+    docs = [(path, doc) for path, file_docs in manifests.items() for doc in file_docs]
+    configmaps = {
+        d["metadata"]["name"]: d.get("data", {}) for _, d in docs if d["kind"] == "ConfigMap"
+    }
+    pods = [(path, *_pods(d)) for path, d in docs if d["kind"] in WORKLOADS]
+    policies = [(path, d) for path, d in docs if d["kind"] == "NetworkPolicy"]
+    problems = []
+    for path in manifests:
+        servers = [(labels, pod) for p, labels, pod in pods if p == path]
+        servers = [(labels, pod) for labels, pod in servers if _server_ports(pod, configmaps)]
+        if not servers:
+            continue
+        run = [labels for labels, _ in servers]
+        others = [labels for _, labels, _ in pods if labels not in run]
+        numbers = set().union(*(_server_ports(pod, configmaps) for _, pod in servers))
+        declared = [
+            port for _, pod in servers for c in pod["containers"] for port in c.get("ports", [])
+        ]
+        if not numbers <= {port["containerPort"] for port in declared}:
+            problems.append(f"{path}: a server port is not a declared container port")
+        ports: dict[int | str, int] = {n: n for n in numbers}
+        ports.update(
+            {
+                p["name"]: p["containerPort"]
+                for p in declared
+                if p["containerPort"] in numbers and "name" in p
+            }
+        )
+        ingress = [
+            (p, d)
+            for p, d in policies
+            if "Ingress" in d["spec"].get("policyTypes", ["Ingress"])
+            and any(_selects(d["spec"]["podSelector"], labels) for labels in run)
+        ]
+        if not any(p == path for p, _ in ingress):
+            problems.append(f"{path}: no NetworkPolicy of its own limits ingress to its servers")
+        opened: set[int] = set()
+        for p, policy in ingress:
+            found, to = _ingress_problems(
+                f"{p}: NetworkPolicy {policy['metadata']['name']}", policy, run, others, ports
+            )
+            problems += found
+            opened |= to
+        if ingress and opened != numbers:
+            problems.append(f"{path}: the run's pods can't reach ports {sorted(numbers - opened)}")
+    return problems
+
+
+def test_every_tensorflow_server_port_is_closed_to_all_but_its_own_run() -> None:
+    manifests = _manifests()
+    assert _open_port_problems(manifests) == []
+    # The check looked at something: the multi-worker manifest opens the servers' port.
+    (policy,) = [d for d in manifests["k8s/distributed.yaml"] if d["kind"] == "NetworkPolicy"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == [
+        {
+            "from": [{"podSelector": policy["spec"]["podSelector"]}],
+            "ports": [{"protocol": "TCP", "port": 12345}],
+        }
+    ]
+
+
+def _policy(manifests: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    (policy,) = [d for d in manifests["k8s/distributed.yaml"] if d["kind"] == "NetworkPolicy"]
+    return policy
+
+
+def _drop_policy(m: dict[str, list[dict[str, Any]]]) -> None:
+    m["k8s/distributed.yaml"].remove(_policy(m))
+
+
+def _add_allow_all(m: dict[str, list[dict[str, Any]]]) -> None:
+    selector = _policy(m)["spec"]["podSelector"]
+    m["k8s/distributed.yaml"].append(
+        {
+            "kind": "NetworkPolicy",
+            "metadata": {"name": "all"},
+            "spec": {"podSelector": selector, "ingress": [{}]},
+        }
+    )
+
+
+def _unlabel_workers(m: dict[str, list[dict[str, Any]]]) -> None:
+    (workers,) = [d for d in m["k8s/distributed.yaml"] if d.get("spec", {}).get("completionMode")]
+    del workers["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/instance"]
+
+
+def _cluster_in_single_job(m: dict[str, list[dict[str, Any]]]) -> None:
+    (container,) = m["k8s/job.yaml"][0]["spec"]["template"]["spec"]["containers"]
+    container["args"] += ["--workers", "2", "--worker-hosts", "a:2222,b:2222"]
+
+
+#: Ways of opening the port: the change to the manifests, and the problem it must show.
+OPENINGS: dict[str, tuple[Callable[[dict[str, list[dict[str, Any]]]], object], str]] = {
+    "no policy": (_drop_policy, "distributed.yaml: no NetworkPolicy of its own"),
+    "from anywhere": (
+        lambda m: _policy(m)["spec"]["ingress"][0].pop("from"),
+        "coretrain-distributed: ingress from anywhere",
+    ),
+    "from every namespace": (
+        lambda m: _policy(m)["spec"]["ingress"][0]["from"][0].update(namespaceSelector={}),
+        "'namespaceSelector': {}}, not only the run's pods",
+    ),
+    "from an address block": (
+        lambda m: _policy(m)["spec"]["ingress"][0]["from"].append(
+            {"ipBlock": {"cidr": "10.0.0.0/8"}}
+        ),
+        "ingress from {'ipBlock'",
+    ),
+    "to every port": (
+        lambda m: _policy(m)["spec"]["ingress"][0].pop("ports"),
+        "coretrain-distributed: ingress to every port",
+    ),
+    "to another port": (
+        lambda m: _policy(m)["spec"]["ingress"][0]["ports"].append({"port": 8080}),
+        "ingress to port 8080, not a server's",
+    ),
+    "all coretrain pods": (
+        lambda m: _policy(m)["spec"].update(
+            podSelector={"matchLabels": {"app.kubernetes.io/name": "coretrain"}}
+        ),
+        "coretrain-distributed: podSelector is not exactly the run's server pods",
+    ),
+    "a second policy admitting all": (_add_allow_all, "NetworkPolicy all: ingress from anywhere"),
+    "workers outside the run": (_unlabel_workers, "podSelector is not exactly the run's"),
+    "another manifest's servers": (_cluster_in_single_job, "job.yaml: no NetworkPolicy of its own"),
+}
+
+
+@pytest.mark.parametrize("opening", sorted(OPENINGS))
+def test_the_port_check_finds_each_way_of_opening_the_port(opening: str) -> None:
+    manifests = _manifests()
+    change, problem = OPENINGS[opening]
+    change(manifests)
+    found = _open_port_problems(manifests)
+    assert any(problem in text for text in found), found

@@ -149,16 +149,18 @@ class Checkpointer:
     def restore(self) -> int:
         """Restore the newest readable checkpoint (on the chief) everywhere; return its step.
 
-        0 means a fresh start. Raises StorageError when checkpoints exist but none can be
-        restored, or the optimizer state was not restored with them; ClusterError when the
-        workers end up disagreeing.
+        0 means a fresh start; a resume is logged with ``read_s`` (the chief's restore from
+        the files) and ``broadcast_s`` (the state sent to the others; on those it includes
+        the wait for the chief's read). Raises StorageError when checkpoints exist but none
+        can be restored, or the optimizer state was not restored with them; ClusterError
+        when the workers end up disagreeing.
         """
-        prefix = None
+        prefix, t0 = None, time.perf_counter()
         if self.replicas.is_chief:
             prefix = restore(self.trainer.checkpoint, self.manager, self.directory)
         else:
             shutil.rmtree(self.directory, ignore_errors=True)  # scratch: only old copies
-        t0 = time.perf_counter()
+        t1 = time.perf_counter()
         self.replicas.broadcast(self.trainer.state(), "restore")
         start = self.trainer.global_step
         iterations = int(self.trainer.optimizer.iterations.numpy())
@@ -174,7 +176,8 @@ class Checkpointer:
                 f"resuming from step {start} ({prefix or 'the chief'})",
                 step=start,
                 path=prefix,
-                broadcast_s=round(time.perf_counter() - t0, 3) if self.replicas.count > 1 else None,
+                read_s=round(t1 - t0, 3) if self.replicas.is_chief else None,
+                broadcast_s=round(time.perf_counter() - t1, 3) if self.replicas.count > 1 else None,
             )
         return start
 
