@@ -296,6 +296,7 @@ def test_manifests_pass_strict_schema_validation(version: str) -> None:
         "k8s/pvc.yaml",
         "k8s/configmap.yaml",
         "k8s/distributed.yaml",
+        "k8s/serving.yaml",
     } <= set(manifests)
     result = subprocess.run(
         [_tool("kubernetes-validate"), "--strict", "-k", version, *manifests],
@@ -425,7 +426,8 @@ def test_job_failure_handling_follows_the_exit_codes(job: dict[str, Any]) -> Non
     assert spec["podFailurePolicy"]["rules"] == [
         {
             "action": "FailJob",
-            "onExitCodes": {"containerName": "coretrain", "operator": "In", "values": [2, 3, 5]},
+            # usage, data, divergence, rejected by the quality gate: a retry changes nothing
+            "onExitCodes": {"containerName": "coretrain", "operator": "In", "values": [2, 3, 5, 7]},
         },
         {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
     ]
@@ -866,3 +868,32 @@ def test_the_port_check_finds_each_way_of_opening_the_port(opening: str) -> None
     change(manifests)
     found = _open_port_problems(manifests)
     assert any(problem in text for text in found), found
+
+
+# --- publishing and serving (k8s/serving.yaml) -----------------------------------------------
+
+
+def test_the_nightly_run_publishes_where_tf_serving_reads(
+    cronjob: dict[str, Any], container: dict[str, Any]
+) -> None:
+    options = _load_all(K8S / "configmap.yaml")[0]["data"]
+    publish_dir = options["CORETRAIN_PUBLISH_DIR"]
+    pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (trainer,) = pod["containers"]
+    mount = next(m for m in trainer["volumeMounts"] if m["mountPath"] == publish_dir)
+    assert not mount.get("readOnly", False)
+    claim = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    claim_name = claim["persistentVolumeClaim"]["claimName"]
+    deployment = next(d for d in _load_all(K8S / "serving.yaml") if d["kind"] == "Deployment")
+    serving_pod = deployment["spec"]["template"]["spec"]
+    (server,) = serving_pod["containers"]
+    base = next(a.split("=", 1)[1] for a in server["args"] if a.startswith("--model_base_path="))
+    served = next(m for m in server["volumeMounts"] if m["mountPath"] == base)
+    assert served["readOnly"] is True
+    volume = next(v for v in serving_pod["volumes"] if v["name"] == served["name"])
+    assert volume["persistentVolumeClaim"] == {"claimName": claim_name, "readOnly": True}
+    # The writer and the readers run on different nodes: a claim they can share.
+    claims = {c["metadata"]["name"]: c for c in _load_all(K8S / "pvc.yaml")}
+    assert claims[claim_name]["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert server["securityContext"]["readOnlyRootFilesystem"] is True
+    assert serving_pod["securityContext"]["runAsNonRoot"] is True
