@@ -203,7 +203,8 @@ def train_cmd(**values: Any) -> None:
             logs.setup(worker=cluster.index)  # every record carries the worker index
         config = build(TrainConfig, values)
         held = lock.acquire(workspace.for_run(config, cluster).own)
-        plan = detect_plan("/", build(PlanOptions, values))
+        bfloat16 = config.precision in ("auto", "bfloat16")
+        plan = detect_plan("/", build(PlanOptions, values), bfloat16=bfloat16)
         apply.apply(plan)
         from app.training.run import train
 
@@ -265,6 +266,30 @@ def predict_cmd(**values: Any) -> None:
         predict(config)
     except Exception as exc:  # one place turns every failure into a message + exit code
         _fail(exc)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScalingConfig:
+    """``coretrain bench-scaling``: how far to measure and where to write the report."""
+
+    max_threads: int | None = option(
+        None, "Measure up to this many threads.", minimum=1, shown_default="the CPU budget's"
+    )
+    batch_size: int = option(1000, "Samples per training step.", minimum=1)
+    out: Path | None = option(None, "Also write the JSON report here.", shown_default="none")
+
+    def __post_init__(self) -> None:
+        check_bounds(self)
+
+
+@cli.command("bench-scaling")
+@options_of(ScalingConfig)
+def bench_scaling_cmd(**values: Any) -> None:
+    """Measure how training scales with threads and worker processes on this machine."""
+    from app import scaling
+
+    config = build(ScalingConfig, values)
+    scaling.run(config.max_threads, config.batch_size, config.out)
 
 
 def main() -> None:

@@ -22,7 +22,8 @@ FILE_HELP = (
     "File name in --data (a .gz file is read as gzip, recognised by its content). Without "
     "it the file is found by its default name, plain or with .gz."
 )
-FORMULATIONS = ("fast", "plain")
+FORMULATIONS = ("auto", "fast", "plain")
+PRECISIONS = ("auto", "float32", "bfloat16")
 
 
 def option(
@@ -167,7 +168,17 @@ class TrainConfig:
         flag="--allow-nonfinite/--reject-nonfinite",
     )
     formulation: str = option(
-        "fast", "CNN implementation (same function and checkpoint layout).", choices=FORMULATIONS
+        "auto",
+        "CNN implementation (the same function and checkpoint layout): auto times both on "
+        "this CPU at start and takes the faster.",
+        choices=FORMULATIONS,
+    )
+    precision: str = option(
+        "auto",
+        "Compute precision: float32, or bfloat16 products with float32 variables, loss and "
+        "export; auto measures bfloat16 where the CPU has native support and takes the "
+        "faster. A resumed run keeps its precision.",
+        choices=PRECISIONS,
     )
     publish_dir: Path | None = option(
         None,

@@ -68,6 +68,10 @@ import tensorflow as tf
 from app.errors import ConfigError
 
 FORMULATIONS = ("plain", "fast")
+#: Compute precisions: float32, or bfloat16 products with float32 variables, loss and
+#: interface (Keras' "mixed_bfloat16" policy on every layer).
+PRECISIONS = ("float32", "bfloat16")
+_POLICY = {"float32": "float32", "bfloat16": "mixed_bfloat16"}
 
 FILTERS = 5
 CONV1_KERNEL = (3, 30)
@@ -260,20 +264,20 @@ def _fast_features(model: SeedCNN, x: tf.Tensor) -> tf.Tensor:
     """conv1 … flatten of the fast formulation: (N, H, W, 1) → (N, Hq·Wq·5)."""
     g = model.geometry
     t = fast_tables(g.height, g.width, PHASES)
-    dtype = model.conv1.kernel.dtype
+    dtype = tf.as_dtype(model.compute_dtype)  # float32, or bfloat16 under mixed precision
     xt = tf.transpose(tf.reshape(tf.cast(x, dtype), (-1, g.height * g.width)))  # (H·W, N)
     patches = tf.reshape(tf.gather(xt, t.patch_rows), (t.inner, -1))
-    k1 = tf.reshape(tf.convert_to_tensor(model.conv1.kernel), (-1,))
+    k1 = tf.reshape(tf.cast(model.conv1.kernel, dtype), (-1,))
     k1 = tf.gather(tf.concat([k1, tf.zeros((1,), dtype)], 0), t.kernel_index)
     a1 = matmul_maxpool(k1, patches, window_axis=0)  # (ph·c, i·t·N)
     a1 = tf.reshape(a1, (-1, FILTERS, tf.shape(a1)[1]))
-    a1 = tf.nn.relu(a1 + tf.reshape(tf.convert_to_tensor(model.conv1.bias), (1, FILTERS, 1)))
+    a1 = tf.nn.relu(a1 + tf.reshape(tf.cast(model.conv1.bias, dtype), (1, FILTERS, 1)))
     a1 = tf.reshape(a1, (t.pool1_rows, -1))  # rows (ph, c, i, t)
 
     q = tf.reshape(tf.gather(a1, t.conv2_rows), (4 * FILTERS, -1))  # rows (dy, dx, c)
-    k2 = tf.transpose(tf.reshape(tf.convert_to_tensor(model.conv2.kernel), (4 * FILTERS, FILTERS)))
+    k2 = tf.transpose(tf.reshape(tf.cast(model.conv2.kernel, dtype), (4 * FILTERS, FILTERS)))
     a2 = matmul_maxpool(k2, q, window_axis=1)  # (c, i2·j2·N)
-    a2 = tf.nn.relu(a2 + tf.convert_to_tensor(model.conv2.bias)[:, None])
+    a2 = tf.nn.relu(a2 + tf.cast(model.conv2.bias, dtype)[:, None])
     a2 = tf.reshape(a2, (g.flat, -1))  # rows (c, i2, j2)
     return tf.transpose(tf.gather(a2, t.flatten_rows))
 
@@ -292,8 +296,10 @@ def _layer_seeds(seed: int) -> list[int]:
 class SeedCNN(keras.Model):
     """The seed CNN; ``formulation`` picks how ``call`` computes it (same variables).
 
-    Kernels use Glorot-uniform initialisation from per-layer seeds derived from
-    ``seed``; biases start at 0 except conv2's (0.1, as in the seed).
+    ``precision`` "bfloat16" computes in bfloat16 with float32 variables (the same
+    checkpoint layout) and float32 outputs. Kernels use Glorot-uniform initialisation
+    from per-layer seeds derived from ``seed``; biases start at 0 except conv2's (0.1,
+    as in the seed).
     """
 
     def __init__(
@@ -303,13 +309,21 @@ class SeedCNN(keras.Model):
         width: int = 195,
         seed: int = 0,
         formulation: str = "fast",
+        precision: str = "float32",
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        if precision not in PRECISIONS:
+            raise ConfigError(
+                f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}"
+            )
+        kwargs.pop("dtype", None)  # the policy follows from precision (also when reloaded)
+        super().__init__(dtype=_POLICY[precision], **kwargs)
         if formulation not in FORMULATIONS:
             raise ConfigError(
                 f"formulation must be one of {', '.join(FORMULATIONS)}, got {formulation!r}"
             )
+        self.precision = precision
+        policy = _POLICY[precision]
         if int(num_outputs) < 1:
             raise ConfigError(f"the model needs at least one output, got {num_outputs}")
         self.num_outputs = int(num_outputs)
@@ -328,8 +342,9 @@ class SeedCNN(keras.Model):
             activation="relu",
             kernel_initializer=init(seed=s[0]),
             name="conv1",
+            dtype=policy,
         )
-        self.pool1 = keras.layers.MaxPooling2D(2, name="pool1")
+        self.pool1 = keras.layers.MaxPooling2D(2, name="pool1", dtype=policy)
         self.conv2 = keras.layers.Conv2D(
             FILTERS,
             CONV2_KERNEL,
@@ -338,14 +353,19 @@ class SeedCNN(keras.Model):
             kernel_initializer=init(seed=s[1]),
             bias_initializer=keras.initializers.Constant(CONV2_BIAS_INIT),
             name="conv2",
+            dtype=policy,
         )
-        self.pool2 = keras.layers.MaxPooling2D(2, name="pool2")
-        self.flatten = keras.layers.Flatten(name="flatten")
+        self.pool2 = keras.layers.MaxPooling2D(2, name="pool2", dtype=policy)
+        self.flatten = keras.layers.Flatten(name="flatten", dtype=policy)
         self.dense1 = keras.layers.Dense(
-            DENSE_UNITS, activation="relu", kernel_initializer=init(seed=s[2]), name="dense1"
+            DENSE_UNITS,
+            activation="relu",
+            kernel_initializer=init(seed=s[2]),
+            name="dense1",
+            dtype=policy,
         )
         self.dense2 = keras.layers.Dense(
-            self.num_outputs, kernel_initializer=init(seed=s[3]), name="dense2"
+            self.num_outputs, kernel_initializer=init(seed=s[3]), name="dense2", dtype=policy
         )
 
     def build(self, input_shape: Any = None) -> None:
@@ -377,8 +397,8 @@ class SeedCNN(keras.Model):
         return self.flatten(self.pool2(self.conv2(h)))
 
     def head(self, h: tf.Tensor) -> tf.Tensor:
-        """dense1 (ReLU) and dense2 (linear): (N, Hq·Wq·5) → (N, K)."""
-        return self.dense2(self.dense1(h))
+        """dense1 (ReLU) and dense2 (linear): (N, Hq·Wq·5) → (N, K) float32."""
+        return tf.cast(self.dense2(self.dense1(h)), tf.float32)
 
     def call(self, x: tf.Tensor, training: bool | None = None) -> tf.Tensor:
         """Inference: (N, H, W, 1) → (N, K); no dropout (see :func:`forward`)."""
@@ -397,6 +417,7 @@ class SeedCNN(keras.Model):
             width=self.width,
             seed=self.seed,
             formulation=self.formulation,
+            precision=self.precision,
         )
         return config
 
@@ -408,13 +429,15 @@ def build_model(
     width: int = 195,
     seed: int = 0,
     formulation: str = "fast",
+    precision: str = "float32",
 ) -> SeedCNN:
     """The built inference model: x (N, H, W, 1) float32 → y (N, K); no dropout inside.
 
     ``formulation`` is "plain" (Keras layers) or "fast" (matrix products, same
-    function and variables; see the module docstring). The initial weights depend
-    only on ``seed``. Raises ConfigError for an unknown formulation, K < 1 or an
-    input too small for the network.
+    function and variables; see the module docstring); ``precision`` "float32" or
+    "bfloat16" (computation only: variables and outputs stay float32). The initial
+    weights depend only on ``seed``. Raises ConfigError for an unknown formulation or
+    precision, K < 1 or an input too small for the network.
     """
     model = SeedCNN(
         num_outputs,
@@ -422,6 +445,7 @@ def build_model(
         width=width,
         seed=seed,
         formulation=formulation,
+        precision=precision,
         name="seed_cnn",
     )
     model.build((None, height, width, 1))

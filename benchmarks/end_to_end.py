@@ -62,10 +62,11 @@ def _input_ms(data: Any, plan: Any, batch: int, seed: int, batches: int = 20) ->
     this process while it produces ``batches`` batches, after 5 to warm up)."""
     from app.data import pipeline
 
-    ds = pipeline.train_dataset(
-        data, plan, seed=seed, batch_size=batch, start_step=0, end_step=batches + 5
-    )
-    it = iter(ds)
+    given = pipeline.train_input(
+        data, plan, seed=seed, batch_size=batch, start_step=0, end_step=batches + 5,
+        resident=pipeline.split_bytes(data) <= pipeline.resident_limit(plan),
+    )  # fmt: skip
+    it = iter(given.dataset)
     for _ in range(5):
         next(it)
     cpu = time.process_time()
@@ -105,18 +106,20 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
         )
         input_ms = None
         if spec["variant"].startswith("memory"):
-            real = pipeline.train_dataset
+            real = pipeline.train_input
             distinct = 1 if spec["variant"] == "memory_one_batch" else DISTINCT_BATCHES
 
             def in_memory(data: Any, plan: Any, **kw: Any) -> Any:
+                kw = {**kw, "resident": False}  # the batches themselves, then held as tensors
                 first = real(data, plan, **{**kw, "end_step": kw["start_step"] + distinct})
-                batches = list(first)
+                batches = list(first.dataset)
                 x = tf.stack([b[0] for b in batches])
                 y = tf.stack([b[1] for b in batches])
                 count = kw["end_step"] - kw["start_step"]
-                return tf.data.Dataset.from_tensor_slices((x, y)).repeat().take(count)
+                ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().take(count)
+                return pipeline.TrainInput(ds)
 
-            pipeline.train_dataset = in_memory  # type: ignore[assignment]
+            pipeline.train_input = in_memory  # type: ignore[assignment]
         else:
             data = cache_lib.prepare(sources(config), config.resolved_cache_dir)
             input_ms = _input_ms(data, plan, spec["batch"], config.seed)
@@ -138,6 +141,7 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
         "steps": summary["steps_trained"],
         "train_size": summary["train_size"],
         "input_cpu_ms_per_batch": input_ms,
+        "chosen": f"{summary['formulation']}/{summary['precision']}",
         "intra_op_threads": plan.intra_op_threads,
         "inter_op_threads": plan.inter_op_threads,
         "cpu_budget": plan.cpu_budget,

@@ -98,8 +98,9 @@ def _worker_probe(spec: dict[str, Any]) -> dict[str, Any]:
     import tensorflow as tf
 
     n = spec.get("n", 2048)
-    a = tf.random.stateless_normal((n, n), seed=(1, 2))
-    b = tf.random.stateless_normal((n, n), seed=(3, 4))
+    dtype = tf.as_dtype(spec.get("precision", "float32"))
+    a = tf.cast(tf.random.stateless_normal((n, n), seed=(1, 2)), dtype)
+    b = tf.cast(tf.random.stateless_normal((n, n), seed=(3, 4)), dtype)
     mm = tf.function(lambda: tf.reduce_sum(tf.matmul(a, b)[:1]))
     r = _timed(mm, lambda t: t.numpy(), 2, spec.get("steps", 5))
     r["gflops"] = 2 * n**3 / r["wall_s"] / 1e9
@@ -118,7 +119,14 @@ def _worker_step(spec: dict[str, Any]) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     x = tf.constant(rng.standard_normal((batch, h, w, 1), dtype=np.float32))
     y = tf.constant(rng.standard_normal((batch, k), dtype=np.float32))
-    model = model_lib.build_model(k, height=h, width=w, seed=0, formulation=spec["formulation"])
+    model = model_lib.build_model(
+        k,
+        height=h,
+        width=w,
+        seed=0,
+        formulation=spec["formulation"],
+        precision=spec.get("precision", "float32"),
+    )
     schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 200, 0.8, staircase=True)
     opt = keras.optimizers.SGD(learning_rate=schedule, momentum=0.8)
     opt.build(model.trainable_variables)
@@ -142,6 +150,8 @@ def _worker_step(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _worker_torch(spec: dict[str, Any]) -> dict[str, Any]:
+    """The same CNN and step in PyTorch: eager float32, ``autocast`` bfloat16 (its
+    mixed precision on CPU), or ``torch.compile`` (spec["mode"])."""
     import torch
     from torch import nn
 
@@ -157,14 +167,18 @@ def _worker_torch(spec: dict[str, Any]) -> dict[str, Any]:
         conv1, nn.ReLU(), nn.MaxPool2d(2), conv2, nn.ReLU(), nn.MaxPool2d(2), nn.Flatten()
     )
     head = nn.Sequential(nn.Dropout(0.5), dense1, nn.ReLU(), dense2)
-    params = [*features.parameters(), *head.parameters()]
+    net = nn.Sequential(features, head)
+    params = list(net.parameters())
     opt = torch.optim.SGD(params, lr=0.1, momentum=0.8)
     x = torch.randn(batch, 1, h, w)
     y = torch.randn(batch, k)
+    mode = spec.get("mode", "eager")
+    forward = torch.compile(net) if mode == "compile" else net
 
     def train_step() -> Any:
         opt.zero_grad(set_to_none=True)
-        pred = head(features(x))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "bf16"):
+            pred = forward(x).float()
         rmse = torch.sqrt(torch.mean((pred - y) ** 2))
         l2 = lambda m: (m.weight**2).sum() / 2  # noqa: E731
         loss = rmse + 0.001 * (l2(conv1) + l2(conv2)) + 0.004 * (l2(dense1) + l2(dense2))
@@ -178,7 +192,69 @@ def _worker_torch(spec: dict[str, Any]) -> dict[str, Any]:
     return r
 
 
-WORKERS = {"probe": _worker_probe, "step": _worker_step, "torch": _worker_torch}
+def _worker_jax(spec: dict[str, Any]) -> dict[str, Any]:
+    """The same CNN and step in JAX, the whole step under ``jax.jit`` (XLA on the CPU)."""
+    os.environ.setdefault(
+        "XLA_FLAGS",
+        f"--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads={spec['threads']}",
+    )
+    import jax
+    import jax.numpy as jnp
+
+    batch, k, h, w = spec["batch"], spec["outputs"], spec["height"], spec["width"]
+    ho, wo = h - 2, (w - 30) // 5 + 1
+    flat = ((ho // 2 - 1) // 2) * ((wo // 2 - 1) // 2) * 5
+    keys = jax.random.split(jax.random.PRNGKey(0), 8)
+    params = {
+        "c1": jax.random.normal(keys[0], (5, 1, 3, 30)) * 0.1, "b1": jnp.zeros(5),
+        "c2": jax.random.normal(keys[1], (5, 5, 2, 2)) * 0.1, "b2": jnp.full(5, 0.1),
+        "d1": jax.random.normal(keys[2], (flat, 20)) * 0.1, "e1": jnp.zeros(20),
+        "d2": jax.random.normal(keys[3], (20, k)) * 0.1, "e2": jnp.zeros(k),
+    }  # fmt: skip
+    momentum = jax.tree_util.tree_map(jnp.zeros_like, params)
+    x = jax.random.normal(keys[4], (batch, 1, h, w))
+    y = jax.random.normal(keys[5], (batch, k))
+
+    def pool(a: Any) -> Any:
+        return jax.lax.reduce_window(a, -jnp.inf, jax.lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
+
+    def loss_fn(p: Any, key: Any) -> Any:
+        a = jax.lax.conv_general_dilated(x, p["c1"], (1, 5), "VALID") + p["b1"][:, None, None]
+        a = pool(jax.nn.relu(a))
+        a = jax.lax.conv_general_dilated(a, p["c2"], (1, 1), "VALID") + p["b2"][:, None, None]
+        a = pool(jax.nn.relu(a)).reshape(batch, -1)
+        a = a * jax.random.bernoulli(key, 0.5, a.shape) * 2.0
+        pred = jax.nn.relu(a @ p["d1"] + p["e1"]) @ p["d2"] + p["e2"]
+        rmse = jnp.sqrt(jnp.mean((pred - y) ** 2))
+        l2 = sum(jnp.sum(p[n] ** 2) / 2 for n in ("c1", "c2")) * 0.001
+        return rmse + l2 + sum(jnp.sum(p[n] ** 2) / 2 for n in ("d1", "d2")) * 0.004
+
+    @jax.jit
+    def step(p: Any, m: Any, key: Any) -> Any:
+        loss, grads = jax.value_and_grad(loss_fn)(p, key)
+        m = jax.tree_util.tree_map(lambda mv, g: 0.8 * mv + g, m, grads)
+        p = jax.tree_util.tree_map(lambda pv, mv: pv - 0.1 * mv, p, m)
+        return p, m, loss
+
+    state = {"p": params, "m": momentum, "key": keys[6]}
+
+    def train_step() -> Any:
+        state["key"], sub = jax.random.split(state["key"])
+        state["p"], state["m"], loss = step(state["p"], state["m"], sub)
+        return loss
+
+    r = _timed(train_step, lambda t: t.block_until_ready(), spec["warmup"], spec["steps"])
+    r["samples_per_s"] = batch / r["wall_s"]
+    r["jax"] = jax.__version__
+    return r
+
+
+WORKERS = {
+    "probe": _worker_probe,
+    "step": _worker_step,
+    "torch": _worker_torch,
+    "jax": _worker_jax,
+}
 
 
 def _worker_main(raw: str) -> None:
@@ -222,12 +298,22 @@ def run_worker(
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _torch_available(python: str) -> bool:
+def _torch_available(python: str, module: str = "torch") -> bool:
     try:
-        proc = subprocess.run([python, "-c", "import torch"], capture_output=True, timeout=120)
+        proc = subprocess.run([python, "-c", f"import {module}"], capture_output=True, timeout=120)
     except (OSError, subprocess.SubprocessError):
         return False
     return proc.returncode == 0
+
+
+def peer_python(candidate: str | None, module: str) -> tuple[str | None, str]:
+    """(interpreter that imports ``module`` or None, note): ``candidate`` first, then this
+    one. torch and jax are never dependencies of the project: without them the peer rows
+    are skipped, with a note."""
+    for python in dict.fromkeys(p for p in (candidate, sys.executable) if p):
+        if _torch_available(python, module):
+            return python, f"{module} from {python}"
+    return None, f"skipped: {module} is not importable (optional)"
 
 
 def torch_python(candidate: str | None) -> tuple[str | None, str]:

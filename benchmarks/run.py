@@ -53,6 +53,9 @@ TARGETS = {
     "fast_gflops_over_probe": 0.40,
     "end_to_end_over_in_memory": 0.95,
     "end_to_end_over_in_memory_per_cpu_s": 0.95,
+    "end_to_end_over_model_step_chosen": 0.95,
+    "end_to_end_over_best_peer": 1.5,
+    "chosen_gflops_over_probe": 0.30,
 }
 
 
@@ -113,27 +116,66 @@ def ensure_data(directory: Path, train: int, test: int, env: dict[str, str]) -> 
 
 
 def model_steps(
-    env: dict[str, str], threads: int, steps: int, warmup: int, torch_py: str | None
+    env: dict[str, str],
+    threads: int,
+    steps: int,
+    warmup: int,
+    torch_py: str | None,
+    jax_py: str | None = None,
 ) -> dict[str, Any]:
-    """(a) probe, (b) plain vs fast train step, and torch eager when torch imports."""
+    """(a) float32 and bfloat16 matmul probes, (b) the train step of every formulation and
+    precision, and the peers in their best configurations on this CPU: plain Keras float32
+    and mixed_bfloat16 (the project's plain formulation in both precisions), PyTorch eager
+    float32, bfloat16 autocast and ``torch.compile``, JAX ``jit`` (the optional ones only
+    where they import)."""
     common = {"batch": 1000, "height": 20, "width": 195, "outputs": 3, "threads": threads}
     common.update(warmup=warmup, steps=steps)
     out: dict[str, Any] = {}
-    log("matmul probe ...")
-    out["probe"] = model_step.run_worker({"kind": "probe"}, env)
+    for precision in ("float32", "bfloat16"):
+        log(f"matmul probe, {precision} ...")
+        out[f"probe/{precision}"] = model_step.run_worker(
+            {"kind": "probe", "precision": precision}, env
+        )
     flops = model_step.train_flops()
-    python, out["torch_note"] = model_step.torch_python(torch_py)
-    variants = [("plain", {"kind": "step", "formulation": "plain"}, sys.executable)]
-    variants.append(("fast", {"kind": "step", "formulation": "fast"}, sys.executable))
-    if python is not None:
-        variants.append(("torch", {"kind": "torch"}, python))
+    torch_python, out["torch_note"] = model_step.peer_python(torch_py, "torch")
+    jax_python, out["jax_note"] = model_step.peer_python(jax_py, "jax")
+    variants = [
+        (f"{f}/{p}", {"kind": "step", "formulation": f, "precision": p}, sys.executable)
+        for f in ("plain", "fast")
+        for p in ("float32", "bfloat16")
+    ]
+    if torch_python is not None:
+        for mode in ("eager", "bf16", "compile"):
+            variants.append((f"torch/{mode}", {"kind": "torch", "mode": mode}, torch_python))
+    if jax_python is not None:
+        variants.append(("jax/jit", {"kind": "jax"}, jax_python))
     for name, kind, interpreter in variants:
         log(f"train step, {name} ...")
         result = model_step.run_worker({**common, **kind}, env, python=interpreter)
         if "samples_per_s" in result:
             result["gflops"] = round(flops * result["samples_per_s"] / 1e9, 2)
         out[name] = result
+    # The project's names of earlier reports: the float32 steps.
+    out["plain"], out["fast"], out["probe"] = (
+        out["plain/float32"],
+        out["fast/float32"],
+        out["probe/float32"],
+    )
+    if "torch/eager" in out:
+        out["torch"] = out["torch/eager"]
     return out
+
+
+PEERS = ("plain/float32", "plain/bfloat16", "torch/eager", "torch/bf16", "torch/compile", "jax/jit")
+
+
+def best_peer(model: dict[str, Any]) -> tuple[str | None, float | None]:
+    """The fastest peer configuration measured (samples/s)."""
+    rates = {n: model[n]["samples_per_s"] for n in PEERS if "samples_per_s" in model.get(n, {})}
+    if not rates:
+        return None, None
+    name = max(rates, key=lambda n: rates[n])
+    return name, rates[name]
 
 
 def _get(report: dict[str, Any], *keys: str) -> float | None:
@@ -178,6 +220,25 @@ def ratios(report: dict[str, Any], threads: list[int]) -> dict[str, Any]:
             _get(report, "model", "fast", "samples_per_s"),
         ),
     }
+    model = report.get("model", {})
+    peer, peer_rate = best_peer(model)
+    chosen = report.get("end_to_end", {}).get("cache", {}).get("chosen")  # "fast/bfloat16"
+    e2e = _get(report, "end_to_end", "cache", "samples_per_s")
+    out["best_peer"] = peer
+    out["end_to_end_over_best_peer"] = _div(e2e, peer_rate)
+    if chosen:
+        precision = chosen.split("/")[1]
+        out["chosen"] = chosen
+        out["end_to_end_over_model_step_chosen"] = _div(
+            e2e, _get(report, "model", chosen, "samples_per_s")
+        )
+        out["chosen_gflops_over_probe"] = _div(
+            _get(report, "model", chosen, "gflops"),
+            _get(report, "model", f"probe/{precision}", "gflops"),
+        )
+        steps = {n: model[n]["samples_per_s"] for n in model if "samples_per_s" in model[n]}
+        ours = {n: v for n, v in steps.items() if n.split("/")[0] in ("fast", "plain")}
+        out["auto_picked_the_fastest_step"] = bool(ours) and chosen == max(ours, key=ours.get)
     out.update(ingest.ratios(report.get("ingest", {}), threads))
     return out
 
@@ -194,21 +255,27 @@ def table(report: dict[str, Any]) -> str:
     """The report as a fixed-width text table (also pasted into docs/performance.md)."""
     rows: list[tuple[str, str, str, str, str]] = []
     model = report.get("model", {})
-    probe = model.get("probe", {})
-    rows.append(("(a) matmul probe 2048²", "", "", _fmt(probe.get("gflops")) + " GFLOP/s", ""))
-    names = [("plain", "plain"), ("fast", "fast"), ("torch", "torch eager")]
-    for name, what in names:
+    for precision in ("float32", "bfloat16"):
+        probe = model.get(f"probe/{precision}", {})
+        label = f"(a) matmul probe 2048², {precision}"
+        rows.append((label, "", "", _fmt(probe.get("gflops")) + " GFLOP/s", ""))
+    names = [
+        *(f"{f}/{p}" for f in ("plain", "fast") for p in ("float32", "bfloat16")),
+        "torch/eager", "torch/bf16", "torch/compile", "jax/jit",
+    ]  # fmt: skip
+    for name in names:
         r = model.get(name)
-        label = f"(b) train step, {what}"
+        label = f"(b) train step, {name}"
         if r is None:
-            if name == "torch":
-                rows.append((label, "-", "-", "-", model.get("torch_note", "")))
+            note = model.get("jax_note" if name.startswith("jax") else "torch_note", "")
+            if name.startswith(("torch", "jax")):
+                rows.append((label, "-", "-", "-", note))
             continue
         if "error" in r:
             rows.append((label, "failed", "", str(r["error"])[:60], ""))
             continue
         note = f"step {_fmt(1e3 * r['wall_s'] if 'wall_s' in r else None, 0)} ms"
-        if name == "torch":
+        if name.startswith("torch"):
             fastest = _fmt(1e3 * r["wall_min_s"] if "wall_min_s" in r else None, 0)
             note += f" (fastest {fastest} ms); torch {r.get('torch', '?')}"
         rows.append(
@@ -337,6 +404,11 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("BENCH_TORCH_PYTHON"),
         help="an interpreter with torch (default: $BENCH_TORCH_PYTHON, else this one)",
     )
+    p.add_argument(
+        "--jax-python",
+        default=os.environ.get("BENCH_JAX_PYTHON"),
+        help="an interpreter with jax (default: $BENCH_JAX_PYTHON, else this one)",
+    )
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks that it runs")
     args = p.parse_args(argv)
     if args.quick:
@@ -366,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     cache_dir = args.out / "cache"
 
     report["model"] = model_steps(
-        env, plan.intra_op_threads, args.steps, args.warmup, args.torch_python
+        env, plan.intra_op_threads, args.steps, args.warmup, args.torch_python, args.jax_python
     )
     log(f"cache conversion of the whole data set, {plan.intra_op_threads} thread(s) ...")
     report["prepare"] = end_to_end.prepare(data, cache_dir, env, plan.intra_op_threads)

@@ -18,6 +18,9 @@ FIXTURES = REPO / "tests" / "fixtures"
 # Small enough for seconds per run on 2 cores, big enough for several batches.
 TINY = {"train": 240, "test": 60}
 TINY_TRAIN_ARGS = ["--batch-size", "40", "--eval-every", "3", "--checkpoint-every", "3"]
+# Runs a test compares must compute the same way: without this, --formulation auto and
+# --precision auto would pick by timing, which the machine's load can change.
+PINNED = {"CORETRAIN_FORMULATION": "fast", "CORETRAIN_PRECISION": "float32"}
 
 
 def run_cli(
@@ -25,6 +28,7 @@ def run_cli(
 ) -> subprocess.CompletedProcess[str]:
     """Run ``python -m app ARGS`` in a fresh process (TF settings are process-global)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("CORETRAIN_", "TF_NUM"))}
+    full_env.update(PINNED)
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "app", *args],

@@ -78,8 +78,12 @@ class Round:
 
 
 def child_env() -> dict[str, str]:
-    """The environment for a child run: no CORETRAIN_*/TF_NUM_* settings leak in."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(("CORETRAIN_", "TF_NUM"))}
+    """The environment for a child run: no CORETRAIN_*/TF_NUM_* settings leak in, and the
+    formulation and precision are fixed (a rerun must compute as the killed run did)."""
+    from tests.conftest import PINNED
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CORETRAIN_", "TF_NUM"))}
+    return {**env, **PINNED}
 
 
 def parse_lines(text: str) -> tuple[list[dict[str, Any]], list[str]]:

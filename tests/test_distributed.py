@@ -33,7 +33,7 @@ from app.config import TrainConfig
 from app.data import synthetic
 from app.errors import ConfigError
 from app.training import workspace
-from tests.conftest import REPO, TINY, events, json_lines, run_cli
+from tests.conftest import PINNED, REPO, TINY, events, json_lines, run_cli
 
 
 def resolve(environ: dict[str, str], hosts: str | None = None, **options: object) -> Cluster | None:
@@ -375,6 +375,7 @@ class Worker:
         self.index = index
         self.log = out.parent / f"{out.name}-worker{index}-{time.monotonic_ns()}.stdout"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CORETRAIN_", "TF_NUM"))}
+        env.update(PINNED)
         env.pop("TF_CONFIG", None)
         cluster = ["--workers", "2", "--worker-index", str(index), "--worker-hosts", hosts]
         if chief_job:
@@ -575,7 +576,7 @@ def test_workers_log_their_index_and_agree_on_every_evaluation(pair_run) -> None
 
 
 #: What the chief writes in its output directory (sorted).
-CHIEF_FILES = [".lock", "cache", "checkpoints", "logs", "metrics.json", "model"]
+CHIEF_FILES = [".lock", "cache", "checkpoints", "logs", "metrics.json", "model", "tensorboard"]
 
 
 @pytest.mark.slow

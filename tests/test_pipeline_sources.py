@@ -18,6 +18,7 @@ SCRIPT = textwrap.dedent(
     import json, sys
     from pathlib import Path
     import numpy as np
+    import tensorflow as tf
     from app.budget import plan as plan_lib
     from app.budget.cgroups import CpuBudget
     from app.config import TrainConfig
@@ -34,8 +35,15 @@ SCRIPT = textwrap.dedent(
     out = {"limit": pipeline.resident_limit(plan), "bytes": pipeline.split_bytes(c)}
     got = {}
     for resident in (True, False):
-        ds = pipeline.train_dataset(c, plan, resident=resident, **kw)
-        got[resident] = [(x.numpy(), y.numpy()) for x, y in ds]
+        given = pipeline.train_input(c, plan, resident=resident, **kw)
+        if given.resident is not None:
+            split = given.resident
+            got[resident] = [
+                (tf.gather(split.features, i).numpy(), tf.gather(split.labels, i).numpy())
+                for i in given.dataset
+            ]
+        else:
+            got[resident] = [(x.numpy(), y.numpy()) for x, y in given.dataset]
     x_all, y_all = np.asarray(c.features("train")), np.asarray(c.labels("train"))
     same = expected = True
     for step, ((xr, yr), (xs, ys)) in enumerate(zip(got[True], got[False], strict=True)):

@@ -29,7 +29,7 @@ import pytest
 
 from app.budget.plan import DEFAULT_ROUNDING, round_threads
 from benchmarks.cgroup_run import PERIOD_US, CpuCgroup, cpu_cgroup, unavailable_reason
-from tests.conftest import REPO, events
+from tests.conftest import PINNED, REPO, events
 
 REASON = unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no real cgroup: {REASON}")
@@ -75,7 +75,7 @@ def clean_env() -> dict[str, str]:
     drop = ("CORETRAIN_", "TF_NUM_", "CPU_LIMIT", "CPU_REQUEST")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    return env
+    return {**env, **PINNED}
 
 
 def run_in(group: CpuCgroup, argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess:

@@ -279,7 +279,7 @@ def test_sigterm_during_training_checkpoints_the_step_and_exits_143(
     assert 1 <= stop_step < STEPS  # stopped early, after finishing the step it was in
     assert events(records, "checkpoint")[-1]["step"] == stop_step  # saved at the stop
     assert f"ckpt-{stop_step}.index" in result.checkpoints
-    assert result.left == [".lock", "cache", "checkpoints", "logs"]  # no export, no metrics
+    assert result.left == [".lock", "cache", "checkpoints", "logs", "tensorboard"]  # no export
     assert run.stderr.strip().splitlines()[-1] == (
         f"coretrain: stopped by signal at step {stop_step}; checkpoint saved, rerun to resume"
     )

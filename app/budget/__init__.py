@@ -14,14 +14,19 @@ from app.budget.plan import Overrides, PlanOptions, ThreadPlan, make_plan, overr
 
 
 def detect_plan(
-    root: str = "/", options: PlanOptions | None = None, environ: Mapping[str, str] | None = None
+    root: str = "/",
+    options: PlanOptions | None = None,
+    environ: Mapping[str, str] | None = None,
+    bfloat16: bool = False,
 ) -> ThreadPlan:
     """Detect the budget, topology and CPU model under ``root`` and make the plan.
 
     ``environ`` (default ``os.environ``) supplies TensorFlow's own variables, which count
-    as explicit settings. No TensorFlow import; raises ConfigError for bad settings.
+    as explicit settings; ``bfloat16``: the run may compute in bfloat16 (oneDNN then).
+    No TensorFlow import; raises ConfigError for bad settings.
     """
-    return plan_with(root, overrides_from(os.environ if environ is None else environ, options))
+    env = os.environ if environ is None else environ
+    return plan_with(root, overrides_from(env, options, bfloat16))
 
 
 def plan_with(root: str, overrides: Overrides) -> ThreadPlan:

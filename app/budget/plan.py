@@ -79,8 +79,12 @@ class Overrides:
     pin: str = "auto"
     rounding: str = DEFAULT_ROUNDING
     onednn: bool | None = None  # TF_ENABLE_ONEDNN_OPTS as the user set it
+    bfloat16: bool = False  # the run may compute in bfloat16 (--precision bfloat16 or auto)
     sources: Mapping[str, str] = field(default_factory=dict)  # override name → where it came from
 
+
+#: /proc/cpuinfo flags of native bfloat16 dot products (x86 AVX512_BF16, AMX; Arm BF16).
+BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 
 #: Environment variables that count as explicit settings (TensorFlow reads them itself).
 INTRA_ENV, INTER_ENV, ONEDNN_ENV = (
@@ -116,7 +120,9 @@ def _bool_env(environ: Mapping[str, str], name: str) -> bool | None:
     raise ConfigError(f"{name}={raw!r}: must be 0, 1, true or false")
 
 
-def overrides_from(environ: Mapping[str, str], options: PlanOptions | None = None) -> Overrides:
+def overrides_from(
+    environ: Mapping[str, str], options: PlanOptions | None = None, bfloat16: bool = False
+) -> Overrides:
     """The explicit settings: command-line values first, then TensorFlow's own variables.
 
     ``TF_NUM_INTRAOP_THREADS`` / ``TF_NUM_INTEROP_THREADS`` count only where the
@@ -147,6 +153,7 @@ def overrides_from(environ: Mapping[str, str], options: PlanOptions | None = Non
         pin=pin,
         rounding=rounding,
         onednn=onednn,
+        bfloat16=bfloat16,
         sources=sources,
     )
 
@@ -178,6 +185,7 @@ class ThreadPlan:
     onednn: bool | None = None
     cpu_model: str = "unknown"
     cpu_stat: str | None = None  # cpu.stat of the limiting cgroup (app.budget.usage)
+    native_bf16: bool = False  # the CPU has bfloat16 dot products (BF16_FLAGS)
     overrides: Overrides = field(default_factory=lambda: Overrides())  # what the user set
 
     def threads(self) -> tuple[int, int, tuple[int, ...] | None]:
@@ -253,6 +261,13 @@ def _onednn(cpu: CpuModel | None, ov: Overrides) -> tuple[bool | None, str]:
         return None, (
             "warning: oneDNN left to TensorFlow (/proc/cpuinfo unreadable: its flags decide "
             "whether TensorFlow turns oneDNN on)"
+        )
+    native = [f for f in BF16_FLAGS if f in cpu.flags]
+    if ov.bfloat16 and native:
+        return True, (
+            f"oneDNN on ({ONEDNN_ENV}=1): the run may compute in bfloat16, which only "
+            f"oneDNN's kernels do natively; the CPU has {', '.join(native)} "
+            f"(/proc/cpuinfo: {cpu.name})"
         )
     on, evidence = cpu.onednn_default()
     return on, (
@@ -347,6 +362,7 @@ def make_plan(
         onednn=onednn,
         cpu_model=cpu.name if cpu is not None else "unknown",
         cpu_stat=budget.cpu_stat,
+        native_bf16=cpu is not None and any(f in cpu.flags for f in BF16_FLAGS),
         overrides=ov,
     )
 

@@ -5,23 +5,28 @@ order is an endless sequence of seeded permutations of the training set, and
 batch ``s`` is its slice ``[s·B, (s+1)·B)``. A resumed run therefore sees the
 same batches as an uninterrupted one.
 
-Where the batches come from: a training split that fits in :data:`RESIDENT_SHARE` of the
-memory limit (physical memory when unlimited) is held in memory as one tensor and each
-batch is a ``tf.gather`` inside the tf.data graph: one copy per batch, no Python, no
-syscall (measured in docs/performance.md: ~4 CPU-ms per 1000×3900 batch against ~18
-CPU-ms for reading the rows from the file). A larger split is read from the cache file
-batch by batch (``preadv``), so memory stays bounded by a few batches however large the
-data set is. Both give the same batches (tested).
+Where the batches come from (:func:`choose_input`): a training split that fits in
+:data:`RESIDENT_SHARE` of the memory limit (physical memory when unlimited), in a run that
+will read more rows than loading the whole split costs, is **resident**: loaded once into
+a pair of ``tf.Variable`` (held once: read from the cache file chunk by chunk, standardised
+on the way, assigned into the variables' preallocated memory), and each batch is a
+``tf.gather`` from them inside the training step; the input pipeline then only yields each
+step's row indices. Otherwise the split is **streamed**: each batch read from the cache
+file (``preadv``) in the tf.data pipeline, so memory stays bounded by a few batches however
+large the data set is. Both give the same batches (tested).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
 
+from app import logs
 from app.budget.plan import ThreadPlan
 from app.data.cache import DataCache
 
@@ -86,10 +91,83 @@ def split_bytes(cache: DataCache, split: str = "train") -> int:
     return 4 * n * (cache.height * cache.width + cache.num_outputs)
 
 
-def fits_in_memory(cache: DataCache, plan: ThreadPlan) -> bool:
-    """Whether the training split is held in memory: :func:`split_bytes` is at most
-    :func:`resident_limit`."""
-    return split_bytes(cache) <= resident_limit(plan)
+#: Rows read at a time while loading a resident split (bounds the transient memory).
+LOAD_CHUNK_BYTES = 64 << 20
+
+
+@dataclass
+class Resident:
+    """A training split held in memory: ``features`` (n, H, W, 1) and ``labels`` (n, K),
+    transformed (standardised), as non-trainable float32 variables outside any
+    distribution strategy (each worker holds its own copy)."""
+
+    features: tf.Variable
+    labels: tf.Variable
+
+
+@dataclass
+class TrainInput:
+    """What the trainer consumes: ``dataset`` yields (x, y) batches, or with ``resident``
+    the row indices (B,) int64 of each step, gathered from it in the step."""
+
+    dataset: tf.data.Dataset
+    resident: Resident | None = None
+
+
+def load_resident(cache: DataCache, features: Transform, labels: Transform) -> Resident:
+    """Load the training split once into variables, chunk by chunk; log how long it took.
+
+    Memory: the split once plus one chunk (:data:`LOAD_CHUNK_BYTES`); the chunks are read
+    with ``preadv``, so no page of the cache file stays mapped.
+    """
+    n, h, w, k = cache.train_size, cache.height, cache.width, cache.num_outputs
+    t0 = time.perf_counter()
+    x_var = tf.Variable(tf.zeros((n, h, w, 1)), trainable=False, name="resident_features")
+    y_var = tf.Variable(tf.zeros((n, k)), trainable=False, name="resident_labels")
+    rows = max(1, LOAD_CHUNK_BYTES // (4 * (h * w + k)))
+    for a in range(0, n, rows):
+        idx = np.arange(a, min(a + rows, n))
+        x_var[a : idx[-1] + 1].assign(
+            features(cache.read_rows("train", "features", idx)[..., None])
+        )
+        y_var[a : idx[-1] + 1].assign(labels(cache.read_rows("train", "labels", idx)))
+    seconds = time.perf_counter() - t0
+    size = split_bytes(cache)
+    logs.event(
+        "input_loaded",
+        f"training split loaded into memory: {size / 1e6:,.0f} MB in {seconds:.1f} s "
+        f"({size / 1e6 / max(seconds, 1e-9):,.0f} MB/s)",
+        bytes=size,
+        seconds=round(seconds, 2),
+    )
+    return Resident(x_var, y_var)
+
+
+def choose_input(
+    cache: DataCache, plan: ThreadPlan, batch_size: int, steps: int
+) -> tuple[bool, str]:
+    """Resident or streamed for a run of ``steps`` more steps of ``batch_size`` rows, and why.
+
+    Resident needs the split to fit in :func:`resident_limit`, and pays when the run reads
+    more rows than loading the split costs: loading reads the n rows once in order,
+    streaming reads ``steps × batch_size`` rows at random; both costs per row are
+    measured here (a timed sequential chunk and a timed random batch of the cache file).
+    """
+    size, limit = split_bytes(cache), resident_limit(plan)
+    if size > limit:
+        return False, f"the split ({size / 1e6:,.0f} MB) is larger than {limit / 1e6:,.0f} MB"
+    n = cache.train_size
+    seq = np.arange(min(n, max(1, LOAD_CHUNK_BYTES // (4 * cache.height * cache.width))))
+    rnd = np.sort(np.random.default_rng(0).choice(n, min(batch_size, n), replace=False))
+    t0 = time.perf_counter()
+    cache.read_rows("train", "features", seq)
+    t1 = time.perf_counter()
+    cache.read_rows("train", "features", rnd)
+    t2 = time.perf_counter()
+    load_s = (t1 - t0) / len(seq) * n
+    stream_s = (t2 - t1) / len(rnd) * batch_size * steps
+    why = f"loading {n} rows ≈ {load_s:.1f} s, streaming {steps} batches ≈ {stream_s:.1f} s"
+    return load_s <= stream_s, why
 
 
 def dataset_options(plan: ThreadPlan) -> tf.data.Options:
@@ -110,7 +188,7 @@ def dataset_options(plan: ThreadPlan) -> tf.data.Options:
     return options
 
 
-def train_dataset(
+def train_input(
     cache: DataCache,
     plan: ThreadPlan,
     *,
@@ -120,29 +198,32 @@ def train_dataset(
     end_step: int,
     workers: int = 1,
     index: int = 0,
-    resident: bool | None = None,
+    resident: bool = False,
     features: Transform | None = None,
     labels: Transform | None = None,
-) -> tf.data.Dataset:
-    """Batches for steps ``start_step .. end_step-1``: (x (B,H,W,1) float32, y (B,K)).
+) -> TrainInput:
+    """The batches of steps ``start_step .. end_step-1``: x (B,H,W,1) float32, y (B,K).
 
     The rows of a step are :func:`batch_rows` for worker ``index`` of ``workers``
-    (``batch_size`` per worker). ``resident``: hold the split in memory (None:
-    :func:`fits_in_memory`). ``features`` / ``labels``: elementwise transforms (the
-    standardisation) applied once to a resident split, else to each batch in the
-    pipeline; raw values without them.
+    (``batch_size`` per worker). ``resident``: hold the split in memory
+    (:func:`load_resident`) and yield row indices; else stream the rows. ``features`` /
+    ``labels``: elementwise transforms (the standardisation), applied once to a resident
+    split, else to each batch; raw values without them.
     """
     features_fn, labels_fn = features or _identity, labels or _identity
-    if resident is None:
-        resident = fits_in_memory(cache, plan)
     n = cache.train_size
 
-    def rows_of(step: int) -> np.ndarray:
-        return batch_rows(seed, step, batch_size, n, workers, index)
+    def rows_of(step: np.int64) -> np.ndarray:
+        return batch_rows(seed, int(step), batch_size, n, workers, index).astype(np.int64)
+
+    def indices(step: tf.Tensor) -> tf.Tensor:
+        idx = tf.numpy_function(rows_of, [step], tf.int64, stateful=False)
+        idx.set_shape((batch_size,))
+        return idx
 
     def streamed(step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         def load(step: np.int64) -> tuple[np.ndarray, np.ndarray]:
-            idx = rows_of(int(step))
+            idx = rows_of(step)
             x = cache.read_rows("train", "features", idx)
             return x[..., None], cache.read_rows("train", "labels", idx)
 
@@ -151,25 +232,11 @@ def train_dataset(
         y.set_shape((batch_size, cache.num_outputs))
         return features_fn(x), labels_fn(y)
 
-    fetch = streamed
-    if resident:
-        # One copy from the memory map (no pages stay mapped), transformed once.
-        x_all = features_fn(tf.constant(cache.features("train")[..., None]))
-        y_all = labels_fn(tf.constant(cache.labels("train")))
-
-        def gathered(step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-            def indices(step: np.int64) -> np.ndarray:
-                return rows_of(int(step)).astype(np.int64)
-
-            idx = tf.numpy_function(indices, [step], tf.int64, stateful=False)
-            idx.set_shape((batch_size,))
-            return tf.gather(x_all, idx), tf.gather(y_all, idx)
-
-        fetch = gathered
-
+    split = load_resident(cache, features_fn, labels_fn) if resident else None
     ds = tf.data.Dataset.range(start_step, end_step)
+    fetch = indices if split is not None else streamed
     ds = ds.map(fetch, num_parallel_calls=min(2, plan.tfdata_threads), deterministic=True)
-    return ds.prefetch(PREFETCH_BATCHES).with_options(dataset_options(plan))
+    return TrainInput(ds.prefetch(PREFETCH_BATCHES).with_options(dataset_options(plan)), split)
 
 
 def eval_dataset(

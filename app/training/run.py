@@ -13,6 +13,7 @@ restarted job continues and ends at the same total (docs/architecture.md).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import os
 import time
@@ -87,20 +88,40 @@ def train(
     import_tensorflow()
     # TensorFlow from here on.
     from app.data import pipeline
-    from app.training import finish, replicas
+    from app.training import choose, finish, replicas
     from app.training.checkpointer import Checkpointer
     from app.training.trainer import Trainer
 
     reps = replicas.create(cluster)
     try:
+        picked = choose.choose(config, plan, data, reps, ws.own, ws.checkpoints)
+        logs.event(
+            "choice",
+            f"{picked.formulation} formulation in {picked.precision}: {picked.reason}",
+            **picked.to_json(),
+        )
+        config = dataclasses.replace(
+            config, formulation=picked.formulation, precision=picked.precision
+        )
         trainer = Trainer(config, plan, data, reps)
         checkpoints = Checkpointer(trainer, ws.checkpoints, config.keep_checkpoints, reps)
         start = checkpoints.restore()
+        choose.record(ws.checkpoints, picked)
         _log_replanned(plan)
         if reps.sum([1.0 if stop() else 0.0], "restore")[0] > 0:  # agreed by all workers
             raise _preempted(f"before training resumed at step {start}")
+        resident, why = pipeline.choose_input(
+            data, plan, config.batch_size, config.max_steps - start
+        )
+        logs.event(
+            "input",
+            ("training split held in memory: " if resident else "training split streamed: ") + why,
+            resident=resident,
+            split_bytes=pipeline.split_bytes(data),
+            resident_limit=pipeline.resident_limit(plan),
+        )
         trainer.feed(
-            pipeline.train_dataset(
+            pipeline.train_input(
                 data,
                 plan,
                 seed=config.seed,
@@ -109,7 +130,7 @@ def train(
                 end_step=config.max_steps,
                 workers=reps.count,
                 index=reps.index,
-                resident=_resident(data, plan),
+                resident=resident,
                 features=trainer.standardize_x,
                 labels=trainer.standardize_y,
             )
@@ -142,6 +163,8 @@ def train(
         summary.update(
             wall_seconds=round(time.perf_counter() - t_start, 2),
             steps_per_loop=outcome.steps_per_loop,
+            formulation=picked.formulation,
+            precision=picked.precision,
             plan=plan.to_json(),
         )
         if cluster is not None:
@@ -250,23 +273,6 @@ def load_data(
                     "or remove them"
                 )
     return data
-
-
-def _resident(data: cache_lib.DataCache, plan: ThreadPlan) -> bool:
-    """Whether the training split is held in memory; logged as the ``input`` event."""
-    from app.data import pipeline
-
-    resident = pipeline.fits_in_memory(data, plan)
-    logs.event(
-        "input",
-        "training split held in memory (batches gathered in tf.data)"
-        if resident
-        else "training split read from the cache file batch by batch (larger than the limit)",
-        resident=resident,
-        split_bytes=pipeline.split_bytes(data),
-        resident_limit=pipeline.resident_limit(plan),
-    )
-    return resident
 
 
 def _tensorflow_version() -> str:

@@ -101,6 +101,7 @@ class Trainer:
                 width=data.width,
                 seed=config.seed,
                 formulation=config.formulation,
+                precision=config.precision,
             )
             self.schedule = keras.optimizers.schedules.ExponentialDecay(
                 config.learning_rate, config.lr_decay_steps, config.lr_decay, staircase=True
@@ -123,6 +124,7 @@ class Trainer:
             pipeline.eval_dataset(data, plan, config.batch_size, features=self.standardize_x)
         )
         self._batches: Any = None
+        self._resident: pipeline.Resident | None = None
 
     # -- state ------------------------------------------------------------------------
 
@@ -157,11 +159,12 @@ class Trainer:
         """Raw labels (…, K) → standardised."""
         return (y - self.l_mean) / self.l_std
 
-    def feed(self, batches: tf.data.Dataset) -> None:
+    def feed(self, batches: pipeline.TrainInput) -> None:
         """Train on ``batches`` from now on: one element per step, in step order, already
         standardised (:meth:`standardize_x`, :meth:`standardize_y`; the pipeline applies
-        them once to a split held in memory)."""
-        self._batches = iter(batches)
+        them once to a split held in memory, whose rows the step then gathers)."""
+        self._batches = iter(batches.dataset)
+        self._resident = batches.resident
 
     def train(self, steps: int, stop: Callable[[], bool]) -> Steps:
         """Run up to ``steps`` steps in one call; fewer only when the loss turns non-finite.
@@ -181,7 +184,12 @@ class Trainer:
         losses = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
         rmse, stops = tf.constant(0.0), tf.constant(0.0)
         for i in tf.range(steps):
-            x, y = next(batches)
+            if self._resident is not None:
+                rows = next(batches)
+                x = tf.gather(self._resident.features, rows)
+                y = tf.gather(self._resident.labels, rows)
+            else:
+                x, y = next(batches)
             loss, rmse, stops = self.replicas.run(self._replica_step, (x, y, stop))
             self.step.assign_add(1)
             losses = losses.write(i, loss)

@@ -1,0 +1,207 @@
+"""The formulation and precision of a run, chosen by measurement on the CPU that runs it.
+
+The fast and the plain formulation compute the same function with the same variables,
+in float32 or with bfloat16 products; which is fastest depends on the CPU (oneDNN on or
+off, AVX512_BF16/AMX or not) and the thread count. With ``--formulation auto`` and/or
+``--precision auto`` every candidate trains :data:`TIMED_STEPS` steps, after
+:data:`WARMUP_STEPS` (the first traces it), on one real batch of this run's shape with
+the planned threads, and the fastest wins. bfloat16 is a candidate only on a CPU with
+native bfloat16 dot products (``/proc/cpuinfo`` flags ``avx512_bf16`` or ``amx_bf16``,
+Arm's ``bf16``): elsewhere it is emulated and slow. The measurement costs a few seconds,
+so it is kept in the workspace (``choice.json``) keyed by the CPU model and flags, the
+threads, the shapes and TensorFlow's version, and reused by later runs and resumes
+there. In a multi-worker run the chief decides and sends its choice to the others.
+
+A run keeps its precision once it has checkpoints: it is recorded next to them
+(``checkpoints/run.json``) and a resume uses it, so an exact resume stays exact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from app import logs
+from app import model as model_lib
+from app.atomic import write_json
+from app.budget.plan import ThreadPlan
+from app.config import TrainConfig
+from app.data.cache import DataCache
+from app.errors import ConfigError
+from app.training.replicas import Replicas
+
+WARMUP_STEPS = 2
+TIMED_STEPS = 3
+CHOICE_FILE = "choice.json"
+RUN_FILE = "run.json"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The formulation and precision of the run and why (``timings``: ms per step)."""
+
+    formulation: str
+    precision: str
+    reason: str
+    timings: dict[str, float]
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def recorded(checkpoints: Path) -> dict[str, str] | None:
+    """The formulation and precision the checkpoints in ``checkpoints`` were trained in;
+    None for a fresh start. Checkpoints without the record were written before precision
+    was a choice: float32, the fast formulation."""
+    try:
+        return dict(json.loads((checkpoints / RUN_FILE).read_text()))
+    except (OSError, ValueError):
+        pass
+    if any(checkpoints.glob("ckpt-*.index")):
+        return {"formulation": "fast", "precision": "float32"}
+    return None
+
+
+def record(checkpoints: Path, choice: Choice) -> None:
+    """Keep the choice next to the checkpoints (before the first one is written)."""
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    kept = {"formulation": choice.formulation, "precision": choice.precision}
+    write_json(checkpoints / RUN_FILE, kept)
+
+
+def choose(
+    config: TrainConfig, plan: ThreadPlan, data: DataCache, replicas: Replicas,
+    workspace: Path, checkpoints: Path,
+) -> Choice:  # fmt: skip
+    """Decide the run's formulation and precision (module docstring). Raises ConfigError
+    when an explicit precision contradicts the one the checkpoints were trained in."""
+    choice = _decide(config, plan, data, workspace, checkpoints) if replicas.is_chief else None
+    if replicas.count == 1:
+        assert choice is not None
+        return choice
+    mine = ALL.index((choice.formulation, choice.precision)) + 1 if choice else 0
+    agreed = ALL[int(replicas.sum([float(mine)], "agreeing on the formulation")[0]) - 1]
+    return choice or Choice(*agreed, "the chief's choice", {})
+
+
+#: Every (formulation, precision), in the order their index is sent between workers.
+ALL = [(f, p) for f in model_lib.FORMULATIONS for p in model_lib.PRECISIONS]
+
+
+def _decide(
+    config: TrainConfig, plan: ThreadPlan, data: DataCache, workspace: Path, checkpoints: Path
+) -> Choice:
+    kept = recorded(checkpoints)
+    if kept is not None:
+        return _resumed(config, kept)
+    formulations = ["fast", "plain"] if config.formulation == "auto" else [config.formulation]
+    if config.precision != "auto":
+        precisions = [config.precision]
+    else:
+        precisions = ["float32", "bfloat16"] if plan.native_bf16 else ["float32"]
+    candidates = [(f, p) for f in formulations for p in precisions]
+    if len(candidates) == 1:
+        ((f, p),) = candidates
+        return Choice(f, p, "as asked (--formulation, --precision)", {})
+    key = _key(plan, data, config, candidates)
+    cached = _cached(workspace / CHOICE_FILE, key)
+    if cached is not None:
+        return cached
+    timings = _measure(candidates, data, config)
+    (f, p), ms = min(timings.items(), key=lambda item: item[1])
+    names = {f"{a}/{b}": round(t, 2) for (a, b), t in timings.items()}
+    excluded = "" if "bfloat16" in precisions else " (bfloat16: no native support on this CPU)"
+    reason = f"fastest of {len(candidates)} measured: {ms:.1f} ms/step{excluded}"
+    choice = Choice(f, p, reason, names)
+    write_json(workspace / CHOICE_FILE, {"key": key, **choice.to_json()})
+    return choice
+
+
+def _resumed(config: TrainConfig, kept: dict[str, str]) -> Choice:
+    precision = kept.get("precision", "float32")
+    if config.precision not in ("auto", precision):
+        raise ConfigError(
+            f"the checkpoints were trained in {precision}; resume with --precision {precision} "
+            "(or auto), or train into a new output directory"
+        )
+    formulation = kept.get("formulation", "fast")
+    if config.formulation not in ("auto", formulation):
+        formulation = config.formulation  # the same function: only the last bits differ
+    return Choice(formulation, precision, "kept from the checkpoints being resumed", {})
+
+
+def _key(plan: ThreadPlan, data: DataCache, config: TrainConfig, candidates: list) -> str:
+    parts = [
+        plan.cpu_model, plan.inputs.get("/proc/cpuinfo", ""), plan.intra_op_threads,
+        plan.inter_op_threads, plan.onednn, data.height, data.width, data.num_outputs,
+        config.batch_size, tf.__version__, candidates,
+    ]  # fmt: skip
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
+
+
+def _cached(path: Path, key: str) -> Choice | None:
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if saved.get("key") != key:
+        return None
+    reason = f"{saved['reason']}; measured earlier on this CPU ({path})"
+    return Choice(saved["formulation"], saved["precision"], reason, saved["timings"])
+
+
+def _measure(
+    candidates: list[tuple[str, str]], data: DataCache, config: TrainConfig
+) -> dict[tuple[str, str], float]:
+    """ms per training step of each candidate on one real batch of the run's shape."""
+    n = min(config.batch_size, data.train_size)
+    x = tf.constant(np.asarray(data.features("train")[:n])[..., None])
+    y = tf.constant(np.asarray(data.labels("train")[:n]))
+    t0 = time.perf_counter()
+    timings = {(f, p): step_time(f, p, x, y, config) for f, p in candidates}
+    logs.event(
+        "choice_measured",
+        f"timed {len(candidates)} formulations in {time.perf_counter() - t0:.1f} s",
+        seconds=round(time.perf_counter() - t0, 2),
+    )
+    return timings
+
+
+def step_time(
+    formulation: str, precision: str, x: tf.Tensor, y: tf.Tensor, config: TrainConfig,
+    steps: int = TIMED_STEPS, warmup: int = WARMUP_STEPS,
+) -> float:  # fmt: skip
+    """Milliseconds per training step (forward, loss, gradients, SGD update) of a fresh
+    model on the batch ``x`` (B, H, W, 1), ``y`` (B, K): the mean of ``steps`` steps after
+    ``warmup`` (the first traces the step function)."""
+    model = model_lib.build_model(
+        y.shape[-1], height=x.shape[1], width=x.shape[2], seed=config.seed,
+        formulation=formulation, precision=precision,
+    )  # fmt: skip
+    optimizer = keras.optimizers.SGD(learning_rate=config.learning_rate, momentum=config.momentum)
+    optimizer.build(model.trainable_variables)
+    seed = tf.constant([config.seed, 0], tf.int64)
+
+    @tf.function
+    def step() -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            pred = model_lib.forward(model, x, dropout_seed=seed, keep_prob=config.keep_prob)
+            loss, _ = model_lib.regularized_loss(model, pred, y)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    for _ in range(warmup):
+        step().numpy()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step().numpy()
+    return (time.perf_counter() - t0) / steps * 1e3

@@ -1,0 +1,101 @@
+"""The formulation and precision: chosen by measurement, kept by a resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import events, json_lines, run_cli
+
+ARGS = ["--batch-size", "40", "--eval-every", "3", "--checkpoint-every", "3"]
+
+
+def _train(data: Path, out: Path, steps: int, *extra: str) -> tuple[int, list[dict], str]:
+    proc = run_cli(
+        "train", "--data", str(data), "--output", str(out), "--max-steps", str(steps),
+        *ARGS, *extra,
+    )  # fmt: skip
+    return proc.returncode, json_lines(proc.stdout), proc.stderr
+
+
+def test_explicit_choices_and_recorded_ones(tmp_path: Path) -> None:
+    from app.config import TrainConfig
+    from app.errors import ConfigError
+    from app.training import choose
+
+    config = TrainConfig(
+        data_dir=tmp_path, output_dir=tmp_path, formulation="plain", precision="float32"
+    )
+    ckpt = tmp_path / "checkpoints"
+    picked = choose._decide(config, None, None, tmp_path, ckpt)  # type: ignore[arg-type]
+    assert (picked.formulation, picked.precision) == ("plain", "float32")
+    choose.record(ckpt, choose.Choice("fast", "bfloat16", "", {}))
+    auto = TrainConfig(data_dir=tmp_path, output_dir=tmp_path)
+    kept = choose._decide(auto, None, None, tmp_path, ckpt)  # type: ignore[arg-type]
+    assert (kept.formulation, kept.precision) == ("fast", "bfloat16")
+    with pytest.raises(ConfigError, match="trained in bfloat16"):
+        choose._decide(config, None, None, tmp_path, ckpt)  # type: ignore[arg-type]
+
+
+def test_checkpoints_without_a_record_are_float32(tmp_path: Path) -> None:
+    from app.training import choose
+
+    (tmp_path / "ckpt-3.index").write_bytes(b"")
+    assert choose.recorded(tmp_path) == {"formulation": "fast", "precision": "float32"}
+    assert choose.recorded(tmp_path / "none") is None
+
+
+@pytest.mark.slow
+def test_auto_times_the_candidates_and_takes_the_fastest(tiny_data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    auto = ["--formulation", "auto", "--precision", "auto"]
+    code, records, err = _train(tiny_data, out, 3, *auto)
+    assert code == 0, err[-2000:]
+    (choice,) = events(records, "choice")
+    plan = events(records, "start")[0]["plan"]
+    expected = 4 if plan["native_bf16"] else 2
+    assert len(choice["timings"]) == expected
+    fastest = min(choice["timings"], key=choice["timings"].get)
+    assert f"{choice['formulation']}/{choice['precision']}" == fastest
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert (metrics["formulation"], metrics["precision"]) == (
+        choice["formulation"],
+        choice["precision"],
+    )
+    # The measurement is kept for this CPU, and the resume keeps the run's choice.
+    assert json.loads((out / "choice.json").read_text())["timings"] == choice["timings"]
+    code, records, err = _train(tiny_data, out, 6, *auto)
+    assert code == 0, err[-2000:]
+    (again,) = events(records, "choice")
+    assert "kept from the checkpoints" in again["reason"]
+    assert (again["formulation"], again["precision"]) == (
+        choice["formulation"],
+        choice["precision"],
+    )
+
+
+@pytest.mark.slow
+def test_bfloat16_trains_keeps_float32_variables_and_exports_float32(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    import numpy as np
+    import tensorflow as tf
+
+    out = tmp_path / "out"
+    code, records, err = _train(tiny_data, out, 3, "--precision", "bfloat16")
+    assert code == 0, err[-2000:]
+    assert events(records, "choice")[0]["precision"] == "bfloat16"
+    reader = tf.train.load_checkpoint(str(out / "checkpoints" / "ckpt-3"))
+    dtypes = reader.get_variable_to_dtype_map()
+    assert dtypes["model/conv1/_kernel/.ATTRIBUTES/VARIABLE_VALUE"] == tf.float32
+    served = tf.saved_model.load(str(out / "model" / "saved_model")).signatures["serve"]
+    x = np.loadtxt(tiny_data / "test_features.txt", dtype=np.float32)[:5]
+    pred = next(iter(served(tf.constant(x)).values()))
+    assert pred.dtype == tf.float32 and pred.shape == (5, 3)
+    # Its checkpoints are bfloat16's: a float32 resume is refused, in one line.
+    code, _, err = _train(tiny_data, out, 6, "--precision", "float32")
+    assert code == 2
+    (line,) = err.splitlines()
+    assert "trained in bfloat16" in line
