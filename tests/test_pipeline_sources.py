@@ -88,3 +88,39 @@ def test_without_a_memory_limit_the_limit_is_a_share_of_physical_memory(
 
     r = _run(tiny_data, tmp_path, memory_limit=None)
     assert r["limit"] == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+
+
+def test_the_split_is_held_when_the_run_reads_it_more_than_once(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    code = textwrap.dedent(
+        """
+        import json, sys
+        from pathlib import Path
+        from app.budget import plan as plan_lib
+        from app.budget.cgroups import CpuBudget
+        from app.config import TrainConfig
+        from app.data import pipeline
+        from tests.conftest import prepare_cache
+
+        data, tmp = Path(sys.argv[1]), Path(sys.argv[2])
+        c = prepare_cache(TrainConfig(data_dir=data, output_dir=tmp, cache_dir=tmp / "c"))
+        out = {}
+        for limit, steps in ((None, 10_000), (None, 1), (1000, 10_000)):
+            budget = CpuBudget(cpu_quota=None, cpuset=(0,), memory_limit=limit,
+                               quota_source="none")
+            out[f"{limit}-{steps}"] = pipeline.choose_input(
+                c, plan_lib.make_plan(budget), 40, steps
+            )
+        print(json.dumps(out))
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tiny_data), str(tmp_path)],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.splitlines()[-1])
+    assert got["None-10000"][0] is True  # 10,000 batches of 40 rows: 1,667 epochs
+    assert got["None-1"][0] is False  # one batch: loading all 240 rows costs more
+    assert got["1000-10000"][0] is False and "larger than" in got["1000-10000"][1]
