@@ -5,31 +5,30 @@ order is an endless sequence of seeded permutations of the training set, and
 batch ``s`` is its slice ``[s·B, (s+1)·B)``. A resumed run therefore sees the
 same batches as an uninterrupted one.
 
-Where the batches come from: a training split that fits in :data:`RESIDENT_SHARE` of the
-memory limit (physical memory when unlimited) is held in memory as one tensor and each
-batch is a ``tf.gather`` inside the tf.data graph: one copy per batch, no Python, no
-syscall (measured in docs/performance.md: ~4 CPU-ms per 1000×3900 batch against ~18
-CPU-ms for reading the rows from the file). A larger split is read from the cache file
+Where the batches come from: a training split that fits in
+:data:`app.budget.memory.RESIDENT_SHARE` of the memory limit (physical memory when
+unlimited) is held in memory as one tensor and each batch is a ``tf.gather`` inside the
+tf.data graph: one copy per batch, no Python, no syscall (measured in
+docs/performance.md: ~4 CPU-ms per 1000×3900 batch against ~18 CPU-ms for reading the
+rows from the file). A larger split is read from the cache file
 batch by batch (``preadv``), so memory stays bounded by a few batches however large the
 data set is. Both give the same batches (tested).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
 
+from app.budget import memory
 from app.budget.plan import ThreadPlan
 from app.data.cache import DataCache
 
 PREFETCH_BATCHES = 2
 #: An elementwise function of a batch tensor (e.g. the standardisation).
 Transform = Callable[[tf.Tensor], tf.Tensor]
-#: Share of the memory limit a training split may take to be held in memory.
-RESIDENT_SHARE = 0.25
 
 
 def _identity(t: tf.Tensor) -> tf.Tensor:
@@ -69,21 +68,15 @@ def batch_rows(
 
 
 def resident_limit(plan: ThreadPlan) -> int:
-    """Bytes of training split (features + labels) held in memory rather than streamed.
-
-    :data:`RESIDENT_SHARE` of the cgroup memory limit, or of physical memory
-    (``sysconf``) when there is none.
-    """
-    total = plan.memory_limit
-    if total is None:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return int(total * RESIDENT_SHARE)
+    """Bytes of training split (features + labels) held in memory rather than streamed
+    (:func:`app.budget.memory.resident_limit` of the plan's memory limit)."""
+    return memory.resident_limit(plan.memory_limit)
 
 
 def split_bytes(cache: DataCache, split: str = "train") -> int:
     """Bytes of ``split``'s features and labels as float32."""
     n = cache.train_size if split == "train" else cache.test_size
-    return 4 * n * (cache.height * cache.width + cache.num_outputs)
+    return memory.split_bytes(n, cache.height * cache.width, cache.num_outputs)
 
 
 def fits_in_memory(cache: DataCache, plan: ThreadPlan) -> bool:
