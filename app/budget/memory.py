@@ -45,7 +45,7 @@ STREAMED_BATCHES = 5
 #: Bytes per sample of a batch, per feature value and per output: activations, their
 #: gradients and the fast formulation's patch matrices (app/model.py).
 PER_FEATURE = 44
-PER_OUTPUT = 64
+PER_OUTPUT = 40
 DENSE_UNITS = 20  # app/model.py's hidden layer feeding the K outputs
 #: Room for what the rule does not see (allocator slack, page cache of written files).
 MARGIN = 0.10

@@ -76,7 +76,7 @@ _ONE_WORD_BYTES = 10  # bytes per field (with separator) below which one word is
 _FEW = 32  # up to this many undecoded fields in a block go straight to float()
 _SLICE = 32768  # fields decoded per call in the passes over a whole block
 _SCAN_PER_CALL = 1024  # bytes scanned for 'e' in about the time of one float() call
-_SHOWN = 40  # characters of an offending field quoted in a message
+_SHOWN = 24  # characters of an offending field quoted in a message (a float has fewer)
 
 # One field: what float() accepts, without "_" separators or surrounding whitespace.
 _FIELD = re.compile(
@@ -245,13 +245,15 @@ class _State:
 
 
 def _shown(token: bytes) -> str:
-    """A field quoted for a one-line message: escaped, truncated to _SHOWN characters."""
-    text = "".join(
-        c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
-        for c in token.decode("utf-8", "backslashreplace")  # bad UTF-8: \xff
-    )
-    if len(text) > _SHOWN:
-        text = text[: _SHOWN - 3] + "..."
+    """A field quoted for a one-line message: at most _SHOWN characters between the quotes,
+    printable ASCII as is and every other byte (quotes and backslashes included) as
+    ``\\xNN``, so no content of a wrong file reaches a log beyond a short excerpt."""
+    text = ""
+    for byte in token:
+        piece = chr(byte) if 32 <= byte < 127 and byte not in b"'\\" else f"\\x{byte:02x}"
+        if len(text) + len(piece) > _SHOWN - 3:
+            return f"'{text}...'"
+        text += piece
     return f"'{text}'"
 
 

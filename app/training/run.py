@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import resource
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -145,6 +146,7 @@ def train(
         summary.update(
             wall_seconds=round(time.perf_counter() - t_start, 2),
             steps_per_loop=outcome.steps_per_loop,
+            peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             plan=plan.to_json(),
         )
         if cluster is not None:
