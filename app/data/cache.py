@@ -525,24 +525,23 @@ def _build(
         reused=False,
         resumed=resumed,
     )
-    keep = False
+    keep = ""  # what is kept of a resumable work directory: "finished" files, or "all"
     progress = Progress(sum(sources.path(role).stat().st_size for role in ROLES))
     guard = bounds.Guard(bounds.bound(root.path, max_bytes))
+    resumable = work.path.name.startswith(PARTIAL)
     try:
         manifest = _convert(_Run(sources, work, k, threads, stop, progress, guard))
         _swap_in(root, work, key)
     except Preempted:
-        keep = work.path.name.startswith(PARTIAL)  # the finished files wait for the next run
+        keep = "finished" if resumable else ""  # the finished files wait for the next run
+        raise
+    except StorageError:
+        keep = "all" if resumable else ""  # e.g. a planted symlink in it: touch nothing
         raise
     except OSError as exc:
         raise StorageError(f"{root.path}: cannot write the data cache: {exc.strerror}") from exc
     finally:
-        if keep:
-            for part in work.names():
-                if part.endswith(".part"):
-                    work.remove(part)
-        else:
-            root.remove(work.path.name)
+        _leave(root, work, keep)
         work.close()
         owner.close()
     _remove_stale(root, keep=key)
@@ -555,6 +554,19 @@ def _build(
         num_outputs=manifest["num_outputs"],
     )
     return _load(root, key, verify=False)
+
+
+def _leave(root: Dir, work: Dir, keep: str) -> None:
+    """After a conversion that did not finish: keep everything in ``work`` ("all"), only
+    its finished files ("finished": ``.part`` files go), or nothing ("")."""
+    if keep == "all":
+        return
+    if keep == "finished":
+        for name in work.names():
+            if name.endswith(".part"):
+                work.remove(name)
+        return
+    root.remove(work.path.name)
 
 
 def _swap_in(root: Dir, work: Dir, key: str) -> None:
