@@ -225,7 +225,7 @@ def test_entrypoint_execs_coretrain_with_arguments_umask_and_a_writable_home(
     assert proc.returncode == 7, "coretrain's exit code must come through unchanged"
     assert report["pid"] == proc.pid, "entrypoint.sh must exec coretrain (same process)"
     assert report["argv"] == ["plan", "--format", "json"]
-    assert report["umask"] == "0002"
+    assert report["umask"] == "0027"  # group may read, not write (docs/security.md)
     assert report["home"] == expected_home.replace("<tmp_path>", str(tmp_path))
 
 
