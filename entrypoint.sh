@@ -6,10 +6,12 @@
 # directly. For a shell in the image use `--entrypoint bash`.
 set -eu
 
-# Files the job writes are group-writable, so a rerun under another UID of the
-# same group (OpenShift: arbitrary UID, GID 0; Kubernetes: the pod's fsGroup)
-# can resume from them.
-umask 0002
+# Files the job writes are readable by the volume's group (OpenShift: GID 0;
+# Kubernetes: the pod's fsGroup), e.g. a TF Serving pod of that group, but
+# writable only by the UID that wrote them: the job refuses directories of
+# another user, and group members can't plant or swap files in its own
+# (docs/security.md). Files 0640, directories 0750 (2750 on the setgid /output).
+umask 0027
 
 # An arbitrary UID has no passwd entry and no home; keep HOME somewhere writable.
 if [ ! -w "${HOME:-/nonexistent}" ]; then

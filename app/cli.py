@@ -164,9 +164,11 @@ def plan_cmd(**values: Any) -> None:
 @options_of(GenerateConfig)
 def generate_cmd(**values: Any) -> None:
     """Write a synthetic demo data set (20×195 spectra, 3 labels) in the seed's format."""
+    from app.budget.apply import restrict_umask
     from app.data import synthetic
 
     logs.setup()
+    restrict_umask()
     try:
         config = build(GenerateConfig, values)
         written = synthetic.generate(
@@ -196,13 +198,15 @@ def train_cmd(**values: Any) -> None:
     from app.training.run import REPLAN_AT_ENV
 
     logs.setup()
+    apply.restrict_umask()
     stop = StopRequest().install()
     try:
         cluster = spec.resolve(os.environ, build(ClusterOptions, values))
         if cluster is not None:
             logs.setup(worker=cluster.index)  # every record carries the worker index
         config = build(TrainConfig, values)
-        held = lock.acquire(workspace.for_run(config, cluster).own)
+        ws = workspace.for_run(config, cluster)
+        held = lock.acquire(ws.own, below=ws.output)
         bfloat16 = config.precision in ("auto", "bfloat16")
         plan = detect_plan("/", build(PlanOptions, values), bfloat16=bfloat16)
         apply.apply(plan)
@@ -257,6 +261,7 @@ def predict_cmd(**values: Any) -> None:
     from app.budget import apply, detect_plan
 
     logs.setup()
+    apply.restrict_umask()
     try:
         config = build(PredictConfig, values)
         apply.apply(detect_plan("/", build(PlanOptions, values)))

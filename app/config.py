@@ -115,6 +115,15 @@ class TrainConfig:
         directory=True,
         shown_default="OUTPUT/cache",
     )
+    max_cache_bytes: int | None = option(
+        None,
+        "Refuse (exit 3) a data set whose binary cache would take more than this many bytes: "
+        "estimated before converting, counted while converting. The free space of the "
+        "cache's file system is a bound too.",
+        minimum=1,
+        metavar="BYTES",
+        shown_default="the free space",
+    )
     train_features: str | None = option(
         None, FILE_HELP, metavar="NAME", shown_default="train_features.txt[.gz]"
     )

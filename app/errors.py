@@ -29,6 +29,19 @@ class DataError(AppError):
     exit_code = 3
 
 
+class InputTooLarge(DataError):
+    """The input would take more than its bound: a data cache past the free space of its
+    file system or ``--max-cache-bytes`` (app/data/bounds.py). Exit 3, as bad input."""
+
+
+class MemoryBudgetExceeded(AppError):
+    """The run's estimated peak memory is more than the memory limit (the cgroup's), so it
+    would be OOM-killed (exit 137, no message); refused before training instead
+    (app/training/memory.py). Exit 8: final, a retry with the same limit ends the same."""
+
+    exit_code = 8
+
+
 class StorageError(AppError):
     """The output/checkpoint storage failed or holds only unreadable state. Exit 4."""
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from pythonjsonlogger.json import JsonFormatter
 
@@ -71,15 +70,25 @@ def setup(worker: int | None = None, level: int = logging.INFO) -> logging.Logge
     return logger
 
 
-def add_file(path: Path, worker: int | None = None) -> None:
-    """Also append the JSON lines to ``path`` (parents created).
+class _FileHandler(logging.StreamHandler[TextIO]):
+    """A stream handler that owns its file (closed with the handler)."""
+
+    def close(self) -> None:
+        try:
+            self.stream.close()
+        finally:
+            super().close()
+
+
+def add_file(fd: int, worker: int | None = None) -> None:
+    """Also append the JSON lines to the open log file ``fd`` (taken over: closed with the
+    handler). The caller opens it without following symlinks (app/training/workspace.py).
 
     An incomplete last line left by a run killed mid-write (or a full disk) is cut off
     first, so the next record is not glued to the fragment. Raises OSError.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _drop_partial_record(path)
-    handler = logging.FileHandler(path, encoding="utf-8")
+    _drop_partial_record(fd)
+    handler = _FileHandler(os.fdopen(fd, "a", encoding="utf-8"))
     handler.setFormatter(_formatter())
     handler.addFilter(_Defaults(worker))
     logging.getLogger(LOGGER_NAME).addHandler(handler)
@@ -87,24 +96,19 @@ def add_file(path: Path, worker: int | None = None) -> None:
         logging.getLogger(name).addHandler(handler)
 
 
-def _drop_partial_record(path: Path) -> None:
-    """Truncate ``path`` after its last newline (nothing to do when it ends in one)."""
-    try:
-        with open(path, "rb+") as f:
-            end = f.seek(0, os.SEEK_END)
-            pos = end
-            while pos > 0:
-                start = max(0, pos - 65536)
-                f.seek(start)
-                newline = f.read(pos - start).rfind(b"\n")
-                if newline >= 0:
-                    pos = start + newline + 1
-                    break
-                pos = start
-            if pos != end:
-                f.truncate(pos)
-    except FileNotFoundError:
-        return
+def _drop_partial_record(fd: int) -> None:
+    """Truncate the file ``fd`` after its last newline (nothing to do when it ends in one)."""
+    end = os.fstat(fd).st_size
+    pos = end
+    while pos > 0:
+        start = max(0, pos - 65536)
+        newline = os.pread(fd, pos - start, start).rfind(b"\n")
+        if newline >= 0:
+            pos = start + newline + 1
+            break
+        pos = start
+    if pos != end:
+        os.ftruncate(fd, pos)
 
 
 def event(name: str, message: str, level: int = logging.INFO, **fields: Any) -> None:

@@ -225,7 +225,7 @@ def test_entrypoint_execs_coretrain_with_arguments_umask_and_a_writable_home(
     assert proc.returncode == 7, "coretrain's exit code must come through unchanged"
     assert report["pid"] == proc.pid, "entrypoint.sh must exec coretrain (same process)"
     assert report["argv"] == ["plan", "--format", "json"]
-    assert report["umask"] == "0002"
+    assert report["umask"] == "0027"  # group may read, not write (docs/security.md)
     assert report["home"] == expected_home.replace("<tmp_path>", str(tmp_path))
 
 
@@ -426,10 +426,20 @@ def test_job_failure_handling_follows_the_exit_codes(job: dict[str, Any]) -> Non
     assert spec["podFailurePolicy"]["rules"] == [
         {
             "action": "FailJob",
-            # usage, data, divergence, rejected by the quality gate: a retry changes nothing
-            "onExitCodes": {"containerName": "coretrain", "operator": "In", "values": [2, 3, 5, 7]},
+            # usage, data, divergence, rejected by the quality gate, can't fit in the memory
+            # limit: a retry changes nothing
+            "onExitCodes": {
+                "containerName": "coretrain",
+                "operator": "In",
+                "values": [2, 3, 5, 7, 8],
+            },
         },
         {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        # SIGKILL without a disruption: the memory limit (or kill -9); the rule order matters
+        {
+            "action": "FailJob",
+            "onExitCodes": {"containerName": "coretrain", "operator": "In", "values": [137]},
+        },
     ]
     # SIGTERM → the step in flight, a checkpoint, exit 143; compose gives 60 s for it.
     assert pod_spec["terminationGracePeriodSeconds"] >= 60
@@ -579,13 +589,16 @@ def test_distributed_pods_match_the_single_job_pod(
         env, single_env = _env(container), _env(single)
         for name in ("JOB_NAME", "CORETRAIN_OUTPUT", "CPU_LIMIT", "CPU_REQUEST"):
             assert env[name] == single_env[name], name
-        assert job_spec["podFailurePolicy"]["rules"][:2] == job["spec"]["podFailurePolicy"]["rules"]
-        # The coordinated stop makes every peer of an evicted pod exit 143: not a failure.
+        single_rules = job["spec"]["podFailurePolicy"]["rules"]
+        assert job_spec["podFailurePolicy"]["rules"][:2] == single_rules[:2]
+        # The coordinated stop makes every peer of an evicted pod exit 143: not a failure;
+        # an OOM kill (137) fails the Job as in the single run.
         assert job_spec["podFailurePolicy"]["rules"][2:] == [
             {
                 "action": "Ignore",
                 "onExitCodes": {"containerName": "coretrain", "operator": "In", "values": [143]},
-            }
+            },
+            single_rules[2],
         ]
         for name in env:
             assert name.startswith(("CPU_", "JOB_")) or name in {*train_envvars, "TF_CONFIG"}

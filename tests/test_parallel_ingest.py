@@ -232,11 +232,51 @@ def test_no_parsing_thread_outlives_the_call(tmp_path: Path) -> None:
         (src, {"stop": lambda: True}),
     ]
     for path, extra in runs:
+        (tmp_path / "x.f32").unlink(missing_ok=True)  # the destination must be a new file
         with contextlib.suppress(DataError, Preempted):
             parallel.convert_file(
                 path, tmp_path / "x.f32", width=6, threads=2, min_range_bytes=1000, **extra
             )
         assert [t.name for t in threading.enumerate() if t.name.startswith("parse-")] == []
+
+
+@pytest.mark.parametrize("planted", ["file", "symlink"])
+def test_the_destination_is_a_new_file_never_written_through(planted: str, tmp_path: Path) -> None:
+    src = tmp_path / "f.txt"
+    src.write_bytes(lines_of(100, 6))
+    target = tmp_path / "target.txt"
+    target.write_bytes(b"keep me\n")
+    dst = tmp_path / "x.f32"
+    if planted == "file":
+        dst.write_bytes(b"old\n")
+    else:
+        dst.symlink_to(target)
+    with pytest.raises(FileExistsError):
+        parallel.convert_file(src, dst, width=6)
+    assert target.read_bytes() == b"keep me\n"
+    assert dst.is_symlink() if planted == "symlink" else dst.read_bytes() == b"old\n"
+
+
+def test_written_bytes_are_reported_and_can_stop_the_conversion(tmp_path: Path) -> None:
+    from app.errors import InputTooLarge
+
+    src = tmp_path / "f.txt"
+    src.write_bytes(lines_of(3000, 6))
+    seen: list[int] = []
+
+    def written(count: int) -> None:
+        seen.append(count)
+        if sum(seen) > 10_000:
+            raise InputTooLarge("too large")
+
+    for threads in (1, 2):
+        seen.clear()
+        dst = tmp_path / f"x{threads}.f32"
+        with pytest.raises(InputTooLarge):
+            parallel.convert_file(
+                src, dst, width=6, threads=threads, min_range_bytes=1000, written=written
+            )
+        assert not dst.exists() and 10_000 < sum(seen) < 3000 * 6 * 4
 
 
 def test_without_the_compiled_parser_threads_give_the_same(

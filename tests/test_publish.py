@@ -184,12 +184,14 @@ def test_tensorboard_event_files_hold_the_progress_scalars(nights: dict) -> None
 
 
 def test_pruning_keeps_the_newest_versions(tmp_path: Path) -> None:
+    from app.atomic import open_dir
     from app.training.publish import _prune
 
     for n in (1, 2, 3, 4):
         (tmp_path / str(n)).mkdir()
         (tmp_path / str(n) / "saved_model.pb").write_bytes(b"")
-    _prune(tmp_path, keep=2)
-    assert versions(tmp_path) == [3, 4]
-    _prune(tmp_path, keep=0)
+    with open_dir(tmp_path) as directory:
+        _prune(directory, keep=2)
+        assert versions(tmp_path) == [3, 4]
+        _prune(directory, keep=0)
     assert versions(tmp_path) == [3, 4]

@@ -904,8 +904,8 @@ def test_two_conversions_of_the_same_data_into_one_cache_dir_both_succeed(
     real = cache._convert
     finished_b: list[cache.DataCache] = []
 
-    def convert_while_b_finishes(config: TrainConfig, tmp: Path, *args: Any) -> dict:
-        manifest = real(config, tmp, *args)
+    def convert_while_b_finishes(run: Any) -> dict:
+        manifest = real(run)
         if not finished_b:
             monkeypatch.setattr(cache, "_convert", real)
             finished_b.append(prepare_cache(config_b))

@@ -9,13 +9,18 @@ reads ``TF_NUM_INTRAOP_THREADS`` / ``TF_NUM_INTEROP_THREADS`` /
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import MutableMapping
 from types import ModuleType
 
+from app.atomic import OTHERS, current_umask
 from app.budget.plan import ONEDNN_ENV, ThreadPlan
 
 # Defaults set only where the user has not set the variable:
@@ -51,6 +56,10 @@ if pending and not any(n in pending for n in drop):
     os.write(1, pending)
 """
 
+
+#: Set to the private Keras home the job made (:func:`keras_home`), so a restarted image
+#: keeps it and removes it at exit (internal).
+KERAS_HOME_ENV = "_CORETRAIN_KERAS_HOME"
 
 #: The environment as it was before :func:`apply` changed it (name → value or None), so a
 #: restart (:func:`restart`) plans afresh instead of taking our settings for the user's.
@@ -89,6 +98,15 @@ def apply(plan: ThreadPlan, environ: MutableMapping[str, str] | None = None) -> 
     return done
 
 
+def restrict_umask() -> int:
+    """Add :data:`app.atomic.OTHERS` to the process umask, so that nothing the job or
+    TensorFlow creates is readable or writable by others (the mode rule of app/atomic.py,
+    docs/security.md); return the new mask."""
+    mask = current_umask() | OTHERS
+    os.umask(mask)
+    return mask
+
+
 def import_tensorflow() -> ModuleType:
     """Import TensorFlow and Keras, dropping :data:`STARTUP_NOTICES` from stderr.
 
@@ -99,6 +117,7 @@ def import_tensorflow() -> ModuleType:
     """
     if "tensorflow" in sys.modules:
         return sys.modules["tensorflow"]
+    keras_home()
     sys.stderr.flush()
     try:
         saved = os.dup(2)
@@ -136,6 +155,39 @@ def import_tensorflow() -> ModuleType:
         with contextlib.suppress(subprocess.TimeoutExpired):
             filter_proc.wait(timeout=10)
     return tensorflow
+
+
+def keras_home(environ: MutableMapping[str, str] | None = None) -> str | None:
+    """Give Keras a private home (``KERAS_HOME``) when HOME is unusable; return it, or None.
+
+    Keras reads ``$KERAS_HOME/keras.json`` (float type, backend) at import and, without
+    ``KERAS_HOME``, uses ``~/.keras``, or ``/tmp/.keras`` -- shared by every user of the
+    machine -- when the home is not writable (keras/src/backend/config.py). A planted
+    ``/tmp/.keras/keras.json`` would then set the model's float type. So unless
+    ``KERAS_HOME`` is set, or HOME is a directory of ours that we may write, the job makes
+    a directory of its own (``mkdtemp``: 0700, a random name) and removes it at exit; a
+    restarted image (:func:`restart`) takes it over through :data:`KERAS_HOME_ENV`.
+    """
+    env = os.environ if environ is None else environ
+    own = env.get(KERAS_HOME_ENV)
+    if own and env.get("KERAS_HOME") == own:
+        atexit.register(shutil.rmtree, own, True)
+        return own
+    if "KERAS_HOME" in env or _usable_home(env.get("HOME", "")):
+        return None
+    made = tempfile.mkdtemp(prefix="coretrain-keras-")
+    env["KERAS_HOME"] = env[KERAS_HOME_ENV] = made
+    atexit.register(shutil.rmtree, made, True)
+    return made
+
+
+def _usable_home(home: str) -> bool:
+    """Whether ``home`` is a directory of this process's user that it may write."""
+    try:
+        st = os.stat(home)
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and os.access(home, os.W_OK)
 
 
 def restart(extra_env: dict[str, str], keep_fds: tuple[int, ...] = ()) -> None:

@@ -26,14 +26,18 @@ therefore counted only when there is an error to report.
 gzip files are read in one pass: a compressed stream can't be entered in the middle.
 
 Stop requests and failures: every thread polls ``stop`` and a shared halt flag between
-chunks; on a stop request or an error every thread abandons its range at the next chunk,
-the calling thread waits for them, removes the destination, and raises.
+chunks; on a stop request or an error (the ``written`` callback's included: the cache's
+size bound, app/data/bounds.py) every thread abandons its range at the next chunk, the
+calling thread waits for them, removes the destination, and raises. The destination is a
+new file (``O_CREAT | O_EXCL | O_NOFOLLOW``): an existing name or a planted symlink is
+never written through.
 Nothing is left behind and nothing writes to the output directory after the call returns.
 No TensorFlow here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable
@@ -43,8 +47,9 @@ from typing import Any
 
 import numpy as np
 
+from app.atomic import FILE_MODE
 from app.data import textfile
-from app.errors import DataError, Preempted
+from app.errors import DataError, InputTooLarge, Preempted
 
 __all__ = [
     "MIN_RANGE_BYTES",
@@ -60,6 +65,7 @@ RANGES_PER_THREAD = 4
 #: Files are not cut into ranges smaller than this (bytes): below it a range's fixed
 #: costs outweigh the parallel parse.
 MIN_RANGE_BYTES = 4 << 20
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _SCAN_BYTES = 1 << 16  # read at a time when looking for the end of a line
 _COUNT_BYTES = 1 << 20  # read at a time when counting lines
 
@@ -138,8 +144,11 @@ def convert_file(
     stop: Callable[[], bool] = lambda: False,
     min_range_bytes: int | None = None,
     progress: Callable[[int], None] | None = None,
+    written: Callable[[int], None] | None = None,
+    dir_fd: int | None = None,
 ) -> Converted:
-    """Parse the text file ``src`` into ``dst``: rows of ``width`` native float32, in order.
+    """Parse the text file ``src`` into the new file ``dst``: rows of ``width`` native
+    float32, in order.
 
     ``threads``: threads that parse (the calling one included; 1 reads in one pass, as do
     gzip files and files under ``2 * min_range_bytes``, default :data:`MIN_RANGE_BYTES`);
@@ -147,49 +156,44 @@ def convert_file(
     ``stop`` is polled between chunks of 512 lines, by every thread. ``width_hint`` and
     ``allow_nonfinite`` as in :func:`app.data.textfile.iter_chunks`. ``progress`` is called
     with the bytes of ``src`` parsed since its last call, from any of the threads (it must
-    be thread-safe).
+    be thread-safe); ``written`` likewise with the bytes of ``dst`` written by each chunk,
+    and it may raise to stop the conversion. ``dir_fd``: a directory descriptor ``dst``'s
+    name is created in (app/atomic.py), instead of the path.
 
     Memory per thread: one chunk of lines and its rows (textfile's bound), never the file.
 
     Raises DataError (``file:line: problem``, the same message as one pass), Preempted
-    when ``stop`` returns True, OSError when ``dst`` can't be written. On any of them
-    ``dst`` is removed.
+    when ``stop`` returns True, whatever ``written`` raises, OSError when ``dst`` can't be
+    created (it exists: EEXIST) or written. On any of them ``dst`` is removed.
     """
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     out = Path(dst)
+    name = out.name if dir_fd is not None else out
     ranges = [(0, 0)]
     if threads > 1 and not textfile.is_gzip(src):
         min_bytes = MIN_RANGE_BYTES if min_range_bytes is None else min_range_bytes
         ranges = split_lines(src, threads * RANGES_PER_THREAD, min_bytes)
+    fd = os.open(name, _NEW_FILE, FILE_MODE, dir_fd=dir_fd)
     done = False
+    job = _Job(os.fspath(src), tuple(ranges), width, width_hint, allow_nonfinite, progress, written)
     try:
-        if len(ranges) == 1:
-            result = _one_pass(src, out, width, width_hint, allow_nonfinite, stop, progress)
-        else:
-            job = _Job(os.fspath(src), tuple(ranges), width, width_hint, allow_nonfinite, progress)
-            result = _in_ranges(job, out, threads, stop)
+        with os.fdopen(fd, "wb") as f:
+            result = (
+                _one_pass(job, f, stop) if len(ranges) == 1 else _in_ranges(job, f, threads, stop)
+            )
         done = True
         return result
     finally:
         if not done:
-            out.unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=dir_fd)
 
 
-def _one_pass(
-    src: str | os.PathLike[str],
-    dst: Path,
-    width: int,
-    hint: str,
-    allow_nonfinite: bool,
-    stop: Callable[[], bool],
-    progress: Callable[[int], None] | None,
-) -> Converted:
-    job = _Job(os.fspath(src), ((0, 0),), width, hint, allow_nonfinite, progress)
-    with open(dst, "wb") as f:
-        result = _write_rows(job, f, None, stop, textfile.Buffers())
+def _one_pass(job: _Job, f: Any, stop: Callable[[], bool]) -> Converted:
+    result = _write_rows(job, f, None, stop, textfile.Buffers())
     if result.status == "stopped":
-        raise Preempted(f"{os.fspath(src)}: stopped by signal during cache conversion")
+        raise Preempted(f"{job.src}: stopped by signal during cache conversion")
     return Converted(result.rows, result.sums, result.sums_sq, threads=1, ranges=1)
 
 
@@ -230,6 +234,8 @@ def _write_rows(
             if stopped():
                 return _Result("stopped")
             chunk = np.ascontiguousarray(chunk, np.float32)
+            if job.written is not None:
+                job.written(chunk.nbytes)
             f.write(chunk.data)
             if textfile.compiled is not None:  # the same sums, without holding the GIL
                 textfile.compiled.add_column_sums(chunk, width, total, total_sq)
@@ -237,6 +243,8 @@ def _write_rows(
                 total += chunk.sum(axis=0, dtype=np.float64)
                 total_sq += np.einsum("ij,ij->j", chunk, chunk, dtype=np.float64)
             rows += len(chunk)
+    except InputTooLarge:
+        raise
     except DataError:
         if span is None:
             raise
@@ -259,6 +267,7 @@ class _Job:
     hint: str
     allow_nonfinite: bool
     progress: Callable[[int], None] | None = None
+    written: Callable[[int], None] | None = None
 
 
 class _Counter:
@@ -350,10 +359,11 @@ def _count_lines(src: str, start: int, stop: int, last: bool, buf: memoryview) -
     return lines + (1 if last and tail != b"\n" else 0)
 
 
-def _in_ranges(job: _Job, dst: Path, threads: int, stop: Callable[[], bool]) -> Converted:
+def _in_ranges(job: _Job, f: Any, threads: int, stop: Callable[[], bool]) -> Converted:
     """Two passes, each spread over the threads: count each range's lines, then parse each
-    range straight into ``dst`` at the row its first line will have (a valid file has one
-    row per line, blank lines only at its end), so there are no part files to join."""
+    range straight into the file ``f`` at the row its first line will have (a valid file
+    has one row per line, blank lines only at its end), so there are no part files to
+    join."""
     name, ranges, width = job.src, list(job.ranges), job.width
     halt = threading.Event()
     local = threading.local()  # each thread's memory, reused across its ranges
@@ -367,30 +377,28 @@ def _in_ranges(job: _Job, dst: Path, threads: int, stop: Callable[[], bool]) -> 
     counts = _in_threads(threads, len(ranges), count, halt)
     first_row = np.concatenate([[0], np.cumsum([counts[i] for i in range(len(ranges))])])
 
-    with open(dst, "wb") as f:
+    def parse(i: int, counter: _Counter) -> _Result:
+        start, end = ranges[i]
+        sink = _WriteAt(f.fileno(), int(first_row[i]) * width * 4)
+        if not hasattr(local, "buffers"):
+            local.buffers = textfile.Buffers()
+        result = _write_rows(
+            job, sink, textfile.Span(start, end), lambda: halt.is_set() or stop(),
+            local.buffers,
+        )  # fmt: skip
+        if result.status == "data_error":
+            counter.end(len(ranges))  # the ranges before it still finish
+        elif result.status == "stopped":
+            halt.set()
+        elif result.lines != counts[i]:
+            raise DataError(f"{name}: the file changed while it was being converted")
+        return result
 
-        def parse(i: int, counter: _Counter) -> _Result:
-            start, end = ranges[i]
-            sink = _WriteAt(f.fileno(), int(first_row[i]) * width * 4)
-            if not hasattr(local, "buffers"):
-                local.buffers = textfile.Buffers()
-            result = _write_rows(
-                job, sink, textfile.Span(start, end), lambda: halt.is_set() or stop(),
-                local.buffers,
-            )  # fmt: skip
-            if result.status == "data_error":
-                counter.end(len(ranges))  # the ranges before it still finish
-            elif result.status == "stopped":
-                halt.set()
-            elif result.lines != counts[i]:
-                raise DataError(f"{name}: the file changed while it was being converted")
-            return result
-
-        results: dict[int, _Result] = _in_threads(threads, len(ranges), parse, halt)
-        if stop() or halt.is_set():
-            raise Preempted(f"{name}: stopped by signal during cache conversion")
-        rows = _check_in_order(job, results)
-        f.truncate(rows * width * 4)  # rows past a trailing run of blank lines: none
+    results: dict[int, _Result] = _in_threads(threads, len(ranges), parse, halt)
+    if stop() or halt.is_set():
+        raise Preempted(f"{name}: stopped by signal during cache conversion")
+    rows = _check_in_order(job, results)
+    f.truncate(rows * width * 4)  # rows past a trailing run of blank lines: none
     sums = np.sum([results[i].sums for i in range(len(ranges))], axis=0)
     sums_sq = np.sum([results[i].sums_sq for i in range(len(ranges))], axis=0)
     helpers = min(threads, len(ranges))

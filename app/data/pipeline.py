@@ -6,8 +6,9 @@ batch ``s`` is its slice ``[s·B, (s+1)·B)``. A resumed run therefore sees the
 same batches as an uninterrupted one.
 
 Where the batches come from (:func:`choose_input`): a training split that fits in
-:data:`RESIDENT_SHARE` of the memory limit (physical memory when unlimited), in a run that
-will read more rows than loading the whole split costs, is **resident**: loaded once into
+:data:`app.budget.memory.RESIDENT_SHARE` of the memory limit (physical memory when
+unlimited), in a run that will read more rows than loading the whole split costs, is
+**resident**: loaded once into
 a pair of ``tf.Variable`` (held once: read from the cache file chunk by chunk, standardised
 on the way, assigned into the variables' preallocated memory), and each batch is a
 ``tf.gather`` from them inside the training step; the input pipeline then only yields each
@@ -18,7 +19,7 @@ large the data set is. Both give the same batches (tested).
 
 from __future__ import annotations
 
-import os
+import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,14 +28,13 @@ import numpy as np
 import tensorflow as tf
 
 from app import logs
+from app.budget import memory
 from app.budget.plan import ThreadPlan
 from app.data.cache import DataCache
 
 PREFETCH_BATCHES = 2
 #: An elementwise function of a batch tensor (e.g. the standardisation).
 Transform = Callable[[tf.Tensor], tf.Tensor]
-#: Share of the memory limit a training split may take to be held in memory.
-RESIDENT_SHARE = 0.25
 
 
 def _identity(t: tf.Tensor) -> tf.Tensor:
@@ -74,25 +74,19 @@ def batch_rows(
 
 
 def resident_limit(plan: ThreadPlan) -> int:
-    """Bytes of training split (features + labels) held in memory rather than streamed.
-
-    :data:`RESIDENT_SHARE` of the cgroup memory limit, or of physical memory
-    (``sysconf``) when there is none.
-    """
-    total = plan.memory_limit
-    if total is None:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return int(total * RESIDENT_SHARE)
+    """Bytes of training split (features + labels) held in memory rather than streamed
+    (:func:`app.budget.memory.resident_limit` of the plan's memory limit)."""
+    return memory.resident_limit(plan.memory_limit)
 
 
 def split_bytes(cache: DataCache, split: str = "train") -> int:
     """Bytes of ``split``'s features and labels as float32."""
     n = cache.train_size if split == "train" else cache.test_size
-    return 4 * n * (cache.height * cache.width + cache.num_outputs)
+    return memory.split_bytes(n, cache.height * cache.width, cache.num_outputs)
 
 
 #: Rows read at a time while loading a resident split (bounds the transient memory).
-LOAD_CHUNK_BYTES = 64 << 20
+LOAD_CHUNK_BYTES = 16 << 20
 
 
 @dataclass
@@ -124,13 +118,21 @@ def load_resident(cache: DataCache, features: Transform, labels: Transform) -> R
     t0 = time.perf_counter()
     x_var = tf.Variable(tf.zeros((n, h, w, 1)), trainable=False, name="resident_features")
     y_var = tf.Variable(tf.zeros((n, k)), trainable=False, name="resident_labels")
+    # The zeros the variables start from may linger in a reference cycle; while they live,
+    # a write copies the whole variable (its buffer is shared): collect them first, so the
+    # split is held once (measured in docs/performance.md).
+    gc.collect()
     rows = max(1, LOAD_CHUNK_BYTES // (4 * (h * w + k)))
     for a in range(0, n, rows):
         idx = np.arange(a, min(a + rows, n))
-        x_var[a : idx[-1] + 1].assign(
-            features(cache.read_rows("train", "features", idx)[..., None])
+        where = tf.range(a, a + len(idx))
+        x = features(cache.read_rows("train", "features", idx)[..., None])
+        # scatter_update writes in place; ``var[a:b].assign`` would first read the whole
+        # variable, and the write then copies it (its buffer is shared with that read).
+        x_var.scatter_update(tf.IndexedSlices(x, where))
+        y_var.scatter_update(
+            tf.IndexedSlices(labels(cache.read_rows("train", "labels", idx)), where)
         )
-        y_var[a : idx[-1] + 1].assign(labels(cache.read_rows("train", "labels", idx)))
     seconds = time.perf_counter() - t0
     size = split_bytes(cache)
     logs.event(
@@ -150,24 +152,29 @@ def choose_input(
 
     Resident needs the split to fit in :func:`resident_limit`, and pays when the run reads
     more rows than loading the split costs: loading reads the n rows once in order,
-    streaming reads ``steps × batch_size`` rows at random; both costs per row are
-    measured here (a timed sequential chunk and a timed random batch of the cache file).
+    streaming reads ``steps × batch_size`` rows at random. Both costs are measured here,
+    each as the better of two reads of one batch of rows from the cache file (in order,
+    and at random), so the page cache, the disk and the machine's load all count.
     """
     size, limit = split_bytes(cache), resident_limit(plan)
     if size > limit:
         return False, f"the split ({size / 1e6:,.0f} MB) is larger than {limit / 1e6:,.0f} MB"
     n = cache.train_size
-    seq = np.arange(min(n, max(1, LOAD_CHUNK_BYTES // (4 * cache.height * cache.width))))
-    rnd = np.sort(np.random.default_rng(0).choice(n, min(batch_size, n), replace=False))
-    t0 = time.perf_counter()
-    cache.read_rows("train", "features", seq)
-    t1 = time.perf_counter()
-    cache.read_rows("train", "features", rnd)
-    t2 = time.perf_counter()
-    load_s = (t1 - t0) / len(seq) * n
-    stream_s = (t2 - t1) / len(rnd) * batch_size * steps
-    why = f"loading {n} rows ≈ {load_s:.1f} s, streaming {steps} batches ≈ {stream_s:.1f} s"
+    b = min(batch_size, n)
+    in_order = np.arange(b)
+    at_random = np.sort(np.random.default_rng(0).choice(n, b, replace=False))
+    seq = min(_timed_read(cache, in_order) for _ in range(2))
+    rnd = min(_timed_read(cache, at_random) for _ in range(2))
+    load_s, stream_s = seq * n / b, rnd * steps
+    why = f"loading {n} rows ≈ {load_s:.2f} s, streaming {steps} batches ≈ {stream_s:.2f} s"
     return load_s <= stream_s, why
+
+
+def _timed_read(cache: DataCache, rows: np.ndarray) -> float:
+    t0 = time.perf_counter()
+    cache.read_rows("train", "features", rows)
+    cache.read_rows("train", "labels", rows)
+    return time.perf_counter() - t0
 
 
 def dataset_options(plan: ThreadPlan) -> tf.data.Options:

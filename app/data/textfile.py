@@ -51,7 +51,16 @@ try:
 except ImportError:  # no compiler at install time: the numpy path alone
     compiled = None
 
-__all__ = ["MAX_LINE_BYTES", "Buffers", "Span", "is_gzip", "iter_chunks", "parse_field"]
+__all__ = [
+    "MAX_LINE_BYTES",
+    "Buffers",
+    "Span",
+    "first_line_fields",
+    "is_gzip",
+    "iter_chunks",
+    "parse_field",
+    "sample_lines",
+]
 
 #: A longer line is an error (a binary file, or no newlines); with ``chunk_rows`` this
 #: bounds the memory of one chunk.
@@ -67,7 +76,7 @@ _ONE_WORD_BYTES = 10  # bytes per field (with separator) below which one word is
 _FEW = 32  # up to this many undecoded fields in a block go straight to float()
 _SLICE = 32768  # fields decoded per call in the passes over a whole block
 _SCAN_PER_CALL = 1024  # bytes scanned for 'e' in about the time of one float() call
-_SHOWN = 40  # characters of an offending field quoted in a message
+_SHOWN = 24  # characters of an offending field quoted in a message (a float has fewer)
 
 # One field: what float() accepts, without "_" separators or surrounding whitespace.
 _FIELD = re.compile(
@@ -236,14 +245,93 @@ class _State:
 
 
 def _shown(token: bytes) -> str:
-    """A field quoted for a one-line message: escaped, truncated to _SHOWN characters."""
-    text = "".join(
-        c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
-        for c in token.decode("utf-8", "backslashreplace")  # bad UTF-8: \xff
-    )
-    if len(text) > _SHOWN:
-        text = text[: _SHOWN - 3] + "..."
+    """A field quoted for a one-line message: at most _SHOWN characters between the quotes,
+    printable ASCII as is and every other byte (quotes and backslashes included) as
+    ``\\xNN``, so no content of a wrong file reaches a log beyond a short excerpt."""
+    text = ""
+    for byte in token:
+        piece = chr(byte) if 32 <= byte < 127 and byte not in b"'\\" else f"\\x{byte:02x}"
+        if len(text) + len(piece) > _SHOWN - 3:
+            return f"'{text}...'"
+        text += piece
     return f"'{text}'"
+
+
+def first_line_fields(path: str | os.PathLike[str], limit: int) -> int | None:
+    """The number of fields on the first line of ``path`` (plain or gzip), counted as it is
+    read: None as soon as there are more than ``limit`` (the rest is not read); 0 for a
+    blank first line. Memory: one 64 KiB read. Raises DataError (unreadable, corrupt gzip,
+    a first line over MAX_LINE_BYTES)."""
+    name = os.fspath(path)
+    raw, stream = _open(name)
+    buf = bytearray(1 << 16)
+    count, inside, seen = 0, False, 0
+    with raw, stream:
+        while got := _read_into(stream, memoryview(buf), name):
+            block = bytes(buf[:got])
+            if seen == 0:
+                block = block.removeprefix(_BOM)
+            end = block.find(b"\n")
+            count, inside = _count_fields(block if end < 0 else block[:end], count, inside)
+            if count > limit:
+                return None
+            if end >= 0:
+                break
+            seen += got
+            if seen > MAX_LINE_BYTES:
+                raise DataError(f"{name}:1: line longer than {MAX_LINE_BYTES} bytes")
+    return count
+
+
+_WHITESPACE = np.zeros(256, bool)
+_WHITESPACE[[9, 10, 11, 12, 13, 32]] = True  # what bytes.split() splits on
+
+
+def _count_fields(block: bytes, count: int, inside: bool) -> tuple[int, bool]:
+    """Fields starting in ``block`` added to ``count``; ``inside``: the byte before the
+    block was in a field. Returns the new count and whether the block ends in a field."""
+    solid = ~_WHITESPACE[np.frombuffer(block, np.uint8)]
+    if not len(solid):
+        return count, inside
+    starts = int(np.count_nonzero(solid[1:] & ~solid[:-1])) + int(solid[0] and not inside)
+    return count + starts, bool(solid[-1])
+
+
+def sample_lines(path: str | os.PathLike[str], nbytes: int = 1 << 20) -> tuple[int, int, int]:
+    """What the start of ``path`` says about its size: ``(bytes, lines, total)``.
+
+    ``bytes``: the text read from the start (decompressed for gzip), up to ``nbytes`` and
+    cut after its last newline (the whole read when it has none); ``lines``: the newlines
+    in it; ``total``: the text's size in bytes as far as it can be known without reading
+    it all -- a plain file's size; for gzip the size the trailer records (ISIZE: the last
+    member's size modulo 2**32, RFC 1952), raised to the bytes already read. A caller must
+    treat a gzip ``total`` as an estimate. Raises DataError (unreadable, corrupt gzip).
+    """
+    name = os.fspath(path)
+    raw, stream = _open(name)
+    buf = bytearray(nbytes)
+    with raw, stream:
+        got = 0
+        while got < nbytes and (n := _read_into(stream, memoryview(buf)[got:], name)):
+            got += n
+        gzip_file = stream is not raw
+        size = os.fstat(raw.fileno()).st_size
+        total = _gzip_isize(raw, size, name) if gzip_file else size
+    text = bytes(buf[:got])
+    cut = text.rfind(b"\n") + 1 or got
+    return cut, text.count(b"\n", 0, cut), max(total, got)
+
+
+def _gzip_isize(raw: BinaryIO, size: int, path: str) -> int:
+    """The uncompressed size a gzip file's trailer records (its last 4 bytes, little
+    endian); 0 for a file too short to have one."""
+    if size < 18:  # a gzip header (10) and trailer (8) at least
+        return 0
+    _seek(raw, size - 4, path)
+    try:
+        return int.from_bytes(raw.read(4), "little")
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
 
 
 # --- reading ------------------------------------------------------------------------------

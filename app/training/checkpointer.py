@@ -13,6 +13,14 @@ A save killed half-way (kill -9, OOM) leaves only temporary files: TF writes
 BundleWriter renames them into place when complete) and ``checkpoint.tmp<uuid>``
 (``atomic_write_string_to_file`` of the state file). They are removed before
 restoring; the output lock guarantees no other run is writing them.
+
+TensorFlow opens these files by path itself. The directory is opened once by the run
+(app/atomic.py: not a symlink, the run's own) and, before every save, checked to be still
+the one the path reaches, with no entry planted under the one temporary name TensorFlow
+derives from the step (``ckpt-N_temp``); a failed check is exit 4 and nothing is saved.
+What the checks can't cover (a swap in the moment between the check and TensorFlow's open,
+or a random temporary name guessed by someone who may write in the directory) is in
+docs/security.md.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from app import logs
+from app.atomic import Dir
 from app.errors import StorageError, TrainingDiverged, short_message
 from app.training.replicas import Replicas
 from app.training.trainer import Trainer
@@ -137,8 +146,9 @@ class Checkpointer:
     shared storage.
     """
 
-    def __init__(self, trainer: Trainer, directory: Path, keep: int, replicas: Replicas):
-        self.trainer, self.directory, self.replicas = trainer, Path(directory), replicas
+    def __init__(self, trainer: Trainer, directory: Dir, keep: int, replicas: Replicas):
+        self.trainer, self.replicas = trainer, replicas
+        self.held, self.directory = directory, directory.path
         self.manager = tf.train.CheckpointManager(
             trainer.checkpoint,
             str(self.directory),
@@ -159,7 +169,8 @@ class Checkpointer:
         if self.replicas.is_chief:
             prefix = restore(self.trainer.checkpoint, self.manager, self.directory)
         else:
-            shutil.rmtree(self.directory, ignore_errors=True)  # scratch: only old copies
+            for name in self.held.names():  # scratch: only old copies
+                self.held.remove(name)
         t1 = time.perf_counter()
         self.replicas.broadcast(self.trainer.state(), "restore")
         start = self.trainer.global_step
@@ -181,6 +192,17 @@ class Checkpointer:
             )
         return start
 
+    def check(self, step: int) -> None:
+        """Before TensorFlow writes checkpoint ``step``: the directory is still the one the
+        run opened, and TensorFlow's temporary name for the step is not planted. Raises
+        StorageError naming the path."""
+        if not self.held.still_at(self.directory):
+            raise StorageError(
+                f"{self.directory}: the checkpoint directory was replaced during the run; "
+                f"checkpoint {step} not saved"
+            )
+        self.held.check(f"{PREFIX}-{step}_temp", "checkpoint's temporary directory")
+
     def kept(self) -> str:
         """Where the last good checkpoint is, for a divergence message."""
         if self.manager.latest_checkpoint is None:
@@ -193,6 +215,7 @@ class Checkpointer:
         Raises StorageError when it can't be written (the previous ones stay).
         """
         t0 = time.perf_counter()
+        self.check(step)
         if not self.trainer.finite():
             raise TrainingDiverged(
                 f"weights became NaN/Inf at step {step} (not saved); {self.kept()}; "

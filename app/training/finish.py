@@ -15,11 +15,8 @@ What a killed export leaves (``.model.*`` directories) is removed by the next.
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from app import __version__, logs
-from app.atomic import temp_dir, write_json
+from app.atomic import Dir, open_dir, write_json
 from app.data.cache import DataCache
 from app.errors import ModelRejected, Preempted, Replan, StorageError
 from app.training.controller import Outcome
@@ -38,43 +35,18 @@ from app.training.workspace import Workspace
 
 KERAS_FILE = "model.keras"
 SAVED_MODEL_DIR = "saved_model"
-_AT_FDCWD = -100  # <fcntl.h>
-_RENAME_EXCHANGE = 2  # <linux/fs.h>
 
 
-def exchange(a: Path, b: Path) -> bool:
-    """Swap two existing paths atomically (``renameat2(..., RENAME_EXCHANGE)``).
-
-    Returns False where that is not available (no ``renameat2`` in libc, a kernel
-    or file system answering ENOSYS/EINVAL/EOPNOTSUPP); raises OSError for any
-    other failure (e.g. ENOENT, EXDEV).
-    """
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    done = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
-    if done == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-        return False
-    raise OSError(err, os.strerror(err), str(a), None, str(b))
-
-
-def remove_partial(directory: Path) -> list[str]:
-    """Remove ``.<name>.*`` siblings of ``directory`` left by killed exports; return them.
+def remove_partial(directory: Dir, name: str) -> list[str]:
+    """Remove ``.<name>.*`` directories in ``directory`` left by killed exports; return them.
 
     The caller must hold the output lock (app.lock): a running export's temporary
-    directory looks the same. Errors are ignored (the names are retried next time).
+    directory looks the same. Symlinks of that name are left alone; errors are ignored
+    (the names are retried next time).
     """
-    final = Path(directory)
-    if not final.parent.is_dir():
-        return []
-    removed = sorted(p.name for p in final.parent.glob(f".{final.name}.*") if p.is_dir())
-    for name in removed:
-        shutil.rmtree(final.parent / name, ignore_errors=True)
+    removed = [n for n in directory.names() if n.startswith(f".{name}.") and directory.is_dir(n)]
+    for leftover in removed:
+        directory.remove(leftover)
     return removed
 
 
@@ -106,34 +78,51 @@ def wrap(model: keras.Model, cache: DataCache, standardize: bool) -> keras.Model
 def export(model: keras.Model, cache: DataCache, standardize: bool, directory: Path) -> Path:
     """Write ``directory`` (``model.keras`` + ``saved_model/``) atomically; return it.
 
-    Raises StorageError when the files can't be written; the previous export, if
-    any, stays in place until the new one is complete. Removes what killed
-    exports left first (:func:`remove_partial`).
+    Built in a private (0700) temporary directory of the parent, which Keras and
+    TensorFlow reach through ``/proc/self/fd`` (app/atomic.py): a planted symlink or a
+    renamed parent can't redirect their writes. Raises StorageError when the files can't be
+    written, or ``directory`` is a symlink; the previous export, if any, stays in place
+    until the new one is complete. Removes what killed exports left first
+    (:func:`remove_partial`).
     """
     final = Path(directory)
-    remove_partial(final)
-    try:
-        tmp = temp_dir(final.parent, f".{final.name}.")
-    except OSError as exc:
-        raise StorageError(f"{final.parent}: cannot write the export: {exc.strerror}") from exc
-    try:
-        wrapped = wrap(model, cache, standardize)
-        wrapped.save(tmp / KERAS_FILE)
-        wrapped.export(str(tmp / SAVED_MODEL_DIR), format="tf_saved_model", verbose=False)
-        if not final.exists():
-            os.replace(tmp, final)
-        elif not exchange(tmp, final):  # exchanged: tmp holds the old export, removed below
-            old = final.with_name(f".{final.name}.old.{os.getpid()}")
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-    except OSError as exc:
-        raise StorageError(f"{final}: cannot write the export: {exc.strerror}") from exc
-    except tf.errors.OpError as exc:  # SavedModel writing, e.g. no space left on device
-        raise StorageError(f"{final}: cannot write the export: {exc.message}") from exc
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with open_dir(final.parent) as parent:
+        parent.check(final.name, "model directory")
+        remove_partial(parent, final.name)
+        try:
+            tmp = parent.temp_dir(f".{final.name}.")
+        except OSError as exc:
+            raise StorageError(f"{final.parent}: cannot write the export: {exc.strerror}") from exc
+        with tmp:
+            try:
+                _write_export(wrap(model, cache, standardize), tmp)
+                _swap_in(parent, tmp, final.name)
+            except OSError as exc:
+                raise StorageError(f"{final}: cannot write the export: {exc.strerror}") from exc
+            except tf.errors.OpError as exc:  # SavedModel writing, e.g. no space left on device
+                raise StorageError(f"{final}: cannot write the export: {exc.message}") from exc
+            finally:
+                parent.remove(tmp.path.name)
     return final
+
+
+def _write_export(wrapped: keras.Model, tmp: Dir) -> None:
+    """``model.keras`` and ``saved_model/`` into ``tmp``, through its descriptor."""
+    wrapped.save(f"{tmp.via}/{KERAS_FILE}")
+    wrapped.export(f"{tmp.via}/{SAVED_MODEL_DIR}", format="tf_saved_model", verbose=False)
+
+
+def _swap_in(parent: Dir, tmp: Dir, name: str) -> None:
+    """Put the built ``tmp`` in place as ``name``: a rename when there is none yet, else an
+    exchange (``tmp``'s name then holds the old export, removed by the caller), else two
+    renames with a moment without one."""
+    if parent.lstat(name) is None:
+        parent.publish(tmp, name)
+    elif not parent.publish(tmp, name, exchange=True):
+        old = f".{name}.old.{os.getpid()}"
+        parent.rename(name, old)
+        parent.rename(tmp.path.name, name)
+        parent.remove(old)
 
 
 def summarize(outcome: Outcome, data: DataCache, samples_per_step: int) -> dict[str, Any]:
@@ -200,7 +189,7 @@ def finish(
                 level=logging.WARNING,
                 **decision,
             )
-    write_json(ws.metrics, summary)
+    write_json(ws.metrics, summary, "output directory")
     logs.event("end", f"{message} (mean predictor {data.baseline_rmse:.4g})", **summary)
     if decision is not None and not decision["published"]:
         raise ModelRejected(f"model not published: {decision['reason']}")

@@ -6,7 +6,9 @@ with the run's metrics, data fingerprint, config, plan and versions). TF Serving
 the largest number and polls the directory; it has loaded half-copied versions
 (tensorflow/serving#1086), so a version is built under a temporary name in DIR and
 renamed into place whole, under an ``fcntl`` lock on ``DIR/.lock`` so that two runs can't
-take the same number.
+take the same number. DIR is opened once (app/atomic.py): the lock without following a
+symlink, the version built in a private temporary directory reached through its
+descriptor, renamed relative to DIR's descriptor.
 
 The gate (as TFX's Evaluator "blesses" a candidate only when it is at least as good as
 the current one): the candidate and the champion (the highest version) are both
@@ -25,6 +27,8 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +37,7 @@ import numpy as np
 import tensorflow as tf
 
 from app import logs
-from app.atomic import ensure_dir, temp_dir, write_json
+from app.atomic import Dir, open_dir, probe_writable
 from app.data.cache import DataCache
 from app.errors import StorageError
 from app.training.finish import KERAS_FILE, SAVED_MODEL_DIR
@@ -123,74 +127,71 @@ def publish(
     """Evaluate the candidate in ``export_dir`` against the champion in ``directory`` and
     publish it as the next version if the gate lets it through; prune to ``keep``.
 
-    Raises StorageError when the directory, the lock or a version can't be written.
+    Raises StorageError when the directory, the lock or a version can't be written (also a
+    symlink or another owner's directory where the job writes: app/atomic.py).
     """
-    ensure_dir(directory, "publish directory")
-    candidate = evaluate_export(export_dir / SAVED_MODEL_DIR, data)
-    with _locked(directory):
-        champion = newest(directory)
-        champion_version = int(champion.name) if champion else None
-        champion_rmse = evaluate_export(champion, data) if champion else None
-        decision = judge(candidate, champion_rmse, champion_version, data.baseline_rmse, tolerance)
-        if not decision.published:
-            return decision
-        number = (champion_version or 0) + 1
-        _write_version(export_dir, directory, number, {**meta, "publish": decision.to_json()})
-        decision = Decision(**{**decision.to_json(), "version": number})
-        _prune(directory, keep)
+    with open_dir(directory, "publish directory") as pub:
+        probe_writable(pub, "publish directory")
+        candidate = evaluate_export(export_dir / SAVED_MODEL_DIR, data)
+        with _locked(pub):
+            champion = newest(directory)
+            champion_version = int(champion.name) if champion else None
+            champion_rmse = evaluate_export(champion, data) if champion else None
+            decision = judge(
+                candidate, champion_rmse, champion_version, data.baseline_rmse, tolerance
+            )
+            if not decision.published:
+                return decision
+            number = (champion_version or 0) + 1
+            _write_version(export_dir, pub, number, {**meta, "publish": decision.to_json()})
+            decision = Decision(**{**decision.to_json(), "version": number})
+            _prune(pub, keep)
     return decision
 
 
-class _locked:
+@contextmanager
+def _locked(directory: Dir) -> Iterator[None]:
     """An exclusive ``fcntl`` lock on ``directory/.lock``, waited for up to LOCK_WAIT_S."""
-
-    def __init__(self, directory: Path) -> None:
-        self.path = directory / LOCK_NAME
-
-    def __enter__(self) -> None:
-        try:
-            self.handle = open(self.path, "a+")
-        except OSError as exc:
-            raise StorageError(f"{self.path}: cannot open the lock: {exc.strerror}") from exc
+    path = directory.path / LOCK_NAME
+    with os.fdopen(directory.open(LOCK_NAME, os.O_RDWR | os.O_CREAT, "publish lock")) as handle:
         deadline = time.monotonic() + LOCK_WAIT_S
         while True:
             try:
-                fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    self.handle.close()
                     raise StorageError(
-                        f"{self.path}: another run kept publishing for {LOCK_WAIT_S:g} s"
+                        f"{path}: another run kept publishing for {LOCK_WAIT_S:g} s"
                     ) from None
                 time.sleep(0.2)
-
-    def __exit__(self, *exc: object) -> None:
-        self.handle.close()
+        yield
 
 
-def _write_version(export_dir: Path, directory: Path, number: int, meta: dict[str, Any]) -> None:
-    """Copy the export into a temporary directory in ``directory``, then rename it to N."""
-    final = directory / str(number)
+def _write_version(export_dir: Path, directory: Dir, number: int, meta: dict[str, Any]) -> None:
+    """Copy the export into a private temporary directory in ``directory``, then rename it
+    to N (never over an existing version, nor a symlink)."""
+    final = directory.path / str(number)
     try:
-        tmp = temp_dir(directory, f".{number}.")
-        try:
-            shutil.copytree(export_dir / SAVED_MODEL_DIR, tmp, dirs_exist_ok=True)
-            shutil.copy2(export_dir / KERAS_FILE, tmp / KERAS_FILE)
-            write_json(tmp / META_FILE, meta)
-            os.rename(tmp, final)  # whole or not at all; never over an existing version
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        with directory.temp_dir(f".{number}.") as tmp:
+            try:
+                shutil.copytree(export_dir / SAVED_MODEL_DIR, tmp.via, dirs_exist_ok=True)
+                shutil.copy2(export_dir / KERAS_FILE, f"{tmp.via}/{KERAS_FILE}")
+                tmp.write_json(META_FILE, meta)
+                directory.publish(tmp, str(number))  # whole or not at all
+            finally:
+                directory.remove(tmp.path.name)
     except OSError as exc:
         raise StorageError(f"{final}: cannot publish: {exc.strerror or exc}") from exc
-    logs.event("published", f"published model version {number} in {directory}", version=number)
+    logs.event("published", f"published model version {number} in {directory.path}", version=number)
 
 
-def _prune(directory: Path, keep: int) -> None:
+def _prune(directory: Dir, keep: int) -> None:
     """Remove the oldest versions beyond ``keep`` (0 = keep all); never the newest."""
-    found = versions(directory)
+    found = versions(directory.path)
     if keep < 1 or len(found) <= keep:
         return
     for number in found[: len(found) - keep]:
-        shutil.rmtree(directory / str(number), ignore_errors=True)
+        if directory.is_dir(str(number)):
+            directory.remove(str(number))
         logs.event("pruned", f"removed model version {number} (--publish-keep {keep})")

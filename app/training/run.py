@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import os
+import resource
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from app import __version__, logs
+from app.budget import memory
 from app.budget.apply import import_tensorflow
 from app.budget.plan import ThreadPlan
 from app.budget.usage import Throttling
@@ -78,13 +80,14 @@ def train(
         plan=plan.to_json(),
         **multi,
     )
-    try:
-        data = load_data(config, ws.cache, plan, stop)  # before TensorFlow: bad data fail fast
+    try:  # before TensorFlow: bad data fail fast
+        data = load_data(config, ws.cache, plan, stop, below=ws.cache_top)
     except Preempted as exc:  # during the conversion
         logs.event("end", str(exc), status="preempted")
         raise
     if stop():
         raise _preempted("before training started")
+    _check_memory(config, data, plan)
     import_tensorflow()
     # TensorFlow from here on.
     from app.data import pipeline
@@ -104,7 +107,8 @@ def train(
             config, formulation=picked.formulation, precision=picked.precision
         )
         trainer = Trainer(config, plan, data, reps)
-        checkpoints = Checkpointer(trainer, ws.checkpoints, config.keep_checkpoints, reps)
+        held = ws.open(ws.checkpoints, "checkpoint directory")  # open for the whole run
+        checkpoints = Checkpointer(trainer, held, config.keep_checkpoints, reps)
         start = checkpoints.restore()
         choose.record(ws.checkpoints, picked)
         _log_replanned(plan)
@@ -165,6 +169,7 @@ def train(
             steps_per_loop=outcome.steps_per_loop,
             formulation=picked.formulation,
             precision=picked.precision,
+            peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             plan=plan.to_json(),
         )
         if cluster is not None:
@@ -214,7 +219,7 @@ def _summaries(ws: Any, config: TrainConfig, plan: ThreadPlan, start: int) -> li
     from app.training.summaries import Summaries
 
     run = {"config": config.to_json(), "plan": plan.to_json(), "version": __version__}
-    return [Summaries(ws.output / "tensorboard", run, start)]
+    return [Summaries(ws.open(ws.output / "tensorboard", "TensorBoard directory"), run, start)]
 
 
 def _log_replanned(plan: ThreadPlan) -> None:
@@ -251,16 +256,25 @@ def sources(config: TrainConfig) -> Sources:
 
 
 def load_data(
-    config: TrainConfig, cache_dir: Path, plan: ThreadPlan, stop: Callable[[], bool]
+    config: TrainConfig,
+    cache_dir: Path,
+    plan: ThreadPlan,
+    stop: Callable[[], bool],
+    below: Path | None = None,
 ) -> cache_lib.DataCache:
     """Parse the text files once into the binary cache (or reuse it) and check it.
 
     Large files are parsed in as many threads as TensorFlow gets intra-op threads.
-    Raises DataError for bad input, and when NaN/Inf values (let in by
+    ``below``: the directory the operator named that ``cache_dir`` lies in (the
+    workspace's ``cache_top``). Raises DataError for bad input (InputTooLarge past the
+    cache's bound: app/data/bounds.py), and when NaN/Inf values (let in by
     --allow-nonfinite) make the standardisation statistics non-finite.
     """
     found = sources(config)
-    data = cache_lib.prepare(found, cache_dir, stop=stop, threads=plan.intra_op_threads)
+    data = cache_lib.prepare(
+        found, cache_dir, stop=stop, threads=plan.intra_op_threads, below=below,
+        max_bytes=config.max_cache_bytes,
+    )  # fmt: skip
     if config.standardize:
         for role, stats in (
             ("train_features", (data.feature_mean, data.feature_std)),
@@ -273,6 +287,23 @@ def load_data(
                     "or remove them"
                 )
     return data
+
+
+def _check_memory(config: TrainConfig, data: cache_lib.DataCache, plan: ThreadPlan) -> None:
+    """The expected peak memory against the memory limit (app/budget/memory.py), logged as
+    the ``memory`` event. Raises MemoryBudgetExceeded (exit 8) when it can't fit."""
+    found = memory.estimate(
+        rows=data.train_size, height=data.height, width=data.width,
+        outputs=data.num_outputs, batch_size=config.batch_size, memory_limit=plan.memory_limit,
+    )  # fmt: skip
+    logs.event(
+        "memory",
+        f"expected peak memory {found.total / memory.MIB:,.0f} MiB"
+        + (f" of a {plan.memory_limit / memory.MIB:,.0f} MiB limit" if plan.memory_limit else ""),
+        memory_limit=plan.memory_limit,
+        **found.to_json(),
+    )
+    memory.check(found, plan.memory_limit, config.batch_size)
 
 
 def _tensorflow_version() -> str:

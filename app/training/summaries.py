@@ -10,11 +10,12 @@ writes, so ``tensorboard --logdir OUTPUT`` shows the curves of every run under i
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
+
+from app.atomic import Dir
 
 #: progress fields written as scalars (TensorBoard tag = field name; lr as learning_rate).
 SCALARS = {
@@ -38,11 +39,14 @@ def _metadata(plugin: str) -> summary_pb2.SummaryMetadata:
 class Summaries:
     """A progress action writing :data:`SCALARS` of every ``progress`` record at its step.
 
+    ``directory``: held open for the writer's life; TensorFlow writes through its
+    descriptor (app/atomic.py), so a renamed or replaced path can't redirect the events.
     ``config`` (any JSON-able dict) is written once as text at ``step``.
     """
 
-    def __init__(self, directory: Path, config: dict[str, Any], step: int) -> None:
-        self.writer = tf.summary.create_file_writer(str(directory))
+    def __init__(self, directory: Dir, config: dict[str, Any], step: int) -> None:
+        self.directory = directory
+        self.writer = tf.summary.create_file_writer(directory.via)
         with self.writer.as_default():
             text = "```\n" + json.dumps(config, indent=2, sort_keys=True) + "\n```"
             tf.summary.write("config", tf.constant(text), step=step, metadata=_metadata("text"))

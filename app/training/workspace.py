@@ -7,21 +7,32 @@ the checkpoint copies TensorFlow's multi-worker saving wants every worker to wri
 scratch directory: it never reads them back, the chief's state reaches it by broadcast);
 its data cache is ``<--cache-dir>/worker-<i>`` or ``workers/worker-<i>/cache``, as two
 workers converting into one directory would race on the final rename.
+
+Every directory is opened by :func:`app.atomic.open_dir` below the directory the operator
+named (``--output`` or ``--cache-dir``): each component the job creates is opened without
+following symlinks and must be the run's own. Before anything is written, the names this
+process will write in its directory are checked the same way (:func:`open_log`), so a
+planted symlink stops the run with exit 4 before it touches anything.
 No TensorFlow here.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from app import logs
-from app.atomic import ensure_dir
+from app.atomic import Dir, open_dir, probe_writable
 from app.cluster.spec import Cluster
 from app.config import TrainConfig
 from app.errors import StorageError
 
 WORKERS_DIR = "workers"
+LOG_NAME = "train.jsonl"
+#: What every process writes in its own directory, and what only the chief writes there.
+OWN_NAMES = ("logs", "checkpoints", "cache")
+CHIEF_NAMES = ("model", "metrics.json", "tensorboard", WORKERS_DIR)
 
 
 @dataclass(frozen=True)
@@ -30,7 +41,8 @@ class Workspace:
 
     ``output``: the run's output directory (the chief's); ``own``: what this process
     writes (``output`` for a single process and the chief); ``cache``: its data cache;
-    ``worker``: the worker index in a multi-worker run, else None.
+    ``worker``: the worker index in a multi-worker run, else None; ``cache_top``: the
+    directory the operator named that the cache lies in (``--cache-dir``, else ``output``).
     """
 
     output: Path
@@ -38,6 +50,14 @@ class Workspace:
     cache: Path
     is_chief: bool
     worker: int | None
+    cache_top: Path
+
+    def open(self, path: Path, what: str = "directory") -> Dir:
+        """``path`` (the output, the cache or a directory below them) opened by the rules of
+        :func:`app.atomic.open_dir`, created if missing. Raises StorageError."""
+        path = Path(path)
+        below = self.output if path.is_relative_to(self.output) else self.cache_top
+        return open_dir(path, what, below=below)
 
     @property
     def checkpoints(self) -> Path:
@@ -46,7 +66,7 @@ class Workspace:
 
     @property
     def log_file(self) -> Path:
-        return self.own / "logs" / "train.jsonl"
+        return self.own / "logs" / LOG_NAME
 
     @property
     def model(self) -> Path:
@@ -78,16 +98,31 @@ def for_run(config: TrainConfig, cluster: Cluster | None = None) -> Workspace:
         cache=cache,
         is_chief=cluster is None or cluster.is_chief,
         worker=None if cluster is None else cluster.index,
+        cache_top=config.cache_dir if config.cache_dir is not None else out,
     )
 
 
-def open_log(ws: Workspace) -> None:
-    """Check that ``ws.own`` is writable and add the JSON log file there.
+def _written_names(ws: Workspace) -> tuple[str, ...]:
+    """The names this process writes directly in ``ws.own``."""
+    names = tuple(n for n in OWN_NAMES if n != "cache" or ws.cache == ws.own / "cache")
+    return names + (CHIEF_NAMES if ws.is_chief else ())
 
-    Raises StorageError (exit 4) when the directory or its log can't be written.
+
+def open_log(ws: Workspace) -> None:
+    """Check ``ws.own`` and the names this process writes there, and add the JSON log file.
+
+    The names (:data:`OWN_NAMES`, and :data:`CHIEF_NAMES` on the chief) must not be
+    symlinks, nor belong to another user. Raises StorageError (exit 4) naming the path,
+    before anything is written, or when the directory or its log can't be written.
     """
-    ensure_dir(ws.own)
+    with ws.open(ws.own, "output directory") as own:
+        probe_writable(own, "output directory")
+        for name in _written_names(ws):
+            own.check(name, "file" if "." in name else "directory")
+        with own.sub("logs", "log directory") as directory:
+            fd = directory.open(LOG_NAME, os.O_RDWR | os.O_APPEND | os.O_CREAT, "log file")
     try:
-        logs.add_file(ws.log_file, worker=ws.worker)
+        logs.add_file(fd, worker=ws.worker)
     except OSError as exc:
+        os.close(fd)
         raise StorageError(f"{ws.log_file}: cannot write the log: {exc.strerror}") from exc

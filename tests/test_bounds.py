@@ -1,0 +1,275 @@
+"""Bounds from the budget: the cache's size against the free space and --max-cache-bytes,
+label columns, the peak memory against a real cgroup memory limit, and the cache's digests.
+
+The CLI runs here stop before TensorFlow is imported (the bounds are checked first), in
+a second or two; the one run that trains inside a memory limit is marked slow.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.atomic import open_dir
+from app.config import TrainConfig
+from app.data import bounds, cache
+from app.training.run import sources
+from benchmarks.cgroup_run import MEMORY_MOUNT, MemoryCgroup, memory_cgroup, unavailable_reason
+from tests.conftest import REPO, TINY_TRAIN_ARGS, events, json_lines, prepare_cache, run_cli
+from tests.test_resilience import mount_tmpfs, umount
+
+LINE = b"0.5 -1.25 3 4.0 -0 100\n"  # six fields: features of --height 2 --width 3
+SMALL = ["--height", "2", "--width", "3"]
+MEMORY_REASON = unavailable_reason(MEMORY_MOUNT, "memory")
+
+
+def _small_data(directory: Path, lines: int = 4) -> Path:
+    directory.mkdir(parents=True)
+    for split in ("train", "test"):
+        (directory / f"{split}_features.txt").write_bytes(LINE * lines)
+        (directory / f"{split}_labels.txt").write_bytes(b"1 2 3\n" * lines)
+    return directory
+
+
+def _gzip_of_repeats(path: Path, block: bytes, times: int) -> None:
+    """A single-member gzip file of ``block`` repeated ``times`` times, made by repeating one
+    compressed segment: ``Z_FULL_FLUSH`` resets the compressor, so the segment decodes on
+    its own anywhere in the stream. Costs one pass of zlib.crc32 over the text."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, -15)
+    segment = packer.compress(block) + packer.flush(zlib.Z_FULL_FLUSH)
+    crc = 0
+    for _ in range(times):
+        crc = zlib.crc32(block, crc)
+    size = len(block) * times
+    with open(path, "wb") as f:
+        f.write(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff")  # RFC 1952 header
+        for _ in range(times):
+            f.write(segment)
+        f.write(packer.flush(zlib.Z_FINISH))
+        f.write(crc.to_bytes(4, "little") + (size % (1 << 32)).to_bytes(4, "little"))
+
+
+def _one_line(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def _digest(path: Path) -> str:
+    with open_dir(path.parent) as directory:
+        return cache.digest(directory, path.name)
+
+
+def _arrays(out: Path) -> list[str]:
+    return sorted(str(p.relative_to(out)) for p in out.rglob("*.f32*"))
+
+
+def test_the_repeat_gzip_helper_makes_a_valid_file(tmp_path: Path) -> None:
+    _gzip_of_repeats(tmp_path / "x.gz", LINE * 1000, 50)
+    assert gzip.decompress((tmp_path / "x.gz").read_bytes()) == LINE * 50_000
+
+
+def test_a_2_gib_gzip_is_refused_before_converting_on_a_small_file_system(
+    tmp_path: Path,
+) -> None:
+    volume = tmp_path / "volume"
+    skip = mount_tmpfs(volume, "size=16m")
+    if skip:
+        pytest.skip(skip)
+    try:
+        data = _small_data(tmp_path / "data")
+        (data / "train_features.txt").unlink()
+        packed = data / "train_features.txt.gz"
+        _gzip_of_repeats(packed, LINE * (1 << 16), (2 << 30) // (len(LINE) << 16))
+        assert packed.stat().st_size < 20 << 20  # a 2 GiB text in a few MB
+        out = volume / "out"
+        proc = run_cli("train", "--data", str(data), "--output", str(out), *SMALL)
+        written = _arrays(out)
+    finally:
+        umount(volume)
+    assert proc.returncode == 3, proc.stderr
+    line = _one_line(proc)
+    assert re.match(
+        rf"coretrain: {re.escape(str(packed))}: the data cache would take about 2\.\d GiB", line
+    )
+    assert f"free on the file system {volume} (tmpfs)" in line
+    assert written == []  # refused before converting
+    assert events(json_lines(proc.stdout), "end")[-1]["exit_code"] == 3
+
+
+def test_max_cache_bytes_refuses_before_converting(tmp_path: Path) -> None:
+    data = _small_data(tmp_path / "data", lines=100)
+    out = tmp_path / "out"
+    args = ["--data", str(data), "--output", str(out), *SMALL, "--max-cache-bytes", "1000"]
+    proc = run_cli("train", *args)
+    assert proc.returncode == 3, proc.stderr
+    assert "more than --max-cache-bytes 1000" in _one_line(proc)
+    assert list((out / "cache").iterdir()) == []
+
+
+def test_a_gzip_whose_trailer_understates_is_stopped_while_converting(tmp_path: Path) -> None:
+    """A multi-member file: the trailer holds only the last (tiny) member's size, so the
+    estimate passes; the bytes written pass the bound and the conversion stops."""
+    data = _small_data(tmp_path / "data", lines=10)
+    (data / "train_features.txt").unlink()
+    packed = data / "train_features.txt.gz"
+    packed.write_bytes(gzip.compress(LINE * 400_000) + gzip.compress(LINE))
+    out = tmp_path / "out"
+    limit = 3_000_000  # above the estimate (the first MiB read), below the 9.6 MB written
+    proc = run_cli(
+        "train", "--data", str(data), "--output", str(out), *SMALL, "--max-cache-bytes", str(limit)
+    )
+    assert proc.returncode == 3, proc.stderr
+    line = _one_line(proc)
+    assert line.startswith(f"coretrain: {packed}: the data cache passed ")
+    assert "while converting" in line
+    assert [p for p in _arrays(out) if p.endswith(".part")] == []
+
+
+def test_a_labels_file_with_an_absurd_column_count_is_refused_on_its_first_line(
+    tmp_path: Path,
+) -> None:
+    data = _small_data(tmp_path / "data")
+    labels = data / "train_labels.txt"
+    labels.write_bytes(b"1 " * 30_000_000 + b"\n")  # 30 million columns, 60 MB
+    out = tmp_path / "out"
+    proc = run_cli("train", "--data", str(data), "--output", str(out), *SMALL)
+    assert proc.returncode == 3, proc.stderr
+    assert _one_line(proc) == (
+        f"coretrain: {labels}:1: more than {bounds.MAX_OUTPUTS} label columns (the limit, "
+        "app/data/bounds.py): not a label file?"
+    )
+    assert _arrays(out) == []
+
+
+def test_the_estimate_of_a_plain_and_a_gzip_file_is_their_cache_size(tmp_path: Path) -> None:
+    plain = tmp_path / "x.txt"
+    plain.write_bytes(LINE * 100_000)
+    _gzip_of_repeats(tmp_path / "x.gz", LINE * 1000, 100)
+    assert bounds.cache_bytes(plain, 6) == 100_000 * 6 * 4
+    assert bounds.cache_bytes(tmp_path / "x.gz", 6) == 100_000 * 6 * 4
+
+
+# --- memory -------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(MEMORY_REASON is not None, reason=f"no real memory cgroup: {MEMORY_REASON}")
+def test_a_run_that_cannot_fit_the_memory_limit_ends_with_exit_8_not_137(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    limit = 300 << 20  # less than TensorFlow alone needs
+    out = tmp_path / "out"
+    with memory_cgroup(limit, prefix="coretrain-test-memory") as group:
+        proc = _run_in(group, ["--data", str(tiny_data), "--output", str(out), *TINY_TRAIN_ARGS])
+        assert group.failcnt() == 0  # never reached the limit: refused, not killed
+    assert proc.returncode == 8, proc.stderr
+    line = _one_line(proc)
+    assert line.startswith("coretrain: the run would need about ")
+    assert "more than the memory limit of 300 MiB; lower --batch-size" in line
+    records = json_lines(proc.stdout)
+    (memory,) = events(records, "memory")
+    assert memory["memory_limit"] == limit and memory["peak_bytes"] > limit
+    assert events(records, "end")[-1]["exit_code"] == 8
+    assert events(records, "input") == []  # refused before TensorFlow
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(MEMORY_REASON is not None, reason=f"no real memory cgroup: {MEMORY_REASON}")
+def test_in_a_real_memory_limit_the_estimate_covers_the_measured_peak(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    with memory_cgroup(1 << 30, prefix="coretrain-test-memory") as group:
+        proc = _run_in(group, ["--data", str(tiny_data), "--output", str(out), "--max-steps", "6",
+                               *TINY_TRAIN_ARGS])  # fmt: skip
+        charged = group.peak()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = json_lines(proc.stdout)
+    (memory,) = events(records, "memory")
+    peak_rss = events(records, "end")[-1]["peak_rss_bytes"]
+    print(f"estimate {memory['peak_bytes'] >> 20} MiB, peak RSS {peak_rss >> 20} MiB, "
+          f"cgroup peak {charged >> 20} MiB")  # fmt: skip
+    assert memory["memory_limit"] == 1 << 30
+    assert peak_rss <= memory["peak_bytes"] and charged <= memory["peak_bytes"]
+
+
+def _run_in(group: MemoryCgroup, args: list[str]) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CORETRAIN_", "TF_NUM"))}
+    return subprocess.run(
+        group.command([sys.executable, "-m", "app", "train", *args]),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=600,
+    )
+
+
+# --- cache digests ------------------------------------------------------------------------
+
+
+def test_a_tampered_cache_array_is_detected_and_converted_again(
+    tiny_data: Path, tmp_path: Path, logged: list[logging.LogRecord]
+) -> None:
+    config = TrainConfig(data_dir=tiny_data, output_dir=tmp_path / "out")
+    first = prepare_cache(config)
+    original = (first.path / "train_x.f32").read_bytes()
+    manifest = (first.path / "manifest.json").read_text()
+    tampered = bytearray(original)
+    tampered[1000] ^= 0x40  # one bit of one value: same size, same manifest
+    (first.path / "train_x.f32").write_bytes(bytes(tampered))
+    logged.clear()
+    second = prepare_cache(config)
+    corrupt = [r for r in logged if getattr(r, "event", "") == "cache_corrupt"]
+    assert len(corrupt) == 1 and corrupt[0].levelno == logging.WARNING
+    assert corrupt[0].path == str(first.path / "train_x.f32")
+    assert next(r for r in logged if getattr(r, "event", "") == "cache").reused is False
+    assert (second.path / "train_x.f32").read_bytes() == original
+    assert (second.path / "manifest.json").read_text() == manifest
+
+
+def test_a_swapped_finished_file_of_a_stopped_conversion_is_converted_again(
+    tiny_data: Path, tmp_path: Path, logged: list[logging.LogRecord]
+) -> None:
+    data = shutil.copytree(tiny_data, tmp_path / "data")
+    config = TrainConfig(data_dir=data, output_dir=tmp_path / "out")
+    done = prepare_cache(config)
+    reference = (done.path / "train_x.f32").read_bytes()
+    # What a conversion stopped after its first file leaves, with that file swapped.
+    key = cache.source_key(sources(config))
+    partial = config.resolved_cache_dir / f"{cache.PARTIAL}{key}"
+    shutil.copytree(done.path, partial)
+    shutil.rmtree(done.path)
+    (partial / "train_features.json").write_text(
+        f'{{"rows": 240, "threads": 1, "checksum": "{_digest(partial / "train_x.f32")}"}}'
+    )
+    np.savez(partial / "train_features.npz", sums=np.zeros(3900), sums_sq=np.zeros(3900))
+    (partial / "train_x.f32").write_bytes(bytes(len(reference)))  # zeros, the same size
+    logged.clear()
+    again = prepare_cache(config)
+    assert [r.path for r in logged if getattr(r, "event", "") == "cache_corrupt"] == [
+        str(partial / "train_x.f32")
+    ]
+    assert (again.path / "train_x.f32").read_bytes() == reference
+
+
+def test_the_manifest_records_a_digest_of_every_array(tiny_data: Path, tmp_path: Path) -> None:
+    import json
+
+    c = prepare_cache(TrainConfig(data_dir=tiny_data, output_dir=tmp_path / "out"))
+    manifest = json.loads((c.path / "manifest.json").read_text())
+    assert manifest["checksum"] == cache.CHECKSUM
+    names = {"train_x.f32", "train_y.f32", "test_x.f32", "test_y.f32", "stats.npz"}
+    assert set(manifest["checksums"]) == names
+    for name in names:
+        assert manifest["checksums"][name] == _digest(c.path / name)
