@@ -59,7 +59,7 @@ setup_and_build() {
     bash "$SHARED/tools/podman-setup.sh"
   fi
   if [ "${SKIP_BUILD:-0}" != 1 ]; then
-    log "build $IMAGE (BASE_IMAGE=${BASE_IMAGE:-the Dockerfile's default})"
+    log "build $IMAGE (BASE_IMAGE=${BASE_IMAGE:-Dockerfile default})"
     local build_flags=(-t "$IMAGE")
     if [ -n "$BASE_IMAGE" ]; then build_flags+=(--build-arg "BASE_IMAGE=$BASE_IMAGE"); fi
     if [ "${NO_CACHE:-0}" = 1 ]; then build_flags+=(--no-cache); fi
