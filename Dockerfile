@@ -38,22 +38,25 @@ WORKDIR /src
 # sha256 is not in the lock; --no-deps: nothing outside the lock is installed.
 COPY requirements.lock ./
 RUN /opt/venv/bin/pip install --no-cache-dir --require-hashes --no-deps -r requirements.lock
-# Size trim, runtime-neutral (~0.5 GB): TF's C++ headers (only for building
-# custom ops) and the static symbol tables of TF's shared libraries (`strip
-# --strip-unneeded` keeps the dynamic symbols the loader and TF's op registry
-# use; only tensorflow/: stripping auditwheel-patched libraries such as
-# numpy.libs/ breaks them). libclang, which TF declares for source tooling but
-# never imports, is left out of the lock.
+# Size trim, runtime-neutral (docs/deploy.md "Image size and start-up"): TF's C++
+# headers (only for building custom ops), the test suites packages ship (numpy's, h5py's,
+# ...: `tests` directories, which nothing imports) and the static symbol tables of TF's
+# shared libraries (`strip --strip-unneeded` keeps the dynamic symbols the loader and
+# TF's op registry use; only tensorflow/: stripping auditwheel-patched libraries such as
+# numpy.libs/ breaks them). libclang, which TF declares for source tooling but never
+# imports, is left out of the lock.
 RUN site=$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
  && rm -rf "$site/tensorflow/include" \
+ && find "$site" -type d -name tests -prune -exec rm -rf {} + \
  && find "$site/tensorflow" -name '*.so*' -type f -exec strip --strip-unneeded {} +
 COPY README.md pyproject.toml setup.py ./
 COPY app ./app
 # Built with the lock's setuptools and wheel (no build isolation: nothing unhashed is
-# fetched to build coretrain).
+# fetched to build coretrain); then they go, with pip: nothing imports them at run time
+# (TF and astunparse declare setuptools and wheel but never import them).
 RUN /opt/venv/bin/pip install --no-cache-dir --no-deps --no-build-isolation . \
  && /opt/venv/bin/python -I -c 'import app.data._fastparse' \
- && /opt/venv/bin/pip uninstall -y pip
+ && /opt/venv/bin/pip uninstall -y setuptools wheel pip
 
 FROM ${BASE_IMAGE} AS runtime
 RUN apt-get update \
