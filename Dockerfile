@@ -35,9 +35,10 @@ RUN python3 -m venv /opt/venv
 WORKDIR /src
 # Dependencies first, from the lock alone, so this slow layer (TensorFlow is ~0.6 GB of
 # wheels) is reused while only app/ changes. --require-hashes: pip refuses any file whose
-# sha256 is not in the lock; --no-deps: nothing outside the lock is installed.
+# sha256 is not in the lock; --no-deps: nothing outside the lock is installed;
+# --no-compile: bytecode is written below, for the modules training imports only.
 COPY requirements.lock ./
-RUN /opt/venv/bin/pip install --no-cache-dir --require-hashes --no-deps -r requirements.lock
+RUN /opt/venv/bin/pip install --no-cache-dir --require-hashes --no-deps --no-compile -r requirements.lock
 # Size trim, runtime-neutral (docs/deploy.md "Image size and start-up"): TF's C++
 # headers (only for building custom ops), the test suites packages ship (numpy's, h5py's,
 # ...: `tests` directories, which nothing imports) and the static symbol tables of TF's
@@ -54,9 +55,26 @@ COPY app ./app
 # Built with the lock's setuptools and wheel (no build isolation: nothing unhashed is
 # fetched to build coretrain); then they go, with pip: nothing imports them at run time
 # (TF and astunparse declare setuptools and wheel but never import them).
-RUN /opt/venv/bin/pip install --no-cache-dir --no-deps --no-build-isolation . \
+RUN /opt/venv/bin/pip install --no-cache-dir --no-deps --no-build-isolation --no-compile . \
  && /opt/venv/bin/python -I -c 'import app.data._fastparse' \
  && /opt/venv/bin/pip uninstall -y setuptools wheel pip
+
+# Bytecode for what a training run imports, and only that (docs/deploy.md "Image size and
+# start-up"): a tiny run here (generate, train and export, load the SavedModel) writes
+# the .pyc of each module it imports, then these are rewritten as unchecked-hash .pyc,
+# valid whatever timestamps the files get on their way into the image. The run also
+# proves that the trimmed venv trains, exports and serves.
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+RUN site=$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
+ && unset PYTHONDONTWRITEBYTECODE \
+ && /opt/venv/bin/coretrain generate --out /tmp/warm/data --train 240 --test 60 --seed 1 >/dev/null \
+ && /opt/venv/bin/coretrain train --data /tmp/warm/data --output /tmp/warm/out \
+      --batch-size 40 --eval-every 5 --max-steps 5 >/dev/null \
+ && /opt/venv/bin/python -I -c 'import sys, tensorflow as tf; tf.saved_model.load(sys.argv[1])' \
+      /tmp/warm/out/model/saved_model \
+ && find "$site" -name '*.pyc' | sed -E 's#/__pycache__/([^./]+)\.[^/]*\.pyc$#/\1.py#' \
+    | /opt/venv/bin/python -m compileall -q -f --invalidation-mode unchecked-hash -i - \
+ && rm -rf /tmp/warm
 
 FROM ${BASE_IMAGE} AS runtime
 RUN apt-get update \
