@@ -33,10 +33,10 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/venv
 WORKDIR /src
-# Dependencies first, from the lock alone, so this slow layer (TensorFlow is ~0.6 GB of
-# wheels) is reused while only app/ changes. --require-hashes: pip refuses any file whose
-# sha256 is not in the lock; --no-deps: nothing outside the lock is installed;
-# --no-compile: bytecode is written below, for the modules training imports only.
+# Dependencies first, from the lock alone, so this slow layer (TensorFlow's wheels are
+# most of the image) is reused while only app/ changes. --require-hashes: pip refuses
+# any file whose sha256 is not in the lock; --no-deps: nothing outside the lock is
+# installed; --no-compile: bytecode is written below, for the modules training imports.
 COPY requirements.lock ./
 RUN /opt/venv/bin/pip install --no-cache-dir --require-hashes --no-deps --no-compile -r requirements.lock
 # Size trim, runtime-neutral (docs/deploy.md "Image size and start-up"): TF's C++

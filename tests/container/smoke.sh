@@ -19,9 +19,8 @@
 # digest-pinned default),
 # SKIP_SETUP=1 / SKIP_BUILD=1 to reuse an engine / image, NO_CACHE=1 to build without the
 # layer cache. Exit status 0 if every check passed (SKIP allowed), 1 otherwise. Needs
-# python3 on the host (reads the JSON logs). Measured on 2 CPUs: ~8.5 min with the engine
-# set up but no layer cache (6.5 min of it the build), ~2 min with the image cached
-# (docs/deploy.md "Smoke test and measurements").
+# python3 on the host (reads the JSON logs). Durations: docs/deploy.md "Smoke test and
+# measurements".
 set -euo pipefail
 
 ROOT=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
