@@ -2,13 +2,18 @@
 #
 #   podman build -t localhost/coretrain .        (or: docker build -t coretrain .)
 #
-# Two stages: "builder" makes a virtualenv in /opt/venv from the dependencies
-# declared in pyproject.toml, then the runtime stage copies only that venv onto
-# a fresh base. The runtime user is numeric (10001:10001); /output belongs to it
-# and is group-writable by GID 0, so an arbitrary UID in group 0 (OpenShift) can
-# write there too. tini is PID 1 and forwards SIGTERM to coretrain, which saves
-# a checkpoint and exits 143.
-ARG BASE_IMAGE=python:3.11-slim-bookworm
+# Two stages: "builder" makes a virtualenv in /opt/venv from requirements.lock (every
+# package pinned and hashed; `make lock` regenerates it from constraints.txt), then the
+# runtime stage copies only that venv onto a fresh base. The runtime user is numeric
+# (10001:10001); /output belongs to it and is group-writable by GID 0, so an arbitrary UID
+# in group 0 (OpenShift) can write there too. tini is PID 1 and forwards SIGTERM to
+# coretrain, which saves a checkpoint and exits 143.
+#
+# The base is pinned by digest (the tag only says what it is): a rebuild starts from the
+# same bytes until the digest is changed here (docs/deploy.md "Build"). Any Debian bookworm
+# image with python3 and its venv module can stand in (--build-arg BASE_IMAGE=...): the apt
+# pins below are bookworm's.
+ARG BASE_IMAGE=docker.io/library/python:3.11.16-slim-bookworm@sha256:c425d915a89a6dcd3183b1797ad9bd8878caff5a417f6371c8df93c8ea8b727f
 
 FROM ${BASE_IMAGE} AS builder
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -28,27 +33,48 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/venv
 WORKDIR /src
-# Dependencies first, from pyproject.toml alone, so this slow layer (TensorFlow
-# is ~0.6 GB of wheels) is reused while only app/ changes.
-COPY pyproject.toml constraints.txt ./
-RUN python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
-      > /tmp/requirements.txt \
- && /opt/venv/bin/pip install --no-cache-dir -c constraints.txt -r /tmp/requirements.txt
-# Size trim, runtime-neutral (~0.5 GB): TF's C++ headers (only for building
-# custom ops), the static symbol tables of TF's shared libraries (`strip
-# --strip-unneeded` keeps the dynamic symbols the loader and TF's op registry
-# use; only tensorflow/: stripping auditwheel-patched libraries such as
-# numpy.libs/ breaks them), and libclang, which TF declares for source tooling
-# but never imports when training.
+# Dependencies first, from the lock alone, so this slow layer (TensorFlow's wheels are
+# most of the image) is reused while only app/ changes. --require-hashes: pip refuses
+# any file whose sha256 is not in the lock; --no-deps: nothing outside the lock is
+# installed; --no-compile: bytecode is written below, for the modules training imports.
+COPY requirements.lock ./
+RUN /opt/venv/bin/pip install --no-cache-dir --require-hashes --no-deps --no-compile -r requirements.lock
+# Size trim, runtime-neutral (docs/deploy.md "Image size and start-up"): TF's C++
+# headers (only for building custom ops), the test suites packages ship (numpy's, h5py's,
+# ...: `tests` directories, which nothing imports) and the static symbol tables of TF's
+# shared libraries (`strip --strip-unneeded` keeps the dynamic symbols the loader and
+# TF's op registry use; only tensorflow/: stripping auditwheel-patched libraries such as
+# numpy.libs/ breaks them). libclang, which TF declares for source tooling but never
+# imports, is left out of the lock.
 RUN site=$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
  && rm -rf "$site/tensorflow/include" \
- && /opt/venv/bin/pip uninstall -y libclang \
+ && find "$site" -type d -name tests -prune -exec rm -rf {} + \
  && find "$site/tensorflow" -name '*.so*' -type f -exec strip --strip-unneeded {} +
-COPY README.md setup.py ./
+COPY README.md pyproject.toml setup.py ./
 COPY app ./app
-RUN /opt/venv/bin/pip install --no-cache-dir --no-deps . \
+# Built with the lock's setuptools and wheel (no build isolation: nothing unhashed is
+# fetched to build coretrain); then they go, with pip: nothing imports them at run time
+# (TF and astunparse declare setuptools and wheel but never import them).
+RUN /opt/venv/bin/pip install --no-cache-dir --no-deps --no-build-isolation --no-compile . \
  && /opt/venv/bin/python -I -c 'import app.data._fastparse' \
- && /opt/venv/bin/pip uninstall -y pip
+ && /opt/venv/bin/pip uninstall -y setuptools wheel pip
+
+# Bytecode for what a training run imports, and only that (docs/deploy.md "Image size and
+# start-up"): a tiny run here (generate, train and export, load the SavedModel) writes
+# the .pyc of each module it imports, then these are rewritten as unchecked-hash .pyc,
+# valid whatever timestamps the files get on their way into the image. The run also
+# proves that the trimmed venv trains, exports and serves.
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+RUN site=$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
+ && unset PYTHONDONTWRITEBYTECODE \
+ && /opt/venv/bin/coretrain generate --out /tmp/warm/data --train 240 --test 60 --seed 1 >/dev/null \
+ && /opt/venv/bin/coretrain train --data /tmp/warm/data --output /tmp/warm/out \
+      --batch-size 40 --eval-every 5 --max-steps 5 >/dev/null \
+ && /opt/venv/bin/python -I -c 'import sys, tensorflow as tf; tf.saved_model.load(sys.argv[1])' \
+      /tmp/warm/out/model/saved_model \
+ && find "$site" -name '*.pyc' | sed -E 's#/__pycache__/([^./]+)\.[^/]*\.pyc$#/\1.py#' \
+    | /opt/venv/bin/python -m compileall -q -f --invalidation-mode unchecked-hash -i - \
+ && rm -rf /tmp/warm
 
 FROM ${BASE_IMAGE} AS runtime
 RUN apt-get update \

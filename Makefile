@@ -8,7 +8,7 @@ OUTPUT ?= output
 # short enough for a 2-core machine (see README "Quick start").
 DEMO_TRAIN_ARGS ?= --max-steps 200 --eval-every 50 --checkpoint-every 100
 
-.PHONY: install train test lint typecheck unit bench container-test clean
+.PHONY: install train test lint typecheck unit bench lock container-test clean
 
 $(BIN)/coretrain: pyproject.toml constraints.txt setup.py app/data/_fastparse.c
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +25,8 @@ train: install $(DATA)/train_features.txt
 	$(BIN)/coretrain train --data $(DATA) --output $(OUTPUT) $(DEMO_TRAIN_ARGS)
 
 lint: install
-	$(BIN)/ruff check app tests benchmarks
-	$(BIN)/ruff format --check app tests benchmarks
+	$(BIN)/ruff check app tests benchmarks tools
+	$(BIN)/ruff format --check app tests benchmarks tools
 
 typecheck: install
 	$(BIN)/mypy
@@ -38,6 +38,11 @@ test: lint typecheck unit
 
 bench: install
 	$(BIN)/python -m benchmarks.run
+
+# requirements.lock, what the image installs (sha256 of every wheel, for x86_64 and aarch64),
+# from pyproject.toml and constraints.txt: run after changing either (docs/deploy.md "Build").
+lock: install
+	$(BIN)/python tools/lock_requirements.py
 
 container-test:
 	bash tests/container/smoke.sh

@@ -15,12 +15,16 @@ import shlex
 import stat
 import subprocess
 import sys
+import tomllib
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from app.cluster import spec
 from app.cluster.spec import Cluster
@@ -36,6 +40,12 @@ K8S_VERSIONS = ["1.29.0", "1.32.0", "1.37.0"]
 
 IMAGE_UID = 10001
 IMAGE_GID = 10001
+
+LOCK = REPO / "requirements.lock"
+#: Declared dependencies the image leaves out of the lock (tools/lock_requirements.py).
+LEFT_OUT_OF_LOCK = {"libclang"}
+#: What the lock adds to the dependency closure: coretrain's build backend (pyproject.toml).
+BUILD_REQUIREMENTS = {"setuptools", "wheel"}
 
 
 def _tool(name: str) -> str:
@@ -134,8 +144,6 @@ def test_hadolint_reports_nothing_on_the_dockerfile() -> None:
 
 def test_dockerfile_is_multistage_non_root_with_tini_and_train_default() -> None:
     instructions = _dockerfile_instructions()
-    args = [rest for kw, rest in instructions if kw == "ARG"]
-    assert "BASE_IMAGE=python:3.11-slim-bookworm" in args
     froms = [rest for kw, rest in instructions if kw == "FROM"]
     assert froms == ["${BASE_IMAGE} AS builder", "${BASE_IMAGE} AS runtime"]
     runtime = _stages()["runtime"]
@@ -165,13 +173,117 @@ def test_dockerfile_is_multistage_non_root_with_tini_and_train_default() -> None
     assert env["PATH"].startswith("/opt/venv/bin:")
 
 
-def test_builder_installs_the_dependencies_declared_in_pyproject() -> None:
+def _arg_defaults() -> dict[str, str]:
+    return dict(
+        rest.split("=", 1) for kw, rest in _dockerfile_instructions() if kw == "ARG" and "=" in rest
+    )
+
+
+def test_base_image_is_pinned_by_digest() -> None:
+    base = _arg_defaults()["BASE_IMAGE"]
+    match = re.fullmatch(
+        r"(?P<name>[a-z0-9./-]+):(?P<tag>[A-Za-z0-9._-]+)@sha256:(?P<digest>[0-9a-f]{64})", base
+    )
+    assert match, f"BASE_IMAGE={base}: want NAME:TAG@sha256:<64 hex digits>"
+    assert match["name"] == "docker.io/library/python"
+    # The builder's apt pins (binutils, gcc, tini) are Debian bookworm's.
+    assert re.fullmatch(r"3\.11(\.\d+)?-slim-bookworm", match["tag"]), match["tag"]
+    froms = [rest.split()[0] for kw, rest in _dockerfile_instructions() if kw == "FROM"]
+    assert froms and all(image == "${BASE_IMAGE}" for image in froms), froms
+
+
+def test_builder_installs_only_the_hashed_lock_and_the_app() -> None:
     builder = _stages()["builder"]
     builder_text = "\n".join(f"{kw} {rest}" for kw, rest in builder)
-    assert "COPY pyproject.toml constraints.txt ./" in builder_text
-    assert '["project"]["dependencies"]' in builder_text
-    assert "pip install --no-cache-dir -c constraints.txt -r /tmp/requirements.txt" in builder_text
-    assert "pip install --no-cache-dir --no-deps ." in builder_text
+    assert "COPY requirements.lock ./" in builder_text
+    installs = re.findall(r"pip install ([^&;]*)", builder_text)
+    assert installs, "the builder installs nothing?"
+    for flags in installs:
+        words = flags.split()
+        assert "--no-deps" in words, flags
+        if "-r" in words:  # the dependencies: every file checked against the lock's hashes
+            assert "--require-hashes" in words, flags
+            assert words[words.index("-r") + 1] == "requirements.lock", flags
+        else:  # coretrain itself, built with the lock's setuptools: nothing else fetched
+            assert words[-1] == ".", flags
+            assert "--no-build-isolation" in words, flags
+    assert sum("-r" in flags.split() for flags in installs) == 1
+
+
+def _lock_entries() -> list[tuple[Requirement, list[str]]]:
+    """(requirement, hashes) per entry of requirements.lock, continuation lines joined."""
+    entries = []
+    text = LOCK.read_text(encoding="utf-8").replace("\\\n", " ")
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        spec, _, options = line.partition(" --")
+        options = "--" + options if options else ""
+        hashes = re.findall(r"--hash=(\S+)", options)
+        leftover = re.sub(r"--hash=\S+", "", options).strip()
+        assert not leftover, f"{spec}: only --hash options belong in the lock, not {leftover!r}"
+        entries.append((Requirement(spec), hashes))
+    return entries
+
+
+def _constraints() -> dict[str, str]:
+    pins = {}
+    for raw in (REPO / "constraints.txt").read_text(encoding="utf-8").splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            pins[canonicalize_name(name)] = version
+    return pins
+
+
+def test_lock_has_a_sha256_hash_on_every_requirement() -> None:
+    entries = _lock_entries()
+    assert len(entries) > 20, "requirements.lock looks empty: make lock"
+    seen: set[tuple[str, str]] = set()
+    for req, hashes in entries:
+        assert hashes, f"{req}: no --hash"
+        for digest in hashes:
+            assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), f"{req}: {digest}"
+        assert len(set(hashes)) == len(hashes), f"{req}: a hash listed twice"
+        (spec,) = req.specifier
+        assert spec.operator == "==" and "*" not in spec.version, f"{req}: not an exact pin"
+        assert not req.extras and req.url is None, req
+        key = (canonicalize_name(req.name), str(req.marker))
+        assert key not in seen, f"{req.name} listed twice"
+        seen.add(key)
+
+
+def test_lock_versions_are_the_ones_constraints_pins() -> None:
+    pins = _constraints()
+    for req, _ in _lock_entries():
+        name = canonicalize_name(req.name)
+        (spec,) = req.specifier
+        assert name in pins, f"{name} is in requirements.lock but not in constraints.txt"
+        assert spec.version == pins[name], (
+            f"{name}: lock {spec.version}, constraints.txt {pins[name]}: make lock"
+        )
+
+
+def test_lock_holds_the_dependency_closure_of_pyproject() -> None:
+    """Installed with --no-deps, the lock must list every package the app needs, here."""
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    todo = [Requirement(d) for d in declared["project"]["dependencies"]]
+    closure: set[str] = set()
+    while todo:
+        req = todo.pop()
+        name = canonicalize_name(req.name)
+        if name in closure or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
+            continue
+        closure.add(name)
+        todo.extend(Requirement(r) for r in metadata.distribution(name).requires or [])
+    locked = {
+        canonicalize_name(req.name)
+        for req, _ in _lock_entries()
+        if req.marker is None or req.marker.evaluate()
+    }
+    assert closure >= LEFT_OUT_OF_LOCK, "left out, but no longer a dependency: update the list"
+    assert locked == (closure - LEFT_OUT_OF_LOCK) | BUILD_REQUIREMENTS
 
 
 def test_dockerignore_keeps_local_state_out_of_the_build_context() -> None:
@@ -243,7 +355,8 @@ def test_entrypoint_last_command_is_exec() -> None:
 
 
 def _compose_config(extra_env: dict[str, str] | None = None) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if k not in ("TRAIN_CPUS", "TRAIN_MEMORY")}
+    unset = ("TRAIN_CPUS", "TRAIN_MEMORY", "BASE_IMAGE")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     env.update(extra_env or {})
     result = subprocess.run(
         [_compose_binary(), "-f", "docker-compose.yml", "config", "--format", "json"],
@@ -282,6 +395,14 @@ def test_compose_uses_one_cpu_setting_for_cpus_and_deploy_limits() -> None:
     train = _compose_config({"TRAIN_CPUS": "3.5"})["services"]["train"]
     assert train["cpus"] == 3.5
     assert float(train["deploy"]["resources"]["limits"]["cpus"]) == 3.5
+
+
+def test_compose_builds_from_the_dockerfiles_pinned_base_unless_told_otherwise() -> None:
+    args = _compose_config()["services"]["train"]["build"].get("args") or {}
+    assert args.get("BASE_IMAGE") is None, "compose must not replace the digest-pinned default"
+    stand_in = "localhost/python-base:bookworm"
+    args = _compose_config({"BASE_IMAGE": stand_in})["services"]["train"]["build"]["args"]
+    assert args["BASE_IMAGE"] == stand_in
 
 
 # --- Kubernetes ----------------------------------------------------------------------------

@@ -59,8 +59,9 @@ setup_and_build() {
     bash "$SHARED/tools/podman-setup.sh"
   fi
   if [ "${SKIP_BUILD:-0}" != 1 ]; then
-    log "build $IMAGE (BASE_IMAGE=$BASE_IMAGE)"
-    local build_flags=(--build-arg "BASE_IMAGE=$BASE_IMAGE" -t "$IMAGE")
+    log "build $IMAGE (BASE_IMAGE=${BASE_IMAGE:-Dockerfile default})"
+    local build_flags=(-t "$IMAGE")
+    if [ -n "$BASE_IMAGE" ]; then build_flags+=(--build-arg "BASE_IMAGE=$BASE_IMAGE"); fi
     if [ "${NO_CACHE:-0}" = 1 ]; then build_flags+=(--no-cache); fi
     if [ "$ENGINE" = podman ]; then
       # pip and apt inside the build reach the network through this machine.

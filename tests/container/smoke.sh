@@ -15,12 +15,12 @@
 #
 # Environment: ENGINE (podman; docker works too and skips the setup script), IMAGE
 # (localhost/coretrain:smoke), BASE_IMAGE (podman: the stand-in localhost/python-base:
-# bookworm that ../shared/tools/podman-setup.sh makes; docker: python:3.11-slim-bookworm),
+# bookworm that ../shared/tools/podman-setup.sh makes; docker: unset, the Dockerfile's
+# digest-pinned default),
 # SKIP_SETUP=1 / SKIP_BUILD=1 to reuse an engine / image, NO_CACHE=1 to build without the
 # layer cache. Exit status 0 if every check passed (SKIP allowed), 1 otherwise. Needs
-# python3 on the host (reads the JSON logs). Measured on 2 CPUs: ~8.5 min with the engine
-# set up but no layer cache (6.5 min of it the build), ~2 min with the image cached
-# (docs/deploy.md "Smoke test and measurements").
+# python3 on the host (reads the JSON logs). Durations: docs/deploy.md "Smoke test and
+# measurements".
 set -euo pipefail
 
 ROOT=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
@@ -30,7 +30,7 @@ IMAGE=${IMAGE:-localhost/coretrain:smoke}
 if [ "$ENGINE" = podman ]; then
   BASE_IMAGE=${BASE_IMAGE:-localhost/python-base:bookworm} # made by podman-setup.sh
 else
-  BASE_IMAGE=${BASE_IMAGE:-python:3.11-slim-bookworm}
+  BASE_IMAGE=${BASE_IMAGE:-} # empty: the Dockerfile's digest-pinned default
 fi
 RUN="smoke-$$"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/coretrain-smoke.XXXXXX")
