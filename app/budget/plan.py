@@ -286,8 +286,9 @@ def make_plan(
 
     Rules: the CPU budget is ``--cpus`` if given, else ``min(CFS quota, |cpuset|)``;
     intra-op threads = the budget rounded by ``overrides.rounding`` (docs/cpu-budget.md
-    has the measurement behind the default); inter-op threads = 1 up to 2 CPUs,
-    else 2 (the CNN is a chain of ops: little inter-op parallelism to use);
+    has the measurement behind the default); inter-op threads = 1 under 2 CPUs, else
+    2 (the backward pass has independent branches that fill idle intra-op threads;
+    more would only queue: the CNN is mostly a chain of ops);
     tf.data private threads = intra-op threads; tf.data RAM budget = 25 % of the
     memory limit; oneDNN on where TensorFlow would turn it on by itself for ``cpu``
     (set explicitly, so the run says which it was). Explicit settings win over all
@@ -324,9 +325,16 @@ def make_plan(
         src = ov.sources.get("inter_op_threads", "--inter-op-threads")
         reasons.append(f"inter-op threads {inter} from {src} (explicit setting wins)")
     else:
-        inter = 1 if cpu_budget <= 2 else 2
+        inter = 1 if cpu_budget < 2 else 2
         reasons.append(
-            f"inter-op threads {inter} (the CNN is a chain of ops; budget {cpu_budget:g})"
+            f"inter-op threads {inter} (budget {cpu_budget:g}: "
+            + (
+                "under 2 CPUs one op at a time"
+                if inter == 1
+                else "two ops at a time fill the intra-op pool where the backward pass "
+                "branches (docs/cpu-budget.md)"
+            )
+            + ")"
         )
     if intra < 1 or inter < 1:
         raise ConfigError("thread counts must be at least 1")

@@ -3,14 +3,15 @@
 The fast and the plain formulation compute the same function with the same variables,
 in float32 or with bfloat16 products; which is fastest depends on the CPU (oneDNN on or
 off, AVX512_BF16/AMX or not) and the thread count. With ``--formulation auto`` and/or
-``--precision auto`` every candidate trains :data:`TIMED_STEPS` steps, after
-:data:`WARMUP_STEPS` (the first traces it), on one real batch of this run's shape with
-the planned threads, and the fastest wins. bfloat16 is a candidate only on a CPU with
-native bfloat16 dot products (``/proc/cpuinfo`` flags ``avx512_bf16`` or ``amx_bf16``,
-Arm's ``bf16``): elsewhere it is emulated and slow. The measurement costs a few seconds,
-so it is kept in the workspace (``choice.json``) keyed by the CPU model and flags, the
-threads, the shapes and TensorFlow's version, and reused by later runs and resumes
-there. In a multi-worker run the chief decides and sends its choice to the others.
+``--precision auto`` every candidate is traced and warmed up, then timed in
+:data:`ROUNDS` interleaved rounds of :data:`TIMED_STEPS` steps, on one real batch of this
+run's shape with the planned threads, and the fastest best round wins. bfloat16 is a
+candidate only on a CPU with native bfloat16 dot products (``/proc/cpuinfo`` flags
+``avx512_bf16`` or ``amx_bf16``, Arm's ``bf16``): elsewhere it is emulated and slow. The
+measurement costs a few seconds, so it is kept in the workspace (``choice.json``) keyed
+by the CPU model and flags, the threads, the shapes and TensorFlow's version, and reused
+by later runs and resumes there. In a multi-worker run the chief decides and sends its
+choice to the others.
 
 A run keeps its precision once it has checkpoints: it is recorded next to them
 (``checkpoints/run.json``) and a resume uses it, so an exact resume stays exact.
@@ -39,7 +40,8 @@ from app.errors import ConfigError
 from app.training.replicas import Replicas
 
 WARMUP_STEPS = 2
-TIMED_STEPS = 3
+TIMED_STEPS = 2
+ROUNDS = 3
 CHOICE_FILE = "choice.json"
 RUN_FILE = "run.json"
 
@@ -161,27 +163,42 @@ def _cached(path: Path, key: str) -> Choice | None:
 def _measure(
     candidates: list[tuple[str, str]], data: DataCache, config: TrainConfig
 ) -> dict[tuple[str, str], float]:
-    """ms per training step of each candidate on one real batch of the run's shape."""
+    """ms per training step of each candidate on one real batch of the run's shape: every
+    candidate traced and warmed up, then :data:`ROUNDS` rounds of :data:`TIMED_STEPS`
+    steps each, the candidates interleaved, and the best round of each (a moment of load
+    from elsewhere then hurts one round, not one candidate)."""
     n = min(config.batch_size, data.train_size)
     x = tf.constant(np.asarray(data.features("train")[:n])[..., None])
     y = tf.constant(np.asarray(data.labels("train")[:n]))
     t0 = time.perf_counter()
-    timings = {(f, p): step_time(f, p, x, y, config) for f, p in candidates}
+    steps = {c: train_step(*c, x, y, config) for c in candidates}
+    for step in steps.values():
+        for _ in range(WARMUP_STEPS):
+            step().numpy()
+    best = dict.fromkeys(candidates, float("inf"))
+    for _ in range(ROUNDS):
+        for c, step in steps.items():
+            best[c] = min(best[c], _ms_per_step(step, TIMED_STEPS))
     logs.event(
         "choice_measured",
         f"timed {len(candidates)} formulations in {time.perf_counter() - t0:.1f} s",
         seconds=round(time.perf_counter() - t0, 2),
     )
-    return timings
+    return best
 
 
-def step_time(
-    formulation: str, precision: str, x: tf.Tensor, y: tf.Tensor, config: TrainConfig,
-    steps: int = TIMED_STEPS, warmup: int = WARMUP_STEPS,
-) -> float:  # fmt: skip
-    """Milliseconds per training step (forward, loss, gradients, SGD update) of a fresh
-    model on the batch ``x`` (B, H, W, 1), ``y`` (B, K): the mean of ``steps`` steps after
-    ``warmup`` (the first traces the step function)."""
+def _ms_per_step(step: Any, count: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(count):
+        step().numpy()
+    return (time.perf_counter() - t0) / count * 1e3
+
+
+def train_step(
+    formulation: str, precision: str, x: tf.Tensor, y: tf.Tensor, config: TrainConfig
+) -> Any:
+    """A traced-on-first-call training step (forward, loss, gradients, SGD update) of a
+    fresh model on the batch ``x`` (B, H, W, 1), ``y`` (B, K); returns the loss."""
     model = model_lib.build_model(
         y.shape[-1], height=x.shape[1], width=x.shape[2], seed=config.seed,
         formulation=formulation, precision=precision,
@@ -199,9 +216,16 @@ def step_time(
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss
 
+    return step
+
+
+def step_time(
+    formulation: str, precision: str, x: tf.Tensor, y: tf.Tensor, config: TrainConfig,
+    steps: int = TIMED_STEPS, warmup: int = WARMUP_STEPS,
+) -> float:  # fmt: skip
+    """Milliseconds per training step of :func:`train_step`: the mean of ``steps`` steps
+    after ``warmup`` (the first traces it)."""
+    step = train_step(formulation, precision, x, y, config)
     for _ in range(warmup):
         step().numpy()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step().numpy()
-    return (time.perf_counter() - t0) / steps * 1e3
+    return _ms_per_step(step, steps)
