@@ -27,7 +27,15 @@ import click
 from app import __version__, logs
 from app.budget.plan import PlanOptions
 from app.cluster.spec import ClusterOptions
-from app.config import GenerateConfig, PredictConfig, TrainConfig, check_bounds, flag_of, option
+from app.config import (
+    BFLOAT16_IN_AUTO,
+    GenerateConfig,
+    PredictConfig,
+    TrainConfig,
+    check_bounds,
+    flag_of,
+    option,
+)
 from app.errors import AppError, ModelRejected, Preempted
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -207,7 +215,9 @@ def train_cmd(**values: Any) -> None:
         config = build(TrainConfig, values)
         ws = workspace.for_run(config, cluster)
         held = lock.acquire(ws.own, below=ws.output)
-        bfloat16 = config.precision in ("auto", "bfloat16")
+        bfloat16 = config.precision == "bfloat16" or (
+            config.precision == "auto" and BFLOAT16_IN_AUTO
+        )
         plan = detect_plan("/", build(PlanOptions, values), bfloat16=bfloat16)
         apply.apply(plan)
         from app.training.run import train

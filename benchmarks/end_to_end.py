@@ -142,6 +142,9 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
         "train_size": summary["train_size"],
         "input_cpu_ms_per_batch": input_ms,
         "chosen": f"{summary['formulation']}/{summary['precision']}",
+        "candidates": sorted(
+            next((r.get("timings", {}) for r in records if r.get("event") == "choice"), {})
+        ),
         "intra_op_threads": plan.intra_op_threads,
         "inter_op_threads": plan.inter_op_threads,
         "cpu_budget": plan.cpu_budget,

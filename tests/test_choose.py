@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -47,6 +48,49 @@ def test_checkpoints_without_a_record_are_float32(tmp_path: Path) -> None:
     assert choose.recorded(tmp_path / "none") is None
 
 
+def _stand_ins(native_bf16: bool) -> tuple[SimpleNamespace, SimpleNamespace]:
+    plan = SimpleNamespace(
+        native_bf16=native_bf16, cpu_model="test", inputs={}, intra_op_threads=2,
+        inter_op_threads=1, onednn=True,
+    )  # fmt: skip
+    return plan, SimpleNamespace(height=10, width=10, num_outputs=1)
+
+
+@pytest.mark.parametrize(
+    ("native_bf16", "in_auto", "expected"),
+    [
+        (True, False, ["fast/float32", "plain/float32"]),
+        (False, True, ["fast/float32", "plain/float32"]),
+        (True, True, ["fast/bfloat16", "fast/float32", "plain/bfloat16", "plain/float32"]),
+    ],
+)
+def test_auto_measures_bfloat16_only_where_native_and_its_parity_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native_bf16: bool, in_auto: bool,
+    expected: list[str],
+) -> None:  # fmt: skip
+    from app import config as config_lib
+    from app.config import TrainConfig
+    from app.training import choose
+
+    def measure(candidates: list, data: object, config: object) -> dict:
+        return {c: 5.0 if c == ("plain", "float32") else 10.0 for c in candidates}
+
+    monkeypatch.setattr(config_lib, "BFLOAT16_IN_AUTO", in_auto)
+    monkeypatch.setattr(choose, "_measure", measure)
+    plan, data = _stand_ins(native_bf16)
+    config = TrainConfig(data_dir=tmp_path, output_dir=tmp_path)
+    picked = choose._decide(config, plan, data, tmp_path, tmp_path / "ckpt")  # type: ignore[arg-type]
+    assert sorted(picked.timings) == expected
+    assert (picked.formulation, picked.precision) == ("plain", "float32")
+    bf16_measured = len(expected) == 4
+    assert ("bfloat16" in picked.reason) == (not bf16_measured)  # why it was left out
+    # An explicit formulation: float32 alone is then not measured, and the reason says why.
+    fast = TrainConfig(data_dir=tmp_path, output_dir=tmp_path, formulation="fast")
+    one = choose._decide(fast, plan, data, tmp_path / "w", tmp_path / "ckpt")  # type: ignore[arg-type]
+    assert (one.precision, len(one.timings)) == ("float32", 2 if bf16_measured else 0)
+    assert ("float32 under --precision auto" in one.reason) == (not bf16_measured)
+
+
 @pytest.mark.slow
 def test_auto_times_the_candidates_and_takes_the_fastest(tiny_data: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
@@ -55,8 +99,9 @@ def test_auto_times_the_candidates_and_takes_the_fastest(tiny_data: Path, tmp_pa
     assert code == 0, err[-2000:]
     (choice,) = events(records, "choice")
     plan = events(records, "start")[0]["plan"]
-    expected = 4 if plan["native_bf16"] else 2
-    assert len(choice["timings"]) == expected
+    assert sorted(choice["timings"]) == ["fast/float32", "plain/float32"]
+    why = "parity with float32 fails" if plan["native_bf16"] else "no native support"
+    assert why in choice["reason"]
     fastest = min(choice["timings"], key=choice["timings"].get)
     assert f"{choice['formulation']}/{choice['precision']}" == fastest
     metrics = json.loads((out / "metrics.json").read_text())

@@ -159,6 +159,23 @@ def test_tf_enable_onednn_opts_in_the_environment_wins(raw: str, onednn: bool) -
     )
 
 
+@pytest.mark.parametrize(
+    "case, bfloat16, onednn",
+    [
+        ("amd-epyc-zen4-build-machine", True, True),  # native bf16: oneDNN's kernels
+        ("amd-epyc-zen3-milan", True, False),  # no bf16 on the CPU: TensorFlow's default
+        ("amd-epyc-zen4-build-machine", False, True),  # float32: TensorFlow's default
+    ],
+)
+def test_a_bfloat16_run_turns_onednn_on_where_the_cpu_has_bf16(
+    case: str, bfloat16: bool, onednn: bool
+) -> None:
+    plan = make_plan(budget(None, 2), overrides=Overrides(bfloat16=bfloat16), cpu=_cpu(case))
+    assert plan.onednn is onednn
+    (reason,) = [r for r in plan.reasons if r.startswith("oneDNN")]
+    assert ("computes in bfloat16" in reason) == (bfloat16 and case.endswith("build-machine"))
+
+
 def test_a_value_tensorflow_would_not_read_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="TF_ENABLE_ONEDNN_OPTS='yes'"):
         overrides_from({"TF_ENABLE_ONEDNN_OPTS": "yes"})

@@ -79,7 +79,7 @@ class Overrides:
     pin: str = "auto"
     rounding: str = DEFAULT_ROUNDING
     onednn: bool | None = None  # TF_ENABLE_ONEDNN_OPTS as the user set it
-    bfloat16: bool = False  # the run may compute in bfloat16 (--precision bfloat16 or auto)
+    bfloat16: bool = False  # the run may compute in bfloat16 (--precision bfloat16)
     sources: Mapping[str, str] = field(default_factory=dict)  # override name → where it came from
 
 
@@ -265,7 +265,7 @@ def _onednn(cpu: CpuModel | None, ov: Overrides) -> tuple[bool | None, str]:
     native = [f for f in BF16_FLAGS if f in cpu.flags]
     if ov.bfloat16 and native:
         return True, (
-            f"oneDNN on ({ONEDNN_ENV}=1): the run may compute in bfloat16, which only "
+            f"oneDNN on ({ONEDNN_ENV}=1): the run computes in bfloat16, which only "
             f"oneDNN's kernels do natively; the CPU has {', '.join(native)} "
             f"(/proc/cpuinfo: {cpu.name})"
         )
