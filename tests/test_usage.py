@@ -69,12 +69,16 @@ def _plan(quota: float | None, cpus: int = 4) -> object:
 
 
 def test_budget_watch_replans_only_when_the_threads_change(logged: list) -> None:
-    now = {"plan": _plan(2.0)}
-    watch = BudgetWatch(_plan(2.0), detect=lambda plan: now["plan"])  # type: ignore[arg-type]
+    now = {"plan": _plan(1.5)}
+    watch = BudgetWatch(_plan(1.5), detect=lambda plan: now["plan"])  # type: ignore[arg-type]
     assert watch() is False and logged == []  # nothing changed
-    now["plan"] = _plan(1.5)  # ceil(1.5) = 2 threads, as before
+    now["plan"] = _plan(1.2)  # 2 intra-op threads and 1 inter-op thread, as before
     assert watch() is False
     assert [r.event for r in logged] == ["budget_changed"] and logged[0].replan is False
+    now["plan"] = _plan(2.0)  # the same intra-op threads, but 2 inter-op threads
+    assert watch() is True
+    assert (logged[-1].old["inter_op_threads"], logged[-1].new["inter_op_threads"]) == (1, 2)
+    assert "inter-op 1 → 2" in logged[-1].getMessage()
     now["plan"] = _plan(3.0)
     assert watch() is True
     assert logged[-1].old["intra_op_threads"] == 2 and logged[-1].new["intra_op_threads"] == 3

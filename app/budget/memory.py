@@ -32,8 +32,13 @@ MIB = 1 << 20
 #: Share of the memory limit (physical memory without one) a training split may take to
 #: be held in memory rather than read from the cache file batch by batch.
 RESIDENT_SHARE = 0.25
-#: Python, TensorFlow, Keras, the model's graphs and their working set at a batch of ~0.
-BASE = 580 * MIB
+#: Python, TensorFlow, Keras, the model's graphs and their working set at a batch of ~0:
+#: their heap, and TensorFlow's shared libraries as the kernel maps them, which is more when
+#: their files were freshly written (a new image or venv: the page cache in large folios)
+#: than when they sit in an old page cache (docs/security.md, "Memory").
+HEAP = 270 * MIB
+CODE = 460 * MIB
+BASE = HEAP + CODE
 #: While a split is put in memory: the variables it is written into (the chunks on the
 #: way are in BASE's margin; app/data/pipeline.py load_resident).
 RESIDENT_SETUP_COPIES = 1

@@ -52,7 +52,8 @@ class BudgetWatch:
         logs.event(
             "budget_changed",
             f"CPU budget {old.cpu_budget:g} → {new.cpu_budget:g} CPUs "
-            f"(intra-op threads {old.intra_op_threads} → {new.intra_op_threads}): {why}",
+            f"(intra-op threads {old.intra_op_threads} → {new.intra_op_threads}, inter-op "
+            f"{old.inter_op_threads} → {new.inter_op_threads}): {why}",
             level=logging.INFO if replan or new.threads() == old.threads() else logging.WARNING,
             old={"cpu_budget": old.cpu_budget, "cpu_quota": old.cpu_quota, **_threads(old)},
             new={"cpu_budget": new.cpu_budget, "cpu_quota": new.cpu_quota, **_threads(new)},
