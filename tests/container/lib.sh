@@ -51,12 +51,21 @@ PY
 }
 
 # setup_and_build: the engine (podman: ../shared/tools/podman-setup.sh, unless
-# SKIP_SETUP=1) and the image (unless SKIP_BUILD=1; NO_CACHE=1 builds without the layer
-# cache). Exits 1 with the end of the build log if the build fails.
+# SKIP_SETUP=1; where the checkout has no ../shared beside it, the engine and base image
+# already installed on the machine) and the image (unless SKIP_BUILD=1; NO_CACHE=1 builds
+# without the layer cache). Exits 1 with the end of the build log if the build fails.
 setup_and_build() {
   if [ "$ENGINE" = podman ] && [ "${SKIP_SETUP:-0}" != 1 ]; then
-    log "engine: bash ../shared/tools/podman-setup.sh"
-    bash "$SHARED/tools/podman-setup.sh"
+    if [ -f "$SHARED/tools/podman-setup.sh" ]; then
+      log "engine: bash ../shared/tools/podman-setup.sh"
+      bash "$SHARED/tools/podman-setup.sh"
+    elif [ -z "$BASE_IMAGE" ] || "$ENGINE" image exists "$BASE_IMAGE"; then
+      log "engine: no $SHARED/tools/podman-setup.sh beside this checkout;" \
+        "using the installed $ENGINE and base image ${BASE_IMAGE:-(Dockerfile default)}"
+    else
+      fail setup "no $SHARED/tools/podman-setup.sh and no $BASE_IMAGE image: run the setup script, or set BASE_IMAGE"
+      exit 1
+    fi
   fi
   if [ "${SKIP_BUILD:-0}" != 1 ]; then
     log "build $IMAGE (BASE_IMAGE=${BASE_IMAGE:-Dockerfile default})"

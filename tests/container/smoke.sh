@@ -99,6 +99,9 @@ if ! "$ENGINE" run --rm --network none -v "$WORK/data:/gen" "$IMAGE" \
   fail generate "coretrain generate failed in the container (log above)"
   exit 1
 fi
+# The image user writes 0640 files (umask 0027: docs/security.md); a data mount is the
+# operator's to share, so open these to the other UIDs the checks below run as.
+chmod -R a+rX "$WORK/data"
 
 # --- train to completion as the image user ---------------------------------------------------
 new_volume out
