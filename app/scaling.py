@@ -5,9 +5,10 @@ What a user runs on their own node (``docker run … coretrain bench-scaling``, 
 
 * **threads**: train-step samples/s of each formulation and precision at 1, 2, 4, … up
   to the CPU budget's threads, each in a fresh process pinned to that many CPUs (thread
-  pools are fixed per process), with the speed-up over 1 thread, the parallel
-  efficiency (speed-up / threads) and the knee: the first count after which doubling
-  the threads gains less than :data:`KNEE_GAIN`;
+  pools are fixed per process; inter-op threads as the plan gives that many CPUs), with
+  the speed-up over 1 thread, the parallel efficiency (speed-up / threads) and the
+  knee: the first count after which doubling the threads gains less than
+  :data:`KNEE_GAIN`;
 * **processes**: the same budget split as K worker processes of N/K threads each
   (MultiWorkerMirroredStrategy on localhost, each pinned to its own CPUs), end to end
   with ``coretrain train`` on generated data, against one process of N threads;
@@ -32,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from app.budget.plan import inter_op_threads_for
+
 #: Doubling the threads must gain at least this factor to be worth it (the knee).
 KNEE_GAIN = 1.2
 STEPS = 8
@@ -51,7 +54,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     os.sched_setaffinity(0, spec["cpus"])
     os.environ.update(
         TF_NUM_INTRAOP_THREADS=str(spec["threads"]),
-        TF_NUM_INTEROP_THREADS="1",
+        TF_NUM_INTEROP_THREADS=str(inter_op_threads_for(spec["threads"])),
         TF_CPP_MIN_LOG_LEVEL="2",
         TF_CPU_ALLOCATOR_USE_BFC="true",
     )

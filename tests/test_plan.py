@@ -44,6 +44,31 @@ def test_intra_op_threads_follow_the_rounding_rule(quota, cpus, rule, threads) -
     assert any(f"intra-op threads {threads} = {rule}" in r for r in plan.reasons)
 
 
+def test_a_request_without_a_quota_is_reported_and_the_pools_use_the_cpuset() -> None:
+    burstable = CpuBudget(
+        cpu_quota=None, cpuset=tuple(range(16)), memory_limit=None, quota_source="none",
+        cpu_request=1.0,
+    )  # fmt: skip
+    plan = make_plan(burstable, overrides=Overrides())
+    assert (plan.cpu_budget, plan.intra_op_threads) == (16.0, 16)
+    assert (plan.budget_source, plan.cpu_request) == ("cpuset", 1.0)
+    (why,) = [r for r in plan.reasons if r.startswith("cpu budget")]
+    assert "the CPU request 1 is a weight under contention" in why and "Requests without" in why
+    assert plan.to_json()["budget_source"] == "cpuset"
+
+
+@pytest.mark.parametrize(
+    "quota, cpus, source",
+    [(1.5, 16, "cpu quota (test)"), (None, 4, "cpuset"), (2.0, 1, "cpu quota (test)")],
+)
+def test_the_plan_names_what_set_its_budget(quota, cpus, source) -> None:
+    plan = make_plan(budget(quota, cpus), overrides=Overrides())
+    assert plan.budget_source == source and plan.cpu_request is None
+    assert not any("CPU request" in r for r in plan.reasons)
+    forced = make_plan(budget(quota, cpus), overrides=Overrides(cpus=3.0))
+    assert (forced.budget_source, forced.cpu_budget) == ("--cpus", 3.0)
+
+
 def test_unknown_rounding_rule_is_a_config_error() -> None:
     with pytest.raises(ConfigError):
         round_threads(2.0, "nearest", 4)

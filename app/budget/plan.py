@@ -167,7 +167,8 @@ class ThreadPlan:
     affinity to set (None = leave it); ``memory_limit`` and ``tfdata_ram_budget``
     in bytes (None = unlimited / tf.data's default); ``onednn`` the value of
     ``TF_ENABLE_ONEDNN_OPTS`` to set (None = leave it to TensorFlow); ``cpu_model``
-    the CPU's model name.
+    the CPU's model name; ``budget_source`` what set ``cpu_budget``; ``cpu_request`` the
+    ``CPU_REQUEST`` hint in CPUs (reported, never sizing: the reasons say why).
     """
 
     cpu_quota: float | None
@@ -184,6 +185,8 @@ class ThreadPlan:
     inputs: Mapping[str, str]
     onednn: bool | None = None
     cpu_model: str = "unknown"
+    budget_source: str = "cpuset"  # what set cpu_budget: "--cpus", "cpu quota (…)", "cpuset"
+    cpu_request: float | None = None  # the CPU_REQUEST hint, reported only (see reasons)
     cpu_stat: str | None = None  # cpu.stat of the limiting cgroup (app.budget.usage)
     native_bf16: bool = False  # the CPU has bfloat16 dot products (BF16_FLAGS)
     overrides: Overrides = field(default_factory=lambda: Overrides())  # what the user set
@@ -204,6 +207,25 @@ class ThreadPlan:
         }
         out["overrides"]["sources"] = dict(self.overrides.sources)
         return out
+
+
+def _request_note(cpu_request: float | None) -> str:
+    """Why a CPU request without a quota does not size the pools (None: no request)."""
+    if cpu_request is None:
+        return ""
+    return (
+        f"; the CPU request {cpu_request:g} is a weight under contention (cpu.shares), not a "
+        "cap: the pools use every CPU of the cpuset, which measured as fast or faster with "
+        'a busy neighbour and faster on an idle node (docs/cpu-budget.md, "Requests '
+        'without limits")'
+    )
+
+
+def inter_op_threads_for(cpu_budget: float) -> int:
+    """Inter-op threads for a budget of ``cpu_budget`` CPUs: 1 under 2 CPUs, else 2 (two
+    ops at a time fill the intra-op pool where the backward pass branches; measured in
+    docs/cpu-budget.md)."""
+    return 1 if cpu_budget < 2 else 2
 
 
 def round_threads(budget: float, rule: str, visible_cpus: int) -> int:
@@ -302,13 +324,18 @@ def make_plan(
         if not ov.cpus > 0:
             raise ConfigError(f"--cpus must be > 0, got {ov.cpus}")
         cpu_budget = float(ov.cpus)
-        src = ov.sources.get("cpus", "--cpus")
-        reasons.append(f"cpu budget {cpu_budget:g} from {src} (detected {budget.cpu_budget:g})")
+        source = ov.sources.get("cpus", "--cpus")
+        reasons.append(f"cpu budget {cpu_budget:g} from {source} (detected {budget.cpu_budget:g})")
     else:
         cpu_budget = float(budget.cpu_budget)
         if budget.cpu_quota is None:
-            reasons.append(f"cpu budget {cpu_budget:g}: no CPU quota, {visible} CPUs in cpuset")
+            source = "cpuset"
+            reasons.append(
+                f"cpu budget {cpu_budget:g}: no CPU quota, {visible} CPUs in cpuset"
+                + _request_note(budget.cpu_request)
+            )
         else:
+            source = f"cpu quota ({budget.quota_source})"
             reasons.append(
                 f"cpu budget {cpu_budget:g} = min(quota {budget.cpu_quota:g}, cpuset {visible})"
             )
@@ -325,7 +352,7 @@ def make_plan(
         src = ov.sources.get("inter_op_threads", "--inter-op-threads")
         reasons.append(f"inter-op threads {inter} from {src} (explicit setting wins)")
     else:
-        inter = 1 if cpu_budget < 2 else 2
+        inter = inter_op_threads_for(cpu_budget)
         reasons.append(
             f"inter-op threads {inter} (budget {cpu_budget:g}: "
             + (
@@ -369,6 +396,8 @@ def make_plan(
         inputs=inputs,
         onednn=onednn,
         cpu_model=cpu.name if cpu is not None else "unknown",
+        budget_source=source,
+        cpu_request=budget.cpu_request,
         cpu_stat=budget.cpu_stat,
         native_bf16=cpu is not None and any(f in cpu.flags for f in BF16_FLAGS),
         overrides=ov,
