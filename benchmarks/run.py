@@ -401,8 +401,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--steps", type=int, default=10, help="timed train steps (model_step)")
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--e2e-window", type=int, default=10, help="steps per progress window")
-    p.add_argument("--e2e-steps", type=int, default=60, help="timed end-to-end steps")
+    # One evaluation per window: every 50 steps is twice the job's default (--eval-every
+    # 100); what evaluating every 10 steps costs: docs/performance.md, (c).
+    p.add_argument("--e2e-window", type=int, default=50, help="steps per progress window")
+    p.add_argument("--e2e-steps", type=int, default=150, help="timed end-to-end steps")
     p.add_argument(
         "--e2e-rounds", type=int, default=3, help="interleaved end-to-end rounds (all variants)"
     )
