@@ -253,7 +253,7 @@ def measure(
 
 
 def ratios(part: dict[str, Any], threads: list[int]) -> dict[str, Any]:
-    """The issue's ingest targets as ratios (None where a side is missing)."""
+    """The ingest targets as ratios (None where a side is missing)."""
 
     def rate(name: str, key: str) -> float | None:
         value = part.get(name, {}).get(key)

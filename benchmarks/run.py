@@ -39,10 +39,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from app.budget.plan import BF16_FLAGS
+from app.budget.topology import ONEDNN_DEFAULT_FLAGS, detect_cpu
 from benchmarks import end_to_end, ingest, model_step, worker
 
 REPO = Path(__file__).resolve().parent.parent
-# The issue's targets. Wall-clock ratios, and the same per CPU-second where load from other
+# The targets. Wall-clock ratios, and the same per CPU-second where load from other
 # sessions distorts wall time.
 TARGETS = {
     "converter_1t_over_pandas": 3.0,
@@ -64,19 +66,30 @@ def log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+#: The /proc/cpuinfo flags that decide a formulation's speed here: vector width, and what
+#: turns oneDNN on or gives bfloat16 dot products (app.budget.topology, app.budget.plan).
+DECIDING_FLAGS = ("avx2", "fma", "avx512f", *ONEDNN_DEFAULT_FLAGS, *BF16_FLAGS)
+
+
 def machine() -> dict[str, Any]:
-    """CPU model, CPU counts, kernel, Python and the load average now."""
+    """CPU model (name, family, model number), the deciding flags it has, CPU counts,
+    kernel, Python and the load average now."""
     model = platform.processor() or platform.machine()
+    lscpu: dict[str, str] = {}
     try:
         text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
         for line in text.splitlines():
             key, _, value = line.partition(":")
-            if key.strip() == "Model name":
-                model = value.strip()
+            lscpu[key.strip()] = value.strip()
+        model = lscpu.get("Model name", model)
     except (OSError, subprocess.SubprocessError):
         pass
+    flags = detect_cpu("/").flags
     return {
         "cpu_model": model,
+        "cpu_family": lscpu.get("CPU family"),
+        "cpu_model_number": lscpu.get("Model"),
+        "cpu_flags": [f for f in dict.fromkeys(DECIDING_FLAGS) if f in flags],
         "cpus": os.cpu_count(),
         "affinity": len(os.sched_getaffinity(0)),
         "kernel": platform.release(),
@@ -194,7 +207,7 @@ def _round(value: Any) -> float | None:
 
 
 def ratios(report: dict[str, Any], threads: list[int]) -> dict[str, Any]:
-    """All ratios of the run; the issue's targets are in TARGETS."""
+    """All ratios of the run; the targets are in TARGETS."""
     fast = _get(report, "model", "fast", "samples_per_s")
     median = report.get("end_to_end", {}).get("ratio_median", {})
     out = {
@@ -377,8 +390,11 @@ def table(report: dict[str, Any]) -> str:
         lines.append(f"  {key:38s} {_fmt(value, 2)}{mark}")
     m = report.get("machine", {})
     lines.append("")
+    flags = " ".join(m.get("cpu_flags") or []) or "no deciding flags"
     lines.append(
-        f"machine: {m.get('cpu_model')}, {m.get('cpus')} CPUs; load average "
+        f"machine: {m.get('cpu_model')} (family {m.get('cpu_family')} model "
+        f"{m.get('cpu_model_number')}; {flags}), "
+        f"{m.get('cpus')} CPUs; load average "
         f"{m.get('loadavg')} before, {report.get('loadavg_end')} after; driver RSS "
         f"{report.get('driver_rss_mb')} MB (included in every peak RSS)"
     )
