@@ -119,7 +119,7 @@ class Trainer:
         self.f_mean, self.f_inv, self.l_mean, self.l_std = (tf.constant(s) for s in stats)
         self.seed = tf.constant(config.seed, tf.int64)
         self._loop = tf.function(self._train_loop)
-        self._sums = tf.function(self._eval_sums)
+        self._sums = tf.function(self._batch_sums)
         self._test = replicas.shard(
             pipeline.eval_dataset(data, plan, config.batch_size, features=self.standardize_x)
         )
@@ -232,19 +232,23 @@ class Trainer:
         return self.model(xs, training=False) * self.l_std + self.l_mean
 
     def evaluate(self) -> float:
-        """Test RMSE over all outputs, in raw label units (each worker evaluates a shard)."""
+        """Test RMSE over all outputs, in raw label units (each worker evaluates a shard).
+
+        Batch by batch from Python, one traced call per batch shape: the same loop inside
+        one ``tf.function`` ran the forward passes several times slower (a while-loop body
+        of unknown batch size; docs/performance.md).
+        """
+        sq = count = 0.0
         with self.replicas.guard("evaluation"):
-            sq, count = self._sums(self._test)
-        total = self.replicas.sum([float(sq), float(count)], "evaluation")
+            for x, y in self._test:
+                batch_sq, batch_count = self._sums(x, y)
+                sq, count = sq + float(batch_sq), count + float(batch_count)
+        total = self.replicas.sum([sq, count], "evaluation")
         return math.sqrt(total[0] / max(total[1], 1.0))
 
-    def _eval_sums(self, batches: tf.data.Dataset) -> tuple[tf.Tensor, tf.Tensor]:
-        sq, count = tf.constant(0.0, tf.float64), tf.constant(0.0, tf.float64)
-        for x, y in batches:
-            err = self.predict(x) - y
-            sq += tf.cast(tf.reduce_sum(tf.square(err)), tf.float64)
-            count += tf.cast(tf.size(err), tf.float64)
-        return sq, count
+    def _batch_sums(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        err = self.predict(x) - y
+        return tf.cast(tf.reduce_sum(tf.square(err)), tf.float64), tf.cast(tf.size(err), tf.float64)
 
 
 def _statistics(data: DataCache, standardize: bool) -> tuple[np.ndarray, ...]:
