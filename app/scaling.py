@@ -24,7 +24,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from app.budget.plan import inter_op_threads_for
+from app.cluster.spec import free_ports
 
 #: Doubling the threads must gain at least this factor to be worth it (the knee).
 KNEE_GAIN = 1.2
@@ -120,17 +120,6 @@ def _knee(rows: list[dict[str, Any]]) -> int | None:
     return None
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 def _pin_to(cpus: list[int]) -> Any:
     """A preexec_fn pinning the child to ``cpus`` before it starts (its plan then sees them)."""
 
@@ -145,7 +134,7 @@ def _train_rate(
 ) -> dict[str, Any]:
     """End-to-end samples/s of ``workers`` processes splitting ``cpus`` (steady windows)."""
     share = len(cpus) // workers
-    hosts = ",".join(f"localhost:{p}" for p in _free_ports(workers)) if workers > 1 else None
+    hosts = ",".join(f"localhost:{p}" for p in free_ports(workers)) if workers > 1 else None
     procs = []
     for i in range(workers):
         args = [sys.executable, "-m", "app", "train", "--data", str(data), "--output",

@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,7 +27,7 @@ import numpy as np
 import pytest
 
 from app.cluster import spec
-from app.cluster.spec import Cluster, ClusterError, ClusterOptions
+from app.cluster.spec import Cluster, ClusterError, ClusterOptions, free_ports
 from app.config import TrainConfig
 from app.data import synthetic
 from app.errors import ConfigError
@@ -350,17 +349,6 @@ RUN_TIMEOUT = 400
 HEARTBEAT = 10.0
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 class Worker:
     """One ``python -m app train`` worker process; stdout goes to a file we can poll.
 
@@ -450,7 +438,7 @@ def _start_pair(
 ) -> list[Worker]:
     """Workers 0 and 1 on free localhost ports, with ``args``; ``data`` and ``out`` are one
     directory for both or one each; ``other``: more arguments for worker 1 only."""
-    hosts = ",".join(f"localhost:{p}" for p in _free_ports(2))
+    hosts = ",".join(f"localhost:{p}" for p in free_ports(2))
     datas = data if isinstance(data, tuple) else (data, data)
     outs = out if isinstance(out, tuple) else (out, out)
     return [
@@ -848,7 +836,7 @@ def test_a_worker_whose_peer_never_starts_gives_up_after_the_cluster_timeout(
     tiny_data: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "output"
-    ports = _free_ports(2)
+    ports = free_ports(2)
     hosts = ",".join(f"localhost:{p}" for p in ports)
     chief = Worker(0, hosts, tiny_data, out, "--max-steps", "3", "--cluster-timeout", "5")
     chief.wait_for("cluster_wait")

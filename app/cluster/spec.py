@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -284,3 +285,17 @@ def resolve(environ: Mapping[str, str], options: ClusterOptions | None = None) -
         raise ConfigError(f"worker index {worker_index} is not in 0..{workers - 1}")
     jobs = {"worker": worker_hosts(hosts, workers)}
     return Cluster(jobs, "worker", worker_index, source=source, **timeouts)
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports free on 127.0.0.1 now, for workers on one host: bound to
+    port 0 together, then released (another process may still take one before a worker
+    binds it)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
