@@ -11,6 +11,7 @@ No click, no TensorFlow here.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +84,8 @@ def check_bounds(obj: Any) -> None:
             raise ConfigError(f"{name} must be one of {', '.join(meta['choices'])}, got {value!r}")
         if not isinstance(value, int | float):
             continue
+        if not math.isfinite(value):
+            raise ConfigError(f"{name} must be a finite number, got {value}")
         bounds = (
             ("minimum", lambda v, b: v >= b, "at least"),
             ("above", lambda v, b: v > b, "greater than"),

@@ -103,3 +103,15 @@ def test_a_successful_run_prints_nothing_on_stderr(
     proc = run_cli("train", *args, *TINY_TRAIN_ARGS, env={"TF_ENABLE_ONEDNN_OPTS": onednn})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr == ""
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e309"])
+@pytest.mark.parametrize("command", ["plan", "train"])
+def test_a_non_finite_number_is_a_one_line_usage_error(
+    command: str, value: str, tiny_data: Path, tmp_path: Path
+) -> None:
+    args = [] if command == "plan" else ["--data", str(tiny_data), "--output", str(tmp_path)]
+    proc = run_cli(command, *args, "--cpus", value)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("coretrain: --cpus must be a finite number, got "), line

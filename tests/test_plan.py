@@ -131,6 +131,8 @@ def test_plan_text_names_each_number_and_its_inputs() -> None:
     proc = run_cli("plan", "--format", "text", "--root", str(case))
     assert proc.returncode == 0, proc.stderr
     assert "cpu_quota         1.5" in proc.stdout
+    assert "budget_source     cpu quota (cgroup v1)" in proc.stdout
+    assert "cpu_request       none" in proc.stdout
     assert "cpu.cfs_quota_us = 150000" in proc.stdout
 
 

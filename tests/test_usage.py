@@ -106,3 +106,11 @@ def test_a_throttled_interval_warns_with_what_to_change(logged: list) -> None:
     assert warning.event == "cpu_throttled" and warning.levelno == logging.WARNING
     assert "60%" in warning.getMessage() and "--rounding floor" in warning.getMessage()
     json.dumps(warning.cpu_throttled_ratio)
+
+
+def test_a_throttled_single_thread_is_told_only_to_raise_the_limit(logged: list) -> None:
+    action = warn_when_throttled(_plan(0.3))  # type: ignore[arg-type]
+    action({"step": 20, "cpu_throttled_ratio": 0.9, "cpu_throttled_s": 5.0})
+    message = logged[-1].getMessage()
+    assert "1 intra-op thread run into a quota of 0.3 CPUs; raise the CPU limit" in message
+    assert "--rounding" not in message and "fewer threads" not in message

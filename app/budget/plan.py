@@ -410,6 +410,8 @@ def format_text(plan: ThreadPlan) -> str:
         f"cpu_quota         {plan.cpu_quota if plan.cpu_quota is not None else 'unlimited'}",
         f"cpuset            {list(plan.cpuset)}",
         f"cpu_budget        {plan.cpu_budget:g}",
+        f"budget_source     {plan.budget_source}",
+        f"cpu_request       {f'{plan.cpu_request:g}' if plan.cpu_request is not None else 'none'}",
         f"intra_op_threads  {plan.intra_op_threads}",
         f"inter_op_threads  {plan.inter_op_threads}",
         f"tfdata_threads    {plan.tfdata_threads}",

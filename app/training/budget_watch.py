@@ -86,12 +86,18 @@ def warn_when_throttled(plan: ThreadPlan) -> Callable[[dict[str, Any]], None]:
             return
         quota = plan.cpu_quota
         limit = f"a quota of {quota:g} CPUs" if quota else "the CPU quota"
+        threads = plan.intra_op_threads
+        fewer = (
+            "use --rounding floor or --intra-op-threads to run fewer threads, or "
+            if threads > 1
+            else ""  # one thread is the fewest: only the limit can change
+        )
         logs.event(
             "cpu_throttled",
             f"the kernel stopped the job in {ratio:.0%} of its CFS periods "
             f"({record.get('cpu_throttled_s')} s) since the last progress event: "
-            f"{plan.intra_op_threads} intra-op threads run into {limit}; use --rounding "
-            "floor or --intra-op-threads to run fewer threads, or raise the CPU limit",
+            f"{threads} intra-op thread{'s' if threads > 1 else ''} run into {limit}; "
+            f"{fewer}raise the CPU limit",
             level=logging.WARNING,
             step=record.get("step"),
             cpu_throttled_ratio=ratio,
