@@ -131,17 +131,14 @@ def build(cls: type, values: dict[str, Any]) -> Any:
     return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
 
 
-def _fail(exc: BaseException, log: bool = True) -> None:
-    """Report an error in one line on stderr (and, with ``log``, as a log event) and exit.
-    Commands that set up no JSON log pass ``log=False``: without handlers Python's logging
-    would print the event on stderr as a second line."""
+def _fail(exc: BaseException) -> None:
+    """Report an error in one line on stderr (and as a log event) and exit."""
     if isinstance(exc, AppError):
         code, message = exc.exit_code, str(exc)
     else:
         code, message = 1, f"unexpected error: {type(exc).__name__}: {exc}"
-        if log:
-            logs.event("traceback", "".join(traceback.format_exception(exc)), level=logging.ERROR)
-    if log and not isinstance(exc, Preempted | ModelRejected):  # those logged their own end
+        logs.event("traceback", "".join(traceback.format_exception(exc)), level=logging.ERROR)
+    if not isinstance(exc, Preempted | ModelRejected):  # those logged their own end event
         logs.event("end", message, level=logging.ERROR, status="failed", exit_code=code)
     click.echo(f"coretrain: {message}", err=True)
     sys.exit(code)
@@ -164,7 +161,7 @@ def plan_cmd(**values: Any) -> None:
         report = build(PlanReport, values)
         plan = detect_plan(str(report.root), build(PlanOptions, values))
     except AppError as exc:
-        _fail(exc, log=False)
+        _fail(exc)
     if report.format == "json":
         click.echo(json.dumps(plan.to_json(), indent=2))
     else:

@@ -18,6 +18,10 @@ from pythonjsonlogger.json import JsonFormatter
 
 LOGGER_NAME = "coretrain"
 _ROUTED = ("tensorflow", "absl", "keras", "py.warnings")
+# Until setup() (commands that keep stdout for their own output, such as plan, never call
+# it), events go nowhere: without a handler Python's logging would print them on stderr,
+# next to the one-line error (the logging HOWTO's rule for libraries).
+logging.getLogger(LOGGER_NAME).addHandler(logging.NullHandler())
 
 
 class _Defaults(logging.Filter):
