@@ -25,6 +25,8 @@ FILE_HELP = (
 )
 FORMULATIONS = ("auto", "fast", "plain")
 PRECISIONS = ("auto", "float32", "bfloat16")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+SCHEDULES = ("exponential", "cosine", "constant")
 #: Whether ``--precision auto`` may measure bfloat16 (on a CPU with native bf16 only): not
 #: while its accuracy parity with float32 fails for this model (app.training.choose).
 BFLOAT16_IN_AUTO = False
@@ -152,7 +154,11 @@ class TrainConfig:
     batch_size: int = option(
         1000, "Samples per step (per worker in a multi-worker run).", minimum=1
     )
-    eval_every: int = option(100, "Evaluate the test RMSE every N steps.", minimum=1)
+    eval_every: int = option(
+        100,
+        "Evaluate every N steps: the validation RMSE (the test RMSE with --validation-fraction 0).",
+        minimum=1,
+    )
     checkpoint_every: int = option(100, "Save a checkpoint every N steps.", minimum=1)
     keep_checkpoints: int = option(3, "Checkpoints kept on disk.", minimum=1)
     steps_per_loop: int = option(
@@ -163,14 +169,46 @@ class TrainConfig:
         shown_default="0 (auto)",
     )
     target_loss: float = option(
-        0.01, "Stop early once the test RMSE (raw label units) is below this.", metavar="RMSE"
+        0.01,
+        "Stop early once the evaluated RMSE (raw label units; validation, or test with "
+        "--validation-fraction 0) is below this.",
+        metavar="RMSE",
     )
-    learning_rate: float = option(0.1, "Initial SGD learning rate.", above=0)
-    lr_decay: float = option(0.8, "Learning-rate factor per decay period.", above=0, maximum=1)
-    lr_decay_steps: int = option(200, "Steps per decay period (staircase).", minimum=1)
-    momentum: float = option(0.8, "SGD momentum.", minimum=0, below=1)
+    optimizer: str = option(
+        "sgd",
+        "Optimizer (Keras'): sgd (with --momentum), adam, or adamw (with --weight-decay).",
+        choices=OPTIMIZERS,
+    )
+    learning_rate: float = option(0.1, "Initial (peak) learning rate.", above=0)
+    lr_schedule: str = option(
+        "exponential",
+        "Learning-rate schedule: exponential (× --lr-decay every --lr-decay-steps steps, "
+        "staircase), cosine (from --learning-rate down to 0 at --max-steps) or constant.",
+        choices=SCHEDULES,
+    )
+    lr_decay: float = option(
+        0.8, "Learning-rate factor per decay period (exponential).", above=0, maximum=1
+    )
+    lr_decay_steps: int = option(200, "Steps per decay period (exponential).", minimum=1)
+    momentum: float = option(0.8, "SGD momentum (sgd).", minimum=0, below=1)
+    weight_decay: float = option(
+        0.004,
+        "Decoupled weight decay per step, as a fraction of the learning rate (adamw); the "
+        "loss's L2 terms apply to every optimizer.",
+        minimum=0,
+    )
     keep_prob: float = option(0.5, "Dropout keep probability in training.", above=0, maximum=1)
-    seed: int = option(0, "Seed for initialisation, data order and dropout.")
+    validation_fraction: float = option(
+        0.1,
+        "Fraction of the training rows held out (chosen by --seed) to evaluate during "
+        "training, stop at --target-loss and choose the exported step; 0: none (then the "
+        "test set is evaluated and the last step exported).",
+        minimum=0,
+        below=0.5,
+    )
+    seed: int = option(
+        0, "Seed for initialisation, data order, dropout and the validation split.", minimum=0
+    )
     standardize: bool = option(
         True,
         "Standardise features and labels with training-set statistics.",
@@ -245,7 +283,13 @@ class GenerateConfig:
     out: Path = option(help="Directory to write the four data files into.", directory=True)
     train: int = option(3000, "Training samples (lines).", minimum=1)
     test: int = option(600, "Test samples (lines).", minimum=1)
-    seed: int = option(0, "Random seed.")
+    seed: int = option(0, "Random seed.", minimum=0)
+    kind: str = option(
+        "demo",
+        "demo: one peak, 3 labels (the quick start's); lines: five narrow decaying lines, "
+        "15 labels (harder; app/data/synthetic.py).",
+        choices=("demo", "lines"),
+    )
 
     def __post_init__(self) -> None:
         check_bounds(self)

@@ -530,7 +530,7 @@ def test_two_workers_follow_the_single_process_run_with_the_global_batch(
     # order (an all-reduce of per-worker sums), ~1 ulp per step, which 6 SGD steps amplify;
     # 1e-5 relative is ~80 float32 ulps of the loss, the weights below the same.
     for a, b in zip(pair, single, strict=True):
-        for key in ("loss", "train_rmse", "test_rmse"):
+        for key in ("loss", "train_rmse", "val_rmse"):
             assert a[key] == pytest.approx(b[key], rel=1e-5), (a["step"], key)
     ours = _checkpoint_tensors(out / "checkpoints" / "ckpt-6")
     theirs = _checkpoint_tensors(single_out / "checkpoints" / "ckpt-6")
@@ -553,7 +553,7 @@ def test_workers_log_their_index_and_agree_on_every_evaluation(pair_run) -> None
         assert [p["step"] for p in events(records, "progress")] == [3, 6]
         assert events(records, "end")[-1]["status"] == "completed"
     # One global RMSE: the workers' shard statistics are all-reduced.
-    rmse = [[p["test_rmse"] for p in events(records, "progress")] for records in logs]
+    rmse = [[p["val_rmse"] for p in events(records, "progress")] for records in logs]
     assert rmse[0] == rmse[1]
     losses = [[p["loss"] for p in events(records, "progress")] for records in logs]
     assert losses[0] == losses[1]
@@ -755,7 +755,7 @@ def test_a_resumed_run_has_the_losses_and_weights_of_an_uninterrupted_one_bit_fo
 
     def steps(worker: Worker) -> list[tuple]:
         return [
-            (p["step"], p["loss"], p["train_rmse"], p["test_rmse"], p["lr"])
+            (p["step"], p["loss"], p["train_rmse"], p["val_rmse"], p["lr"])
             for p in events(worker.records(), "progress")
         ]
 

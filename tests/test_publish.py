@@ -175,10 +175,10 @@ def test_tensorboard_event_files_hold_the_progress_scalars(nights: dict) -> None
                     texts.append(tensor.item().decode())
                 else:
                     found.setdefault(value.tag, {})[event.step] = float(tensor)
-    assert set(found) >= {"loss", "train_rmse", "test_rmse", "learning_rate",
+    assert set(found) >= {"loss", "train_rmse", "val_rmse", "learning_rate",
                           "examples_per_sec", "cpu_util"}  # fmt: skip
     for step, record in progress.items():
-        assert found["test_rmse"][step] == pytest.approx(record["test_rmse"], rel=1e-6)
+        assert found["val_rmse"][step] == pytest.approx(record["val_rmse"], rel=1e-6)
         assert found["learning_rate"][step] == pytest.approx(record["lr"], rel=1e-6)
     assert texts and '"max_steps": 150' in texts[0]
 

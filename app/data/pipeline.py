@@ -109,13 +109,17 @@ class TrainInput:
     resident: Resident | None = None
 
 
-def load_resident(cache: DataCache, features: Transform, labels: Transform) -> Resident:
-    """Load the training split once into variables, chunk by chunk; log how long it took.
+def load_resident(
+    cache: DataCache, features: Transform, labels: Transform, rows: np.ndarray | None = None
+) -> Resident:
+    """Load the training rows ``rows`` (sorted; default all) once into variables, chunk by
+    chunk, in that order; log how long it took.
 
-    Memory: the split once plus one chunk (:data:`LOAD_CHUNK_BYTES`); the chunks are read
+    Memory: the rows once plus one chunk (:data:`LOAD_CHUNK_BYTES`); the chunks are read
     with ``preadv``, so no page of the cache file stays mapped.
     """
-    n, h, w, k = cache.train_size, cache.height, cache.width, cache.num_outputs
+    rows = np.arange(cache.train_size, dtype=np.int64) if rows is None else rows
+    n, h, w, k = len(rows), cache.height, cache.width, cache.num_outputs
     t0 = time.perf_counter()
     x_var = tf.Variable(tf.zeros((n, h, w, 1)), trainable=False, name="resident_features")
     y_var = tf.Variable(tf.zeros((n, k)), trainable=False, name="resident_labels")
@@ -123,9 +127,9 @@ def load_resident(cache: DataCache, features: Transform, labels: Transform) -> R
     # a write copies the whole variable (its buffer is shared): collect them first, so the
     # split is held once (measured in docs/performance.md).
     gc.collect()
-    rows = max(1, LOAD_CHUNK_BYTES // (4 * (h * w + k)))
-    for a in range(0, n, rows):
-        idx = np.arange(a, min(a + rows, n))
+    chunk = max(1, LOAD_CHUNK_BYTES // (4 * (h * w + k)))
+    for a in range(0, n, chunk):
+        idx = rows[a : a + chunk]
         where = tf.range(a, a + len(idx))
         x = features(cache.read_rows("train", "features", idx)[..., None])
         # scatter_update writes in place; ``var[a:b].assign`` would first read the whole
@@ -135,7 +139,7 @@ def load_resident(cache: DataCache, features: Transform, labels: Transform) -> R
             tf.IndexedSlices(labels(cache.read_rows("train", "labels", idx)), where)
         )
     seconds = time.perf_counter() - t0
-    size = split_bytes(cache)
+    size = memory.split_bytes(n, h * w, k)
     logs.event(
         "input_loaded",
         f"training split loaded into memory: {size / 1e6:,.0f} MB in {seconds:.1f} s "
@@ -227,23 +231,31 @@ def train_input(
     resident: bool = False,
     features: Transform | None = None,
     labels: Transform | None = None,
+    rows: np.ndarray | None = None,
 ) -> TrainInput:
     """The batches of steps ``start_step .. end_step-1``: x (B,H,W,1) float32, y (B,K).
 
-    The rows of a step are :func:`batch_rows` for worker ``index`` of ``workers``
-    (``batch_size`` per worker). ``resident``: hold the split in memory
-    (:func:`load_resident`) and yield row indices; else stream the rows. ``features`` /
-    ``labels``: elementwise transforms (the standardisation), applied once to a resident
-    split, else to each batch; raw values without them.
+    ``rows``: the training file's rows trained on (sorted int64; default all; the others
+    are the validation split, app/data/split.py). The batch order is over positions in
+    ``rows``: the rows of a step are ``rows[p]`` for the positions ``p`` of
+    :func:`batch_rows` for worker ``index`` of ``workers`` (``batch_size`` per worker).
+    ``resident``: hold those rows in memory (:func:`load_resident`) and yield positions;
+    else stream the rows. ``features`` / ``labels``: elementwise transforms (the
+    standardisation), applied once to a resident split, else to each batch; raw values
+    without them.
     """
     features_fn, labels_fn = features or _identity, labels or _identity
-    n = cache.train_size
+    rows = np.arange(cache.train_size, dtype=np.int64) if rows is None else rows
+    n = len(rows)
 
-    def rows_of(step: np.int64) -> np.ndarray:
+    def positions(step: np.int64) -> np.ndarray:
         return batch_rows(seed, int(step), batch_size, n, workers, index).astype(np.int64)
 
+    def rows_of(step: np.int64) -> np.ndarray:
+        return rows[positions(step)]
+
     def indices(step: tf.Tensor) -> tf.Tensor:
-        idx = tf.numpy_function(rows_of, [step], tf.int64, stateful=False)
+        idx = tf.numpy_function(positions, [step], tf.int64, stateful=False)
         idx.set_shape((batch_size,))
         return idx
 
@@ -258,7 +270,7 @@ def train_input(
         y.set_shape((batch_size, cache.num_outputs))
         return features_fn(x), labels_fn(y)
 
-    split = load_resident(cache, features_fn, labels_fn) if resident else None
+    split = load_resident(cache, features_fn, labels_fn, rows) if resident else None
     ds = tf.data.Dataset.range(start_step, end_step)
     fetch = indices if split is not None else streamed
     ds = ds.map(fetch, num_parallel_calls=min(2, plan.tfdata_threads), deterministic=True)
@@ -266,18 +278,27 @@ def train_input(
 
 
 def eval_dataset(
-    cache: DataCache, plan: ThreadPlan, batch_size: int, features: Transform | None = None
+    cache: DataCache,
+    plan: ThreadPlan,
+    batch_size: int,
+    features: Transform | None = None,
+    split: str = "test",
+    rows: np.ndarray | None = None,
 ) -> tf.data.Dataset:
-    """The test set in order: (x (b,H,W,1), y (b,K) raw), the last batch may be short.
+    """Rows of ``split`` in order: (x (b,H,W,1), y (b,K) raw), the last batch may be short.
 
-    ``features``: an elementwise transform of x (the standardisation); raw without it.
+    ``rows``: sorted row numbers of the split's file (default all: the test set; the
+    validation rows of the training file). ``features``: an elementwise transform of x (the
+    standardisation); raw without it.
     """
     features_fn = features or _identity
+    size = cache.train_size if split == "train" else cache.test_size
+    rows = np.arange(size, dtype=np.int64) if rows is None else rows
 
     def load(start: np.int64) -> tuple[np.ndarray, np.ndarray]:
-        idx = np.arange(int(start), min(int(start) + batch_size, cache.test_size))
-        x = cache.read_rows("test", "features", idx)
-        return x[..., None], cache.read_rows("test", "labels", idx)
+        idx = rows[int(start) : int(start) + batch_size]
+        x = cache.read_rows(split, "features", idx)
+        return x[..., None], cache.read_rows(split, "labels", idx)
 
     def fetch(start: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         x, y = tf.numpy_function(load, [start], (tf.float32, tf.float32), stateful=False)
@@ -285,5 +306,5 @@ def eval_dataset(
         y.set_shape((None, cache.num_outputs))
         return features_fn(x), y
 
-    ds = tf.data.Dataset.range(0, cache.test_size, batch_size).map(fetch)
+    ds = tf.data.Dataset.range(0, len(rows), batch_size).map(fetch)
     return ds.prefetch(PREFETCH_BATCHES).with_options(dataset_options(plan))

@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import keras
 import numpy as np
 import tensorflow as tf
 
@@ -44,6 +43,7 @@ from app.budget.plan import ThreadPlan
 from app.config import TrainConfig
 from app.data.cache import DataCache
 from app.errors import ConfigError
+from app.training import recipe
 from app.training.replicas import Replicas
 
 WARMUP_STEPS = 2
@@ -224,7 +224,7 @@ def train_step(
         y.shape[-1], height=x.shape[1], width=x.shape[2], seed=config.seed,
         formulation=formulation, precision=precision,
     )  # fmt: skip
-    optimizer = keras.optimizers.SGD(learning_rate=config.learning_rate, momentum=config.momentum)
+    optimizer = recipe.optimizer(config, config.learning_rate)
     optimizer.build(model.trainable_variables)
     seed = tf.constant([config.seed, 0], tf.int64)
 

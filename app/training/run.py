@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import logging
 import os
 import resource
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +34,11 @@ from app.budget.usage import Throttling
 from app.cluster.spec import Cluster
 from app.config import TrainConfig
 from app.data import cache as cache_lib
+from app.data import split as split_lib
 from app.data.sources import ROLES, Sources, find
 from app.errors import DataError, Preempted
 from app.signals import StopRequest
+from app.training import linear
 from app.training import workspace as workspace_lib
 from app.training.budget_watch import BudgetWatch, warn_when_throttled
 from app.training.controller import Controller, Meter, Schedule
@@ -88,10 +92,13 @@ def train(
     if stop():
         raise _preempted("before training started")
     _check_memory(config, data, plan)
+    rows = split_lib.split(data.train_size, config.validation_fraction, config.seed)
+    reference = _baselines(config, plan, data, rows)
     import_tensorflow()
     # TensorFlow from here on.
     from app.data import pipeline
     from app.training import choose, finish, replicas
+    from app.training.best import Best
     from app.training.checkpointer import Checkpointer
     from app.training.trainer import Trainer
 
@@ -106,10 +113,12 @@ def train(
         config = dataclasses.replace(
             config, formulation=picked.formulation, precision=picked.precision
         )
-        trainer = Trainer(config, plan, data, reps)
+        trainer = Trainer(config, plan, data, reps, rows)
         held = ws.open(ws.checkpoints, "checkpoint directory")  # open for the whole run
         checkpoints = Checkpointer(trainer, held, config.keep_checkpoints, reps)
         start = checkpoints.restore()
+        best = Best(trainer.model, held, reps)
+        best.resume(start)
         choose.record(ws.checkpoints, picked)
         _log_replanned(plan)
         if reps.sum([1.0 if stop() else 0.0], "restore")[0] > 0:  # agreed by all workers
@@ -137,6 +146,7 @@ def train(
                 resident=resident,
                 features=trainer.standardize_x,
                 labels=trainer.standardize_y,
+                rows=rows.train,
             )
         )
         controller = Controller(
@@ -151,7 +161,7 @@ def train(
             ),
             Meter(plan.cpu_budget, samples_per_step, throttling=Throttling(plan.cpu_stat).read),
             stop,
-            data.baseline_rmse,
+            reference.eval_baseline,
             agree=lambda k: float(reps.sum([k], "steps per loop")[0]) / reps.count,
             actions=[warn_when_throttled(plan), *_summaries(ws, config, plan, start)],
             replan=BudgetWatch(
@@ -159,11 +169,14 @@ def train(
                 enabled=config.replan == "on-change" and cluster is None,
                 why_not="--replan never" if cluster is None else "a multi-worker run",
             ),
+            metric="val_rmse" if rows.validating else "test_rmse",
+            references=reference.fields(),
+            keep_best=best.offer if rows.validating else lambda step, rmse: None,
         )
         outcome = controller.run(start)
-        if outcome.test_rmse is None:  # nothing left to train: report the restored model
-            outcome.test_rmse = trainer.evaluate()
         summary = finish.summarize(outcome, data, samples_per_step)
+        if outcome.status in ("completed", "target_reached"):
+            summary.update(_exported(outcome, trainer, best, reference))
         summary.update(
             wall_seconds=round(time.perf_counter() - t_start, 2),
             steps_per_loop=outcome.steps_per_loop,
@@ -179,6 +192,76 @@ def train(
     except Exception as exc:
         reps.report_failure(exc)  # the other workers stop instead of waiting for this one
         raise
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What the CNN is judged against: the mean predictor's RMSE on the evaluated rows
+    (validation, else test), and the linear baseline (None when it could not be fitted)."""
+
+    eval_baseline: float
+    test_baseline: float
+    linear: linear.Baseline | None
+
+    def fields(self) -> dict[str, float | None]:
+        """The test set's reference RMSEs every ``progress`` record carries."""
+        lin = self.linear.test_rmse if self.linear else None
+        return {"baseline_rmse": self.test_baseline, "linear_rmse": lin}
+
+
+def _baselines(
+    config: TrainConfig, plan: ThreadPlan, data: cache_lib.DataCache, rows: split_lib.Split
+) -> Reference:
+    """The mean predictor on the validation rows and the ridge fit (app/training/linear.py),
+    logged as ``linear_baseline``; before TensorFlow starts."""
+    eval_baseline = data.baseline_rmse
+    if rows.validating:
+        eval_baseline = linear.mean_rmse(data, rows.validation)
+    try:
+        fitted = linear.baseline(
+            data, rows.train, rows.validation, config.seed, plan.intra_op_threads
+        )
+    except (ValueError, np.linalg.LinAlgError) as exc:  # e.g. NaN/Inf data (--allow-nonfinite)
+        logs.event(
+            "linear_baseline", f"no linear baseline: {exc}", level=logging.WARNING, error=str(exc)
+        )
+        return Reference(eval_baseline, data.baseline_rmse, None)
+    val = f", validation {fitted.val_rmse:.4g}" if fitted.val_rmse is not None else ""
+    logs.event(
+        "linear_baseline",
+        f"ridge regression on {fitted.rows:,} training rows in {fitted.seconds:.1f} s: test "
+        f"RMSE {fitted.test_rmse:.4g}{val} (mean predictor {data.baseline_rmse:.4g})",
+        **fitted.to_json(),
+    )
+    return Reference(eval_baseline, data.baseline_rmse, fitted)
+
+
+def _exported(outcome: Any, trainer: Any, best: Any, reference: Reference) -> dict[str, Any]:
+    """Put the exported step's weights in the model (the best validated step, else the
+    last) and evaluate them: the summary's ``exported_step``, ``val_rmse`` (None without a
+    validation split), ``test_rmse``, ``linear_rmse``, ``linear``. Logs ``not_learning``
+    when the model ends no better than the linear baseline on the test set."""
+    step = best.restore() if trainer.rows.validating else None
+    test_rmse = trainer.evaluate("test")
+    fields: dict[str, Any] = {
+        "exported_step": step if step is not None else outcome.step,
+        "val_rmse": best.rmse if step is not None else None,
+        "test_rmse": test_rmse,
+        "linear_rmse": reference.linear.test_rmse if reference.linear else None,
+        "linear": reference.linear.to_json() if reference.linear else None,
+        "validation_size": len(trainer.rows.validation),
+    }
+    lin = fields["linear_rmse"]
+    if lin is not None and test_rmse >= lin:
+        logs.event(
+            "not_learning",
+            f"test RMSE {test_rmse:.4g} is not below the linear baseline's {lin:.4g}",
+            level=logging.WARNING,
+            step=fields["exported_step"],
+            test_rmse=test_rmse,
+            linear_rmse=lin,
+        )
+    return fields
 
 
 def _publisher(
