@@ -236,15 +236,19 @@ class TrainConfig:
     publish_dir: Path | None = option(
         None,
         "Publish the final model here as the next numbered version (TensorFlow Serving's "
-        "layout) if it is at least as good as the newest version on this run's test set; "
-        "a rejected model ends with exit 7.",
+        "layout) unless it is worse than the newest version on this run's test set beyond "
+        "noise (--publish-tolerance); a rejected model ends with exit 7.",
         directory=True,
         shown_default="none",
     )
-    publish_tolerance: float = option(
-        0.0,
-        "Publish when the test RMSE is at most the newest version's × (1 + this).",
+    publish_tolerance: float | None = option(
+        None,
+        "Publish when the test RMSE is at most the newest version's × (1 + this), without "
+        "the noise rule. Default: refused only when worse than the newest version beyond "
+        "the test set's bootstrap interval and the measured run-to-run spread "
+        '(docs/deploy.md, "The gate").',
         minimum=0,
+        shown_default="the noise rule",
     )
     publish_keep: int = option(
         0,
