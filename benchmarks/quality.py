@@ -60,8 +60,12 @@ RECIPES: dict[str, list[str]] = {
     }.items()
 }
 SETS = ("demo", "lines")
-#: Every run computes alike (the formulation otherwise chosen by timing, which load moves).
-FIXED = ["--formulation", "fast", "--precision", "float32"]
+#: Every run computes alike (the formulation otherwise chosen by timing, which load moves);
+#: the precision is the sweep's (--precision).
+FIXED = ["--formulation", "fast"]
+#: bfloat16 passes parity when its mean test RMSE over the seeds is at most float32's worst
+#: seed: within float32's seed spread, or better.
+PARITY_RULE = "bfloat16 mean ≤ float32's largest seed RMSE"
 
 
 def log(message: str) -> None:
@@ -88,15 +92,18 @@ def data_set(work: Path, kind: str, train: int, test: int) -> Path:
     return data
 
 
-def train(work: Path, data: Path, recipe: str, seed: int, steps: int) -> dict[str, Any]:
+def train(
+    work: Path, data: Path, recipe: str, seed: int, steps: int, precision: str
+) -> dict[str, Any]:
     """One ``coretrain train`` run; its metrics (or the error)."""
-    out = work / "runs" / f"{data.name}-{recipe}-{seed}-{steps}"
+    out = work / "runs" / f"{data.name}-{recipe}-{seed}-{steps}-{precision}"
     subprocess.run(["rm", "-rf", str(out)], check=True)
     t0 = time.perf_counter()
     proc = _coretrain([
         "train", "--data", str(data), "--output", str(out), "--cache-dir", str(work / "cache"),
         "--max-steps", str(steps), "--seed", str(seed), "--target-loss", "0",
-        "--eval-every", "100", "--checkpoint-every", str(steps), *FIXED, *RECIPES[recipe],
+        "--eval-every", "100", "--checkpoint-every", str(steps), *FIXED,
+        "--precision", precision, *RECIPES[recipe],
     ])  # fmt: skip
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
@@ -122,7 +129,8 @@ def train(work: Path, data: Path, recipe: str, seed: int, steps: int) -> dict[st
 def _done(results: Path) -> list[dict[str, Any]]:
     if not results.exists():
         return []
-    return [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+    lines = results.read_text().splitlines()
+    return [{"precision": "float32", **json.loads(line)} for line in lines if line.strip()]
 
 
 def _cpu() -> str:
@@ -145,11 +153,11 @@ def sweep(args: argparse.Namespace) -> None:
                       for r in args.recipes for s in args.seeds]  # fmt: skip
         for recipe, seed, steps, mode in plans:
             key = {"set": kind, "train": args.train, "recipe": recipe, "seed": seed,
-                   "steps": steps, "mode": mode}  # fmt: skip
+                   "steps": steps, "mode": mode, "precision": args.precision}  # fmt: skip
             if any(all(r.get(k) == v for k, v in key.items()) for r in _done(results)):
                 continue
             log(f"{kind}: {recipe}, seed {seed}, {steps} steps ({mode})")
-            row = {**key, **train(work, data, recipe, seed, steps), "cpu": _cpu()}
+            row = {**key, **train(work, data, recipe, seed, steps, args.precision), "cpu": _cpu()}
             log(f"  → {json.dumps({k: row.get(k) for k in ('test_rmse', 'loop_seconds')})}")
             with results.open("a") as f:
                 f.write(json.dumps(row) + "\n")
@@ -176,7 +184,8 @@ def report(results: Path) -> str:
     rows = [r for r in _done(results) if "test_rmse" in r]
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault((r["set"], r["train"], r["mode"], r["recipe"]), []).append(r)
+        name = r["recipe"] + ("" if r["precision"] == "float32" else f" ({r['precision']})")
+        groups.setdefault((r["set"], r["train"], r["mode"], name), []).append(r)
     lines = ["| set | mode | recipe | steps | seeds | test RMSE mean | sd | CV | "
              "/ seed's | linear | mean predictor | loop s | wall s |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
@@ -194,7 +203,32 @@ def report(results: Path) -> str:
             f"{statistics.median(r['wall_seconds'] for r in runs):.1f} |"
         )
     cpus = sorted({r.get("cpu", "") for r in rows})
-    return "\n".join([*lines, "", f"CPU: {', '.join(cpus)}"])
+    return "\n".join([*lines, "", *_parity(groups), "", f"CPU: {', '.join(cpus)}"])
+
+
+def _parity(groups: dict[tuple, list[dict[str, Any]]]) -> list[str]:
+    """bfloat16 against float32 for every (set, mode, recipe) measured in both."""
+    lines = [f"Parity ({PARITY_RULE}):", "",
+             "| set | mode | recipe | float32 mean | float32 min..max | bfloat16 mean | "
+             "bfloat16 / float32 | rate bf16 / f32 | passes |",
+             "|---|---|---|---:|---|---:|---:|---:|---|"]  # fmt: skip
+    for (kind, n, mode, name), bf16 in sorted(groups.items()):
+        if not name.endswith(" (bfloat16)"):
+            continue
+        f32 = groups.get((kind, n, mode, name.removesuffix(" (bfloat16)")), [])
+        if not f32:
+            continue
+        a = [r["test_rmse"] for r in f32]
+        b = statistics.mean(r["test_rmse"] for r in bf16)
+        rate = statistics.median(r["examples_per_sec"] for r in bf16) / statistics.median(
+            r["examples_per_sec"] for r in f32
+        )
+        lines.append(
+            f"| {kind} {n:,} | {mode} | {name.removesuffix(' (bfloat16)')} | "
+            f"{statistics.mean(a):.4f} | {min(a):.4f}..{max(a):.4f} | {b:.4f} | "
+            f"{b / statistics.mean(a):.3f} | {rate:.2f} | {'yes' if b <= max(a) else 'no'} |"
+        )
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -208,6 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--test", type=int, default=4_000)
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--equal-time", action="store_true", help="also run at equal wall time")
+    p.add_argument("--precision", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--report", action="store_true", help="only print the table")
     args = p.parse_args(argv)
     unknown = [r for r in args.recipes if r not in RECIPES]
