@@ -25,8 +25,8 @@ FILE_HELP = (
 )
 FORMULATIONS = ("auto", "fast", "plain")
 PRECISIONS = ("auto", "float32", "bfloat16")
-OPTIMIZERS = ("sgd", "adam", "adamw")
-SCHEDULES = ("exponential", "cosine", "constant")
+OPTIMIZERS = ("adam", "adamw", "sgd")
+SCHEDULES = ("cosine", "exponential", "constant")
 #: Whether ``--precision auto`` may measure bfloat16 (on a CPU with native bf16 only): not
 #: while its accuracy parity with float32 fails for this model (app.training.choose).
 BFLOAT16_IN_AUTO = False
@@ -102,7 +102,9 @@ def check_bounds(obj: Any) -> None:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything one training run needs, with the seed's defaults.
+    """Everything one training run needs. The defaults are the seed's, but for the recipe
+    (optimizer, schedule, dropout), chosen by measurement (docs/quality.md); the seed's
+    recipe is reachable with options (README, "The seed's recipe").
 
     Steps are optimizer updates of one (global) batch; a batch is counted in samples.
     """
@@ -175,16 +177,21 @@ class TrainConfig:
         metavar="RMSE",
     )
     optimizer: str = option(
-        "sgd",
+        "adam",
         "Optimizer (Keras'): sgd (with --momentum), adam, or adamw (with --weight-decay).",
         choices=OPTIMIZERS,
     )
-    learning_rate: float = option(0.1, "Initial (peak) learning rate.", above=0)
+    learning_rate: float = option(0.003, "Initial (peak) learning rate.", above=0)
     lr_schedule: str = option(
-        "exponential",
+        "cosine",
         "Learning-rate schedule: exponential (× --lr-decay every --lr-decay-steps steps, "
         "staircase), cosine (from --learning-rate down to 0 at --max-steps) or constant.",
         choices=SCHEDULES,
+    )
+    lr_warmup_steps: int = option(
+        0,
+        "Steps of linear warmup from 0 to --learning-rate before the cosine decay (cosine).",
+        minimum=0,
     )
     lr_decay: float = option(
         0.8, "Learning-rate factor per decay period (exponential).", above=0, maximum=1
@@ -197,7 +204,9 @@ class TrainConfig:
         "loss's L2 terms apply to every optimizer.",
         minimum=0,
     )
-    keep_prob: float = option(0.5, "Dropout keep probability in training.", above=0, maximum=1)
+    keep_prob: float = option(
+        1.0, "Dropout keep probability in training (1: no dropout).", above=0, maximum=1
+    )
     validation_fraction: float = option(
         0.1,
         "Fraction of the training rows held out (chosen by --seed) to evaluate during "

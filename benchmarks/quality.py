@@ -52,6 +52,16 @@ RECIPES: dict[str, list[str]] = {
         "--keep-prob 1.0",
         "adam-cos-1e-2": "--optimizer adam --learning-rate 1e-2 --lr-schedule cosine "
         "--keep-prob 1.0",
+        "adam-cos-5e-3": "--optimizer adam --learning-rate 5e-3 --lr-schedule cosine "
+        "--keep-prob 1.0",
+        "adam-cos-2e-3": "--optimizer adam --learning-rate 2e-3 --lr-schedule cosine "
+        "--keep-prob 1.0",
+        "adam-cos-3e-3-warm100": "--optimizer adam --learning-rate 3e-3 --lr-schedule cosine "
+        "--lr-warmup-steps 100 --keep-prob 1.0",
+        "adam-cos-5e-3-warm100": "--optimizer adam --learning-rate 5e-3 --lr-schedule cosine "
+        "--lr-warmup-steps 100 --keep-prob 1.0",
+        "adam-cos-1e-2-warm100": "--optimizer adam --learning-rate 1e-2 --lr-schedule cosine "
+        "--lr-warmup-steps 100 --keep-prob 1.0",
         "adam-cos-3e-3-keep0.8": "--optimizer adam --learning-rate 3e-3 --lr-schedule cosine "
         "--keep-prob 0.8",
         "adamw-cos-3e-3": "--optimizer adamw --learning-rate 3e-3 --lr-schedule cosine "

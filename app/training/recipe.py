@@ -4,7 +4,8 @@
 ``--momentum``, ``Adam``, ``AdamW`` with ``--weight-decay``), ``--lr-schedule`` one of its
 schedules: ``exponential`` (``ExponentialDecay``, staircase: × ``--lr-decay`` every
 ``--lr-decay-steps`` steps, the seed's), ``cosine`` (``CosineDecay`` from
-``--learning-rate`` to 0 at ``--max-steps``) or ``constant``. The default recipe and the
+``--learning-rate`` to 0 at ``--max-steps``, after ``--lr-warmup-steps`` of linear warmup
+from 0) or ``constant``. The default recipe and the
 table it was chosen from are in docs/quality.md; the seed's recipe is reachable with
 options (README, "The seed's recipe").
 """
@@ -25,7 +26,12 @@ def schedule(config: TrainConfig) -> Any:
             config.learning_rate, config.lr_decay_steps, config.lr_decay, staircase=True
         )
     if config.lr_schedule == "cosine":
-        return keras.optimizers.schedules.CosineDecay(config.learning_rate, config.max_steps)
+        warmup = min(config.lr_warmup_steps, config.max_steps - 1)
+        if warmup < 1:
+            return keras.optimizers.schedules.CosineDecay(config.learning_rate, config.max_steps)
+        return keras.optimizers.schedules.CosineDecay(
+            0.0, config.max_steps - warmup, warmup_target=config.learning_rate, warmup_steps=warmup
+        )
     return keras.optimizers.schedules.PolynomialDecay(
         config.learning_rate, 1, config.learning_rate
     )  # constant: a schedule too, so the checkpoint layout does not depend on the choice
