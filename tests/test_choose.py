@@ -32,7 +32,8 @@ def test_explicit_choices_and_recorded_ones(tmp_path: Path) -> None:
     ckpt = tmp_path / "checkpoints"
     picked = choose._decide(config, None, None, tmp_path, ckpt)  # type: ignore[arg-type]
     assert (picked.formulation, picked.precision) == ("plain", "float32")
-    choose.record(ckpt, choose.Choice("fast", "bfloat16", "", {}))
+    ckpt.mkdir()
+    (ckpt / "run.json").write_text('{"formulation": "fast", "precision": "bfloat16"}')
     auto = TrainConfig(data_dir=tmp_path, output_dir=tmp_path)
     kept = choose._decide(auto, None, None, tmp_path, ckpt)  # type: ignore[arg-type]
     assert (kept.formulation, kept.precision) == ("fast", "bfloat16")

@@ -265,3 +265,43 @@ def test_a_quota_raised_mid_run_replans_and_finishes_at_the_same_step(
     assert (end["status"], end["final_step"]) == ("completed", 16)
     # Under the 1-CPU quota the kernel's counters are in the progress event.
     assert first["cpu_throttled_ratio"] is not None and first["cpu_throttled_s"] is not None
+
+
+# Inside a cgroup without a quota of its own, below one with a small quota: burns one CPU
+# until the budget's cpu.stat shows a throttled period (an event of the kernel's, so no
+# timing), at most ~10 s; prints the file read and the last interval's figures.
+THROTTLED_SNIPPET = r"""
+import json, time
+from app.budget.cgroups import detect_budget
+from app.budget.usage import Throttling
+budget = detect_budget("/")
+meter = Throttling(budget.cpu_stat)
+seen = {}
+for _ in range(200):
+    end = time.process_time() + 0.05
+    while time.process_time() < end:
+        pass
+    seen = meter.read()
+    if seen["cpu_throttled_ratio"]:
+        break
+print(json.dumps({"quota": budget.cpu_quota, "cpu_stat": budget.cpu_stat, **seen}))
+"""
+
+
+def test_a_nested_cgroup_reads_throttling_from_its_parent_s_quota() -> None:
+    """Parent: 0.2 CPUs; child: no quota (as a pod's container below the pod's limit). The
+    kernel throttles the parent; the child's own cpu.stat never counts a period."""
+    with cpu_cgroup(0.2, prefix="coretrain-test-nested") as parent:
+        child = CpuCgroup(path=parent.path / "job", name=f"{parent.name}/job")
+        child.path.mkdir()
+        try:
+            proc = run_in(child, [sys.executable, "-c", THROTTLED_SNIPPET], timeout=60)
+            leaf = child.stat()
+        finally:
+            child.path.rmdir()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    seen = json.loads(proc.stdout)
+    assert seen["quota"] == 0.2
+    assert seen["cpu_stat"] == f"{parent.path}/cpu.stat"
+    assert seen["cpu_throttled_ratio"] > 0 and seen["cpu_throttled_s"] > 0
+    assert leaf["nr_periods"] == 0  # the leaf's counters would have said nothing

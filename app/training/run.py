@@ -35,6 +35,7 @@ from app.data import cache as cache_lib
 from app.data.sources import ROLES, Sources, find
 from app.errors import DataError, Preempted
 from app.signals import StopRequest
+from app.training import identity
 from app.training import workspace as workspace_lib
 from app.training.budget_watch import BudgetWatch, warn_when_throttled
 from app.training.controller import Controller, Meter, Schedule
@@ -97,6 +98,7 @@ def train(
 
     reps = replicas.create(cluster)
     try:
+        mine = _same_run(ws, config, data, reps)
         picked = choose.choose(config, plan, data, reps, ws.own, ws.checkpoints)
         logs.event(
             "choice",
@@ -110,7 +112,7 @@ def train(
         held = ws.open(ws.checkpoints, "checkpoint directory")  # open for the whole run
         checkpoints = Checkpointer(trainer, held, config.keep_checkpoints, reps)
         start = checkpoints.restore()
-        choose.record(ws.checkpoints, picked)
+        identity.record(ws.checkpoints, picked.formulation, picked.precision, mine)
         _log_replanned(plan)
         if reps.sum([1.0 if stop() else 0.0], "restore")[0] > 0:  # agreed by all workers
             raise _preempted(f"before training resumed at step {start}")
@@ -179,6 +181,19 @@ def train(
     except Exception as exc:
         reps.report_failure(exc)  # the other workers stop instead of waiting for this one
         raise
+
+
+def _same_run(
+    ws: workspace_lib.Workspace, config: TrainConfig, data: cache_lib.DataCache, reps: Any
+) -> identity.Identity:
+    """This run's identity, checked against the checkpoints it would resume (on the chief)
+    and agreed by every worker (app/training/identity.py). Raises ConfigError (another
+    run's checkpoints), StorageError (an unreadable record), ClusterError (workers differ)."""
+    mine = identity.of_run(config, data, reps.count)
+    if reps.is_chief:
+        identity.check(ws.checkpoints, mine)
+    identity.agree(mine, reps)
+    return mine
 
 
 def _publisher(
