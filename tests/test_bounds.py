@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from app.atomic import open_dir
+from app.budget import memory as memory_rule
 from app.config import TrainConfig
 from app.data import bounds, cache, textfile
 from app.errors import DataError
@@ -168,15 +169,22 @@ def test_the_estimate_of_a_plain_and_a_gzip_file_is_their_cache_size(tmp_path: P
 def test_a_run_that_cannot_fit_the_memory_limit_ends_with_exit_8_not_137(
     tiny_data: Path, tmp_path: Path
 ) -> None:
-    limit = 300 << 20  # less than TensorFlow alone needs
+    # Between what TensorFlow alone takes (BASE + margin) and the estimate with this data
+    # and batch: refused only because the data's and the batches' parts are counted.
+    tiny = memory_rule.estimate(
+        rows=240, height=20, width=195, outputs=3, batch_size=40, memory_limit=1 << 30
+    )
+    limit = (tiny.total - (4 << 20)) // 4096 * 4096  # the kernel keeps whole pages
+    assert limit > memory_rule.BASE * (1 + memory_rule.MARGIN)
+    mib = memory_rule.MIB
     out = tmp_path / "out"
     with memory_cgroup(limit, prefix="coretrain-test-memory") as group:
         proc = _run_in(group, ["--data", str(tiny_data), "--output", str(out), *TINY_TRAIN_ARGS])
         assert group.failcnt() == 0  # never reached the limit: refused, not killed
     assert proc.returncode == 8, proc.stderr
     line = _one_line(proc)
-    assert line.startswith("coretrain: the run would need about ")
-    assert "more than the memory limit of 300 MiB; lower --batch-size" in line
+    assert line.startswith(f"coretrain: the run would need about {tiny.total / mib:,.0f} MiB")
+    assert f"more than the memory limit of {limit / mib:,.0f} MiB; lower --batch-size" in line
     records = json_lines(proc.stdout)
     (memory,) = events(records, "memory")
     assert memory["memory_limit"] == limit and memory["peak_bytes"] > limit
