@@ -19,6 +19,7 @@ import collections
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -28,7 +29,7 @@ from typing import Any
 import pytest
 
 from app.budget.plan import DEFAULT_ROUNDING, round_threads
-from benchmarks.cgroup_run import PERIOD_US, CpuCgroup, cpu_cgroup, unavailable_reason
+from benchmarks.cgroup_run import CpuCgroup, cpu_cgroup, unavailable_reason
 from tests.conftest import PINNED, REPO, events
 
 REASON = unavailable_reason()
@@ -168,6 +169,12 @@ def test_tensorflow_pools_have_the_planned_sizes(group, plans) -> None:
     assert unnamed_a - unnamed_b == planned, (a, b)
 
 
+def _wait_until_stopped(pid: int) -> None:
+    """Until the kernel reports ``pid`` stopped (state T in /proc/PID/stat)."""
+    while Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "T":
+        os.sched_yield()
+
+
 def _thread_names(pid: int) -> collections.Counter[str]:
     names: collections.Counter[str] = collections.Counter()
     for task in os.listdir(f"/proc/{pid}/task"):
@@ -248,8 +255,15 @@ def test_a_quota_raised_mid_run_replans_and_finishes_at_the_same_step(
         assert proc.stdout is not None and proc.stderr is not None
         for line in proc.stdout:
             records.append(json.loads(line))
-            if records[-1]["event"] == "progress" and grp.quota_us() == PERIOD_US:
+            if records[-1]["event"] == "start":
+                # The plan (in `start`) is made; the first re-read of the budget is at the
+                # first progress event, after the data, TensorFlow's import and a step.
+                # The quota is raised while the run is stopped here, so that re-read sees
+                # it whatever the two processes' speeds.
+                os.kill(proc.pid, signal.SIGSTOP)
+                _wait_until_stopped(proc.pid)
                 grp.set_quota(2.0)  # as an in-place pod resize or docker update --cpus
+                os.kill(proc.pid, signal.SIGCONT)
         returncode = proc.wait(timeout=300)
         assert returncode == 0, proc.stderr.read()[-3000:]
     starts = events(records, "start")
