@@ -124,24 +124,46 @@ def test_an_unreadable_record_beside_checkpoints_is_a_storage_error(tmp_path: Pa
 
 
 class _Workers(SimpleNamespace):
-    """Stand-ins for the workers of one run: ``sum`` adds what each sends, in turn."""
+    """One worker of a run of two: ``sum`` adds what the other sends (``theirs``, one list
+    per call) to what this one sends, and records what this one sent."""
 
     def sum(self, values: list[float], what: str) -> list[float]:
         self.sent.append(values)
-        return [sum(col) for col in zip(*self.peers, values, strict=True)]
+        return [a + b for a, b in zip(self.theirs.pop(0), values, strict=True)]
+
+
+def _pair(chief: identity.Identity, other: identity.Identity) -> list[Exception | None]:
+    """Run agree() on both workers of a pair, replaying each one's sends to the other."""
+    n = len(identity._parts(chief))
+    # Round 1: only the chief's parts travel. Round 2: the flags of each.
+    zeros = [0.0] * n
+    probe = _Workers(count=2, index=0, is_chief=True, theirs=[zeros, zeros], sent=[])
+    identity.agree(chief, probe)  # what the chief sends, when the other flags nothing
+    chief_parts = probe.sent[0]
+    flags = [
+        0.0 if a == b else 1.0
+        for a, b in zip(identity._parts(other).values(), chief_parts, strict=True)
+    ]
+    results: list[Exception | None] = []
+    for index, mine, theirs in ((0, chief, [zeros, flags]), (1, other, [chief_parts, zeros])):
+        worker = _Workers(count=2, index=index, is_chief=index == 0, theirs=theirs, sent=[])
+        try:
+            identity.agree(mine, worker)
+            results.append(None)
+        except ClusterError as exc:
+            results.append(exc)
+    return results
 
 
 def test_workers_agree_on_the_chief_s_identity(tmp_path: Path, data) -> None:  # type: ignore[no-untyped-def]
     chief = identity.of_run(_config(tmp_path), data, 2)
-    sent_by_chief: list[list[float]] = []
-    identity.agree(chief, _Workers(count=2, index=0, is_chief=True, peers=[], sent=sent_by_chief))
-    (from_chief,) = sent_by_chief
-    same = _Workers(count=2, index=1, is_chief=False, peers=[from_chief], sent=[])
-    identity.agree(chief, same)
+    assert _pair(chief, identity.of_run(_config(tmp_path), data, 2)) == [None, None]
     other = identity.of_run(_config(tmp_path, momentum=0.9), data, 2)
-    differing = _Workers(count=2, index=1, is_chief=False, peers=[from_chief], sent=[])
-    with pytest.raises(ClusterError, match=r"worker 1: this worker's --momentum differ"):
-        identity.agree(other, differing)
+    for index, exc in enumerate(_pair(chief, other)):
+        assert str(exc) == (
+            f"worker {index}: the workers disagree on the run's identity (--momentum not the "
+            "chief's on 1 worker(s); give every worker the same data and options)"
+        )
 
 
 # --- the CLI --------------------------------------------------------------------------

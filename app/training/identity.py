@@ -177,18 +177,23 @@ def check(checkpoints: Path, mine: Identity) -> None:
 
 
 def agree(mine: Identity, replicas: Agreeing) -> None:
-    """Every worker's identity must be the chief's (a collective: all workers call it).
-    Raises ClusterError (exit 6) on a worker whose data, options or worker count differ."""
+    """Every worker's identity must be the chief's (two collectives: all workers call it).
+    The chief's parts are sent to all; each worker flags the parts where its own differ;
+    the flags are summed, so every worker names the same parts. Raises ClusterError
+    (exit 6) on every worker when any worker's data, options or worker count differ."""
     if replicas.count == 1:
         return
     parts = _parts(mine)
     sent = [float(v) if replicas.is_chief else 0.0 for v in parts.values()]
     chief = replicas.sum(sent, "agreeing on the run's identity")
-    differ = [name for name, v, c in zip(parts, parts.values(), chief, strict=True) if v != c]
+    flags = [0.0 if v == c else 1.0 for v, c in zip(parts.values(), chief, strict=True)]
+    flagged = replicas.sum(flags, "agreeing on the run's identity")
+    differ = [name for name, n in zip(parts, flagged, strict=True) if n > 0]
     if differ:
         raise ClusterError(
-            f"worker {replicas.index}: this worker's {', '.join(differ)} differ from the "
-            "chief's; give every worker the same data and options"
+            f"worker {replicas.index}: the workers disagree on the run's identity "
+            f"({', '.join(differ)} not the chief's on {int(max(flagged))} worker(s); give "
+            "every worker the same data and options)"
         )
 
 
