@@ -8,6 +8,8 @@ lets a run be OOM-killed. No TensorFlow: the rule is arithmetic on the run's sha
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from app.budget import memory
@@ -70,3 +72,45 @@ def test_check_refuses_only_past_the_limit() -> None:
     memory.check(found, found.total, 40)
     with pytest.raises(MemoryBudgetExceeded, match="lower --batch-size"):
         memory.check(found, found.total - 1, 40)
+
+
+def test_the_parts_are_the_memory_event_s_fields() -> None:
+    found = memory.estimate(
+        rows=240, height=20, width=195, outputs=3, batch_size=40, memory_limit=LIMIT
+    )
+    assert sorted(found.to_json()) == [
+        "base_bytes", "batch_bytes", "data_bytes", "model_bytes", "peak_bytes", "resident",
+        "setup_bytes",
+    ]  # fmt: skip
+    assert found.parts["base_bytes"] == memory.BASE
+    assert found.parts["batch_bytes"] == 40 * (memory.PER_FEATURE * 3900 + memory.PER_OUTPUT * 3)
+
+
+def test_a_split_of_exactly_a_quarter_of_the_limit_is_held() -> None:
+    row = 4 * (3900 + 3)
+    limit = 4 * row * 1000  # a quarter of it is 1000 rows exactly
+    held = memory.estimate(
+        rows=1000, height=20, width=195, outputs=3, batch_size=10, memory_limit=limit
+    )
+    streamed = memory.estimate(
+        rows=1001, height=20, width=195, outputs=3, batch_size=10, memory_limit=limit
+    )
+    assert held.resident and not streamed.resident
+
+
+def test_without_a_limit_a_quarter_of_physical_memory_decides() -> None:
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert memory.resident_limit(None) == int(physical * memory.RESIDENT_SHARE)
+
+
+def test_the_refusal_names_the_peak_the_limit_and_what_to_change() -> None:
+    found = memory.estimate(
+        rows=240, height=20, width=195, outputs=3, batch_size=40, memory_limit=LIMIT
+    )
+    with pytest.raises(MemoryBudgetExceeded) as caught:
+        memory.check(found, 800 * MIB, 40)
+    assert str(caught.value) == (
+        f"the run would need about {found.total / MIB:,.0f} MiB of memory at its peak "
+        "(TensorFlow 730 MiB, training split held in memory, batches of 40), more than the "
+        "memory limit of 800 MiB; lower --batch-size or raise the limit"
+    )
