@@ -44,7 +44,7 @@ bench: install
 lock: install
 	$(BIN)/python tools/lock_requirements.py
 
-# Mutation testing of app/budget/ and the text parser (mutmut 3; not in CI: about N minutes on
+# Mutation testing of app/budget/ and the text parser (mutmut 3; not in CI: long, ~1 s per mutant on
 # 2 cores). Survivors: `$(BIN)/mutmut results`; one mutant: `$(BIN)/mutmut show NAME`.
 MUTATION_EXAMPLES ?= 40
 mutation: install
