@@ -43,6 +43,7 @@ def option(
     directory: bool = False,
     shown_default: str | None = None,
     metavar: str | None = None,
+    identity: bool = False,
 ) -> Any:
     """A dataclass field that is also a command-line option.
 
@@ -51,7 +52,10 @@ def option(
     bounds; ``choices``: the allowed strings; ``directory``: a path to a directory;
     ``shown_default``: how ``--help`` and the README show a default that isn't a plain
     value (e.g. "from the CPU budget"); ``metavar``: the value's name in ``--help``
-    (default N for integers, X for other numbers, DIR for directories, TEXT).
+    (default N for integers, X for other numbers, DIR for directories, TEXT);
+    ``identity``: the option changes what the trained weights mean, so it is part of the
+    run's identity in ``checkpoints/run.json`` and a resume must use the same value
+    (:func:`identity_fields`; app/training/identity.py).
     """
     meta = {
         "help": help,
@@ -64,8 +68,15 @@ def option(
         "directory": directory,
         "shown_default": shown_default,
         "metavar": metavar,
+        "identity": identity,
     }
     return field(default=default, metadata=meta)
+
+
+def identity_fields(cls: type) -> tuple[dataclasses.Field[Any], ...]:
+    """The fields of dataclass ``cls`` declared with ``option(identity=True)``: the options
+    that change what the weights mean (a new option joins by being declared so)."""
+    return tuple(f for f in dataclasses.fields(cls) if f.metadata.get("identity"))
 
 
 def flag_of(f: dataclasses.Field[Any]) -> str:
@@ -142,15 +153,15 @@ class TrainConfig:
     test_labels: str | None = option(
         None, FILE_HELP, metavar="NAME", shown_default="test_labels.txt[.gz]"
     )
-    height: int = option(20, "Feature rows H (a line holds H×W floats).", minimum=1)
-    width: int = option(195, "Feature columns W.", minimum=1)
+    height: int = option(20, "Feature rows H (a line holds H×W floats).", minimum=1, identity=True)
+    width: int = option(195, "Feature columns W.", minimum=1, identity=True)
     max_steps: int = option(
         3300,
         "Train up to this absolute step (one step = one batch); a rerun resumes.",
         minimum=1,
     )
     batch_size: int = option(
-        1000, "Samples per step (per worker in a multi-worker run).", minimum=1
+        1000, "Samples per step (per worker in a multi-worker run).", minimum=1, identity=True
     )
     eval_every: int = option(100, "Evaluate the test RMSE every N steps.", minimum=1)
     checkpoint_every: int = option(100, "Save a checkpoint every N steps.", minimum=1)
@@ -165,16 +176,23 @@ class TrainConfig:
     target_loss: float = option(
         0.01, "Stop early once the test RMSE (raw label units) is below this.", metavar="RMSE"
     )
-    learning_rate: float = option(0.1, "Initial SGD learning rate.", above=0)
-    lr_decay: float = option(0.8, "Learning-rate factor per decay period.", above=0, maximum=1)
-    lr_decay_steps: int = option(200, "Steps per decay period (staircase).", minimum=1)
-    momentum: float = option(0.8, "SGD momentum.", minimum=0, below=1)
-    keep_prob: float = option(0.5, "Dropout keep probability in training.", above=0, maximum=1)
-    seed: int = option(0, "Seed for initialisation, data order and dropout.")
+    learning_rate: float = option(0.1, "Initial SGD learning rate.", above=0, identity=True)
+    lr_decay: float = option(
+        0.8, "Learning-rate factor per decay period.", above=0, maximum=1, identity=True
+    )
+    lr_decay_steps: int = option(
+        200, "Steps per decay period (staircase).", minimum=1, identity=True
+    )
+    momentum: float = option(0.8, "SGD momentum.", minimum=0, below=1, identity=True)
+    keep_prob: float = option(
+        0.5, "Dropout keep probability in training.", above=0, maximum=1, identity=True
+    )
+    seed: int = option(0, "Seed for initialisation, data order and dropout.", identity=True)
     standardize: bool = option(
         True,
         "Standardise features and labels with training-set statistics.",
         flag="--standardize/--no-standardize",
+        identity=True,
     )
     allow_nonfinite: bool = option(
         False,

@@ -35,6 +35,7 @@ from app.data import cache as cache_lib
 from app.data.sources import ROLES, Sources, find
 from app.errors import DataError, Preempted
 from app.signals import StopRequest
+from app.training import identity
 from app.training import workspace as workspace_lib
 from app.training.budget_watch import BudgetWatch, warn_when_throttled
 from app.training.controller import Controller, Meter, Schedule
@@ -66,20 +67,7 @@ def train(
     t_start = time.perf_counter()
     ws = workspace_lib.for_run(config, cluster)
     workspace_lib.open_log(ws)
-    samples_per_step = config.batch_size * (cluster.count if cluster else 1)
-    multi: dict[str, Any] = {}
-    if cluster is not None:
-        multi = {"cluster": cluster.to_json(), "global_batch_size": samples_per_step}
-    logs.event(
-        "start",
-        f"coretrain {__version__}: {plan.intra_op_threads} intra-op threads "
-        f"for a budget of {plan.cpu_budget:g} CPUs",
-        version=__version__,
-        tensorflow=_tensorflow_version(),
-        config=config.to_json(),
-        plan=plan.to_json(),
-        **multi,
-    )
+    _log_start(config, plan, cluster)
     try:  # before TensorFlow: bad data fail fast
         data = load_data(config, ws.cache, plan, stop, below=ws.cache_top)
     except Preempted as exc:  # during the conversion
@@ -90,95 +78,151 @@ def train(
     _check_memory(config, data, plan)
     import_tensorflow()
     # TensorFlow from here on.
-    from app.data import pipeline
-    from app.training import choose, finish, replicas
-    from app.training.checkpointer import Checkpointer
-    from app.training.trainer import Trainer
+    from app.training import replicas
 
     reps = replicas.create(cluster)
     try:
-        picked = choose.choose(config, plan, data, reps, ws.own, ws.checkpoints)
-        logs.event(
-            "choice",
-            f"{picked.formulation} formulation in {picked.precision}: {picked.reason}",
-            **picked.to_json(),
-        )
-        config = dataclasses.replace(
-            config, formulation=picked.formulation, precision=picked.precision
-        )
-        trainer = Trainer(config, plan, data, reps)
-        held = ws.open(ws.checkpoints, "checkpoint directory")  # open for the whole run
-        checkpoints = Checkpointer(trainer, held, config.keep_checkpoints, reps)
-        start = checkpoints.restore()
-        choose.record(ws.checkpoints, picked)
-        _log_replanned(plan)
-        if reps.sum([1.0 if stop() else 0.0], "restore")[0] > 0:  # agreed by all workers
-            raise _preempted(f"before training resumed at step {start}")
-        resident, why = pipeline.choose_input(
-            data, plan, config.batch_size, config.max_steps - start
-        )
-        logs.event(
-            "input",
-            ("training split held in memory: " if resident else "training split streamed: ") + why,
-            resident=resident,
-            split_bytes=pipeline.split_bytes(data),
-            resident_limit=pipeline.resident_limit(plan),
-        )
-        trainer.feed(
-            pipeline.train_input(
-                data,
-                plan,
-                seed=config.seed,
-                batch_size=config.batch_size,
-                start_step=start,
-                end_step=config.max_steps,
-                workers=reps.count,
-                index=reps.index,
-                resident=resident,
-                features=trainer.standardize_x,
-                labels=trainer.standardize_y,
-            )
-        )
-        controller = Controller(
-            trainer,
-            checkpoints,
-            Schedule(
-                config.max_steps,
-                config.eval_every,
-                config.checkpoint_every,
-                config.steps_per_loop,
-                config.target_loss,
-            ),
-            Meter(plan.cpu_budget, samples_per_step, throttling=Throttling(plan.cpu_stat).read),
-            stop,
-            data.baseline_rmse,
-            agree=lambda k: float(reps.sum([k], "steps per loop")[0]) / reps.count,
-            actions=[warn_when_throttled(plan), *_summaries(ws, config, plan, start)],
-            replan=BudgetWatch(
-                plan,
-                enabled=config.replan == "on-change" and cluster is None,
-                why_not="--replan never" if cluster is None else "a multi-worker run",
-            ),
-        )
-        outcome = controller.run(start)
-        if outcome.test_rmse is None:  # nothing left to train: report the restored model
-            outcome.test_rmse = trainer.evaluate()
-        summary = finish.summarize(outcome, data, samples_per_step)
-        summary.update(
-            wall_seconds=round(time.perf_counter() - t_start, 2),
-            steps_per_loop=outcome.steps_per_loop,
-            formulation=picked.formulation,
-            precision=picked.precision,
-            peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            plan=plan.to_json(),
-        )
-        if cluster is not None:
-            summary.update(workers=cluster.count, global_batch_size=samples_per_step)
-        publisher = _publisher(config, plan, data, summary) if config.publish_dir else None
-        return finish.finish(ws, summary, trainer.model, data, config.standardize, publisher)
+        return _train_on(ws, config, plan, data, reps, stop, t_start)
     except Exception as exc:
         reps.report_failure(exc)  # the other workers stop instead of waiting for this one
         raise
+
+
+def _log_start(config: TrainConfig, plan: ThreadPlan, cluster: Cluster | None) -> None:
+    """The ``start`` event: versions, the config, the plan and the cluster."""
+    multi: dict[str, Any] = {}
+    if cluster is not None:
+        multi = {
+            "cluster": cluster.to_json(),
+            "global_batch_size": config.batch_size * cluster.count,
+        }
+    logs.event(
+        "start",
+        f"coretrain {__version__}: {plan.intra_op_threads} intra-op threads "
+        f"for a budget of {plan.cpu_budget:g} CPUs",
+        version=__version__,
+        tensorflow=_tensorflow_version(),
+        config=config.to_json(),
+        plan=plan.to_json(),
+        **multi,
+    )
+
+
+def _train_on(
+    ws: workspace_lib.Workspace, config: TrainConfig, plan: ThreadPlan,
+    data: cache_lib.DataCache, reps: Any, stop: Callable[[], bool], t_start: float,
+) -> dict[str, Any]:  # fmt: skip
+    """The part of :func:`train` with TensorFlow, on ``reps`` (app/training/replicas.py):
+    the identity check, the choice, restore, the loop, the summary and the export."""
+    from app.training import choose, finish
+    from app.training.checkpointer import Checkpointer
+    from app.training.trainer import Trainer
+
+    mine = _same_run(ws, config, data, reps)
+    picked = choose.choose(config, plan, data, reps, ws.own, ws.checkpoints)
+    logs.event(
+        "choice",
+        f"{picked.formulation} formulation in {picked.precision}: {picked.reason}",
+        **picked.to_json(),
+    )
+    config = dataclasses.replace(config, formulation=picked.formulation, precision=picked.precision)
+    trainer = Trainer(config, plan, data, reps)
+    held = ws.open(ws.checkpoints, "checkpoint directory")  # open for the whole run
+    checkpoints = Checkpointer(trainer, held, config.keep_checkpoints, reps)
+    start = checkpoints.restore()
+    identity.record(ws.checkpoints, picked.formulation, picked.precision, mine)
+    _log_replanned(plan)
+    if reps.sum([1.0 if stop() else 0.0], "restore")[0] > 0:  # agreed by all workers
+        raise _preempted(f"before training resumed at step {start}")
+    _feed(trainer, data, plan, config, reps, start)
+    samples_per_step = config.batch_size * reps.count
+    controller = _controller(ws, trainer, checkpoints, config, plan, data, reps, stop, start)
+    outcome = controller.run(start)
+    if outcome.test_rmse is None:  # nothing left to train: report the restored model
+        outcome.test_rmse = trainer.evaluate()
+    summary = finish.summarize(outcome, data, samples_per_step)
+    summary.update(
+        wall_seconds=round(time.perf_counter() - t_start, 2),
+        steps_per_loop=outcome.steps_per_loop,
+        formulation=picked.formulation,
+        precision=picked.precision,
+        peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        plan=plan.to_json(),
+    )
+    if reps.cluster is not None:
+        summary.update(workers=reps.count, global_batch_size=samples_per_step)
+    publisher = _publisher(config, plan, data, summary) if config.publish_dir else None
+    return finish.finish(ws, summary, trainer.model, data, config.standardize, publisher)
+
+
+def _feed(
+    trainer: Any, data: cache_lib.DataCache, plan: ThreadPlan, config: TrainConfig, reps: Any,
+    start: int,
+) -> None:  # fmt: skip
+    """The training input from ``start`` (held in memory or streamed: the ``input`` event)."""
+    from app.data import pipeline
+
+    resident, why = pipeline.choose_input(data, plan, config.batch_size, config.max_steps - start)
+    logs.event(
+        "input",
+        ("training split held in memory: " if resident else "training split streamed: ") + why,
+        resident=resident,
+        split_bytes=pipeline.split_bytes(data),
+        resident_limit=pipeline.resident_limit(plan),
+    )
+    trainer.feed(
+        pipeline.train_input(
+            data, plan, seed=config.seed, batch_size=config.batch_size, start_step=start,
+            end_step=config.max_steps, workers=reps.count, index=reps.index, resident=resident,
+            features=trainer.standardize_x, labels=trainer.standardize_y,
+        )
+    )  # fmt: skip
+
+
+def _controller(
+    ws: workspace_lib.Workspace, trainer: Any, checkpoints: Any, config: TrainConfig,
+    plan: ThreadPlan, data: cache_lib.DataCache, reps: Any, stop: Callable[[], bool], start: int,
+) -> Controller:  # fmt: skip
+    """The outer loop of the run: its schedule, meter, actions and budget watch."""
+    single = reps.cluster is None
+    return Controller(
+        trainer,
+        checkpoints,
+        Schedule(
+            config.max_steps,
+            config.eval_every,
+            config.checkpoint_every,
+            config.steps_per_loop,
+            config.target_loss,
+        ),
+        Meter(
+            plan.cpu_budget,
+            config.batch_size * reps.count,
+            throttling=Throttling(plan.cpu_stat).read,
+        ),
+        stop,
+        data.baseline_rmse,
+        agree=lambda k: float(reps.sum([k], "steps per loop")[0]) / reps.count,
+        actions=[warn_when_throttled(plan), *_summaries(ws, config, plan, start)],
+        replan=BudgetWatch(
+            plan,
+            enabled=config.replan == "on-change" and single,
+            why_not="--replan never" if single else "a multi-worker run",
+        ),
+    )
+
+
+def _same_run(
+    ws: workspace_lib.Workspace, config: TrainConfig, data: cache_lib.DataCache, reps: Any
+) -> identity.Identity:
+    """This run's identity, checked against the checkpoints it would resume (on the chief)
+    and agreed by every worker (app/training/identity.py). Raises ConfigError (another
+    run's checkpoints), StorageError (an unreadable record), ClusterError (workers differ)."""
+    mine = identity.of_run(config, data, reps.count)
+    if reps.is_chief:
+        identity.check(ws.checkpoints, mine)
+    identity.agree(mine, reps)
+    return mine
 
 
 def _publisher(
