@@ -8,7 +8,7 @@ OUTPUT ?= output
 # short enough for a 2-core machine (see README "Quick start").
 DEMO_TRAIN_ARGS ?= --max-steps 200 --eval-every 50 --checkpoint-every 100
 
-.PHONY: install train test lint typecheck unit bench lock container-test clean
+.PHONY: install train test lint typecheck unit bench lock container-test mutation clean
 
 $(BIN)/coretrain: pyproject.toml constraints.txt setup.py app/data/_fastparse.c
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,14 @@ bench: install
 # from pyproject.toml and constraints.txt: run after changing either (docs/deploy.md "Build").
 lock: install
 	$(BIN)/python tools/lock_requirements.py
+
+# Mutation testing of app/budget/ and the text parser (mutmut 3; not in CI: long, ~1 s per mutant on
+# 2 cores). Survivors: `$(BIN)/mutmut results`; one mutant: `$(BIN)/mutmut show NAME`.
+MUTATION_EXAMPLES ?= 40
+mutation: install
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[mutation]'
+	CORETRAIN_HYPOTHESIS_EXAMPLES=$(MUTATION_EXAMPLES) $(BIN)/mutmut run
+	$(BIN)/mutmut results
 
 container-test:
 	bash tests/container/smoke.sh

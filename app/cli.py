@@ -242,7 +242,9 @@ class ModelsReport:
 
 
 @cli.command("models")
-@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.argument(
+    "directory", type=click.Path(exists=True, file_okay=False, readable=True, path_type=Path)
+)
 @options_of(ModelsReport)
 def models_cmd(directory: Path, **values: Any) -> None:
     """List the model versions published in DIRECTORY (--publish-dir), newest last."""

@@ -45,6 +45,7 @@ def option(
     directory: bool = False,
     shown_default: str | None = None,
     metavar: str | None = None,
+    identity: bool = False,
 ) -> Any:
     """A dataclass field that is also a command-line option.
 
@@ -53,7 +54,10 @@ def option(
     bounds; ``choices``: the allowed strings; ``directory``: a path to a directory;
     ``shown_default``: how ``--help`` and the README show a default that isn't a plain
     value (e.g. "from the CPU budget"); ``metavar``: the value's name in ``--help``
-    (default N for integers, X for other numbers, DIR for directories, TEXT).
+    (default N for integers, X for other numbers, DIR for directories, TEXT);
+    ``identity``: the option changes what the trained weights mean, so it is part of the
+    run's identity in ``checkpoints/run.json`` and a resume must use the same value
+    (:func:`identity_fields`; app/training/identity.py).
     """
     meta = {
         "help": help,
@@ -66,8 +70,15 @@ def option(
         "directory": directory,
         "shown_default": shown_default,
         "metavar": metavar,
+        "identity": identity,
     }
     return field(default=default, metadata=meta)
+
+
+def identity_fields(cls: type) -> tuple[dataclasses.Field[Any], ...]:
+    """The fields of dataclass ``cls`` declared with ``option(identity=True)``: the options
+    that change what the weights mean (a new option joins by being declared so)."""
+    return tuple(f for f in dataclasses.fields(cls) if f.metadata.get("identity"))
 
 
 def flag_of(f: dataclasses.Field[Any]) -> str:
@@ -146,15 +157,15 @@ class TrainConfig:
     test_labels: str | None = option(
         None, FILE_HELP, metavar="NAME", shown_default="test_labels.txt[.gz]"
     )
-    height: int = option(20, "Feature rows H (a line holds H×W floats).", minimum=1)
-    width: int = option(195, "Feature columns W.", minimum=1)
+    height: int = option(20, "Feature rows H (a line holds H×W floats).", minimum=1, identity=True)
+    width: int = option(195, "Feature columns W.", minimum=1, identity=True)
     max_steps: int = option(
         3300,
         "Train up to this absolute step (one step = one batch); a rerun resumes.",
         minimum=1,
     )
     batch_size: int = option(
-        1000, "Samples per step (per worker in a multi-worker run).", minimum=1
+        1000, "Samples per step (per worker in a multi-worker run).", minimum=1, identity=True
     )
     eval_every: int = option(
         100,
@@ -180,32 +191,46 @@ class TrainConfig:
         "adam",
         "Optimizer (Keras'): sgd (with --momentum), adam, or adamw (with --weight-decay).",
         choices=OPTIMIZERS,
+        identity=True,
     )
-    learning_rate: float = option(0.003, "Initial (peak) learning rate.", above=0)
+    learning_rate: float = option(0.003, "Initial (peak) learning rate.", above=0, identity=True)
     lr_schedule: str = option(
         "cosine",
         "Learning-rate schedule: exponential (× --lr-decay every --lr-decay-steps steps, "
         "staircase), cosine (from --learning-rate down to 0 at --max-steps) or constant.",
         choices=SCHEDULES,
+        identity=True,
     )
     lr_warmup_steps: int = option(
         0,
         "Steps of linear warmup from 0 to --learning-rate before the cosine decay (cosine).",
         minimum=0,
+        identity=True,
     )
     lr_decay: float = option(
-        0.8, "Learning-rate factor per decay period (exponential).", above=0, maximum=1
+        0.8,
+        "Learning-rate factor per decay period (exponential).",
+        above=0,
+        maximum=1,
+        identity=True,
     )
-    lr_decay_steps: int = option(200, "Steps per decay period (exponential).", minimum=1)
-    momentum: float = option(0.8, "SGD momentum (sgd).", minimum=0, below=1)
+    lr_decay_steps: int = option(
+        200, "Steps per decay period (exponential).", minimum=1, identity=True
+    )
+    momentum: float = option(0.8, "SGD momentum (sgd).", minimum=0, below=1, identity=True)
     weight_decay: float = option(
         0.004,
         "Decoupled weight decay per step, as a fraction of the learning rate (adamw); the "
         "loss's L2 terms apply to every optimizer.",
         minimum=0,
+        identity=True,
     )
     keep_prob: float = option(
-        1.0, "Dropout keep probability in training (1: no dropout).", above=0, maximum=1
+        1.0,
+        "Dropout keep probability in training (1: no dropout).",
+        above=0,
+        maximum=1,
+        identity=True,
     )
     validation_fraction: float = option(
         0.1,
@@ -214,14 +239,19 @@ class TrainConfig:
         "test set is evaluated and the last step exported).",
         minimum=0,
         below=0.5,
+        identity=True,
     )
     seed: int = option(
-        0, "Seed for initialisation, data order, dropout and the validation split.", minimum=0
+        0,
+        "Seed for initialisation, data order, dropout and the validation split.",
+        minimum=0,
+        identity=True,
     )
     standardize: bool = option(
         True,
         "Standardise features and labels with training-set statistics.",
         flag="--standardize/--no-standardize",
+        identity=True,
     )
     allow_nonfinite: bool = option(
         False,

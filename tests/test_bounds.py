@@ -21,8 +21,10 @@ import numpy as np
 import pytest
 
 from app.atomic import open_dir
+from app.budget import memory as memory_rule
 from app.config import TrainConfig
-from app.data import bounds, cache
+from app.data import bounds, cache, textfile
+from app.errors import DataError
 from app.training.run import sources
 from benchmarks.cgroup_run import MEMORY_MOUNT, MemoryCgroup, memory_cgroup, unavailable_reason
 from tests.conftest import REPO, TINY_TRAIN_ARGS, events, json_lines, prepare_cache, run_cli
@@ -167,15 +169,22 @@ def test_the_estimate_of_a_plain_and_a_gzip_file_is_their_cache_size(tmp_path: P
 def test_a_run_that_cannot_fit_the_memory_limit_ends_with_exit_8_not_137(
     tiny_data: Path, tmp_path: Path
 ) -> None:
-    limit = 300 << 20  # less than TensorFlow alone needs
+    # Between what TensorFlow alone takes (BASE + margin) and the estimate with this data
+    # and batch: refused only because the data's and the batches' parts are counted.
+    tiny = memory_rule.estimate(
+        rows=240, height=20, width=195, outputs=3, batch_size=40, memory_limit=1 << 30
+    )
+    limit = (tiny.total - (4 << 20)) // 4096 * 4096  # the kernel keeps whole pages
+    assert limit > memory_rule.BASE * (1 + memory_rule.MARGIN)
+    mib = memory_rule.MIB
     out = tmp_path / "out"
     with memory_cgroup(limit, prefix="coretrain-test-memory") as group:
         proc = _run_in(group, ["--data", str(tiny_data), "--output", str(out), *TINY_TRAIN_ARGS])
         assert group.failcnt() == 0  # never reached the limit: refused, not killed
     assert proc.returncode == 8, proc.stderr
     line = _one_line(proc)
-    assert line.startswith("coretrain: the run would need about ")
-    assert "more than the memory limit of 300 MiB; lower --batch-size" in line
+    assert line.startswith(f"coretrain: the run would need about {tiny.total / mib:,.0f} MiB")
+    assert f"more than the memory limit of {limit / mib:,.0f} MiB; lower --batch-size" in line
     records = json_lines(proc.stdout)
     (memory,) = events(records, "memory")
     assert memory["memory_limit"] == limit and memory["peak_bytes"] > limit
@@ -273,3 +282,42 @@ def test_the_manifest_records_a_digest_of_every_array(tiny_data: Path, tmp_path:
     assert set(manifest["checksums"]) == names
     for name in names:
         assert manifest["checksums"][name] == _digest(c.path / name)
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"", "empty file (no data lines)"),
+        (b" \t\r\n\n", "empty file (no data lines)"),
+        (b"\xef\xbb\xbf", "empty file (no data lines)"),
+        (b"\n1 2 3\n", "1: blank line followed by more data on line 2"),
+    ],
+)
+@pytest.mark.parametrize("packed", [False, True])
+def test_labels_without_a_first_line_are_bad_data_naming_the_file(
+    tmp_path: Path, content: bytes, problem: str, packed: bool
+) -> None:
+    path = tmp_path / ("train_labels.txt.gz" if packed else "train_labels.txt")
+    path.write_bytes(gzip.compress(content) if packed else content)
+    with pytest.raises(DataError) as caught:
+        bounds.label_width(path)
+    separator = "" if problem[0].isdigit() else " "
+    assert str(caught.value) == f"{path}:{separator}{problem}"
+
+
+def test_a_first_label_line_longer_than_the_line_limit_is_refused(tmp_path: Path) -> None:
+    """The first line is counted as it is read, and stops at MAX_LINE_BYTES without a
+    newline (64 MiB of blanks after one field: a small gzip file)."""
+    path = tmp_path / "train_labels.txt.gz"
+    path.write_bytes(gzip.compress(b"1" + b" " * (textfile.MAX_LINE_BYTES + 1), 1))
+    with pytest.raises(DataError) as caught:
+        bounds.label_width(path)
+    assert str(caught.value) == f"{path}:1: line longer than {textfile.MAX_LINE_BYTES} bytes"
+
+
+def test_an_empty_labels_file_is_exit_3_in_one_line(tmp_path: Path) -> None:
+    data = _small_data(tmp_path / "data")
+    (data / "train_labels.txt").write_bytes(b"")
+    proc = run_cli("train", "--data", str(data), "--output", str(tmp_path / "out"), *SMALL)
+    assert proc.returncode == 3, proc.stderr
+    assert _one_line(proc) == f"coretrain: {data / 'train_labels.txt'}: empty file (no data lines)"

@@ -317,8 +317,9 @@ def test_detection_does_not_import_tensorflow() -> None:
     assert result.stdout.strip() == "False"
 
 
-def _live_cpu_dir() -> tuple[int, str] | None:
-    """The process's cpu cgroup directory, found with plain string handling (cross-check)."""
+def _live_cpu_dir() -> tuple[int, str, str] | None:
+    """The process's cpu cgroup (version, directory, mount point), found with plain string
+    handling (a cross-check of app.budget.cgroups)."""
     lines = Path("/proc/self/cgroup").read_text().splitlines()
     mounts = [line.split(" - ") for line in Path("/proc/self/mountinfo").read_text().splitlines()]
     for line in lines:
@@ -328,40 +329,49 @@ def _live_cpu_dir() -> tuple[int, str] | None:
                 fields, fs = before.split(), after.split()
                 if fs[0] == "cgroup" and "cpu" in fs[2].split(","):
                     rel = path[len(fields[3]) :] if fields[3] != "/" else path
-                    return 1, fields[4] + rel.rstrip("/")
+                    return 1, fields[4] + rel.rstrip("/"), fields[4]
     for line in lines:
         if line.startswith("0::"):
             for before, after in mounts:
                 fields, fs = before.split(), after.split()
                 if fs[0] == "cgroup2":
                     rel = line[3:][len(fields[3]) :] if fields[3] != "/" else line[3:]
-                    return 2, fields[4] + rel.rstrip("/")
+                    return 2, fields[4] + rel.rstrip("/"), fields[4]
     return None
 
 
 def test_live_machine_matches_the_files() -> None:
-    budget = detect_budget()
+    """The budget of this process, against its own files read with plain string handling:
+    the tightest CFS quota from its cpu cgroup up to the mount root (None without one)."""
+    budget = detect_budget(env={})
     online = parse_cpulist(Path("/sys/devices/system/cpu/online").read_text())
     assert budget.cpuset == tuple(sorted(os.sched_getaffinity(0) & set(online)))
     assert budget.cpu_budget <= len(os.sched_getaffinity(0))
-    found = _live_cpu_dir()
+    expected = _live_quota(_live_cpu_dir())
+    assert budget.cpu_quota == expected
+    assert budget.quota_source.startswith("cgroup") == (expected is not None)
+
+
+def _live_quota(found: tuple[int, str, str] | None) -> float | None:
+    """The smallest quota/period from ``directory`` up to ``mount`` (v1 or v2 files)."""
     if found is None:
-        assert budget.quota_source in ("none", "CPU_LIMIT env")
-        return
-    version, directory = found
-    if version == 1:
-        quota = int(Path(directory, "cpu.cfs_quota_us").read_text())
-        period = int(Path(directory, "cpu.cfs_period_us").read_text())
-        assert budget.inputs[f"{directory}/cpu.cfs_quota_us"] == str(quota)
-        leaf_quota = None if quota < 0 else quota / period
-    else:
-        fields = Path(directory, "cpu.max").read_text().split()
-        assert budget.inputs[f"{directory}/cpu.max"] == " ".join(fields)
-        leaf_quota = None if fields[0] == "max" else int(fields[0]) / int(fields[1])
-    if leaf_quota is not None:  # ancestors may only make it tighter
-        assert budget.cpu_quota is not None and budget.cpu_quota <= leaf_quota
-    if budget.quota_source.startswith("cgroup"):
-        assert budget.cpu_quota is not None
+        return None
+    version, directory, mount = found
+    quotas = []
+    level = Path(directory)
+    while True:
+        if version == 1 and (level / "cpu.cfs_quota_us").is_file():
+            quota = int((level / "cpu.cfs_quota_us").read_text())
+            if quota > 0:
+                quotas.append(quota / int((level / "cpu.cfs_period_us").read_text()))
+        elif version == 2 and (level / "cpu.max").is_file():
+            fields = (level / "cpu.max").read_text().split()
+            if fields[0] != "max":
+                quotas.append(int(fields[0]) / int(fields[1]))
+        if level == Path(mount) or level == level.parent:
+            break
+        level = level.parent
+    return min(quotas) if quotas else None
 
 
 CHILD = """

@@ -32,7 +32,8 @@ def test_explicit_choices_and_recorded_ones(tmp_path: Path) -> None:
     ckpt = tmp_path / "checkpoints"
     picked = choose._decide(config, None, None, tmp_path, ckpt)  # type: ignore[arg-type]
     assert (picked.formulation, picked.precision) == ("plain", "float32")
-    choose.record(ckpt, choose.Choice("fast", "bfloat16", "", {}))
+    ckpt.mkdir()
+    (ckpt / "run.json").write_text('{"formulation": "fast", "precision": "bfloat16"}')
     auto = TrainConfig(data_dir=tmp_path, output_dir=tmp_path)
     kept = choose._decide(auto, None, None, tmp_path, ckpt)  # type: ignore[arg-type]
     assert (kept.formulation, kept.precision) == ("fast", "bfloat16")
@@ -144,3 +145,56 @@ def test_bfloat16_trains_keeps_float32_variables_and_exports_float32(
     assert code == 2
     (line,) = err.splitlines()
     assert "trained in bfloat16" in line
+
+
+# In a fresh process (TensorFlow's thread pools are process-wide): the real measurement of
+# choose._decide on the tiny set, with one candidate made slower by a known 0.3 s sleep per
+# step. The choice must follow the clock: the slowed candidate loses, whichever it is.
+SLOWED = r"""
+import json, sys, time
+from pathlib import Path
+from app.budget import apply, detect_plan
+from app.budget.plan import PlanOptions
+plan = detect_plan("/", PlanOptions())
+apply.apply(plan)
+apply.import_tensorflow()
+from app.config import TrainConfig
+from app.training import choose
+from tests.conftest import prepare_cache
+slow, data_dir, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+config = TrainConfig(data_dir=data_dir, output_dir=out, batch_size=40, precision="float32")
+data = prepare_cache(config)
+real = choose.train_step
+def train_step(formulation, precision, x, y, config):
+    step = real(formulation, precision, x, y, config)
+    if formulation != slow:
+        return step
+    def slowed():
+        time.sleep(0.3)
+        return step()
+    return slowed
+choose.train_step = train_step
+picked = choose._decide(config, plan, data, out, out / "checkpoints")
+print(json.dumps(picked.to_json()))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("slow", ["fast", "plain"])
+def test_auto_takes_the_candidate_the_clock_says_is_faster(
+    slow: str, tiny_data: Path, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    proc = subprocess.run(
+        [sys.executable, "-c", SLOWED, slow, str(tiny_data), str(tmp_path / "out")],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    picked = json.loads(proc.stdout.strip().splitlines()[-1])
+    other = "plain" if slow == "fast" else "fast"
+    assert picked["formulation"] == other, picked
+    assert picked["timings"][f"{slow}/float32"] >= 300  # the sleep is in the measurement

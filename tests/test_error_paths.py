@@ -35,6 +35,13 @@ def _bad_line(data: Path, tmp: Path) -> tuple[list[str], int, str]:
     return ["--data", str(bad), "--output", str(tmp / "o")], 3, "test_labels.txt:8"
 
 
+def _empty_labels(data: Path, tmp: Path) -> tuple[list[str], int, str]:
+    bad = tmp / "bad"
+    shutil.copytree(data, bad)
+    (bad / "train_labels.txt").write_bytes(b"")
+    return ["--data", str(bad), "--output", str(tmp / "o")], 3, "train_labels.txt: empty file"
+
+
 def _bad_option(data: Path, tmp: Path) -> tuple[list[str], int, str]:
     args = ["--data", str(data), "--output", str(tmp / "o"), "--max-steps", "0"]
     return args, 2, "--max-steps"
@@ -62,6 +69,7 @@ def _unreadable_checkpoints(data: Path, tmp: Path) -> tuple[list[str], int, str]
 CASES: dict[str, Case] = {
     "missing_file": _missing_file,
     "bad_line": _bad_line,
+    "empty_labels": _empty_labels,
     "bad_option": _bad_option,
     "output_not_writable": _not_writable,
     "diverged": _diverged,

@@ -96,6 +96,20 @@ def _train(data: Path, out: Path, models: Path, steps: int) -> tuple[int, list[d
     return proc.returncode, json_lines(proc.stdout), proc.stderr
 
 
+def test_models_on_a_missing_directory_is_a_one_line_error(tmp_path: Path) -> None:
+    """A mistyped --publish-dir must not look like an empty one."""
+    missing = tmp_path / "no-such-dir"
+    proc = run_cli("models", str(missing))
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        f"coretrain: Invalid value for 'DIRECTORY': Directory '{missing}' does not exist. "
+        "(see coretrain models --help)"
+    ]
+    missing.mkdir()  # an empty one is no error
+    proc = run_cli("models", str(missing))
+    assert (proc.returncode, proc.stdout) == (0, f"no published versions in {missing}\n")
+
+
 @pytest.fixture(scope="module")
 def nights(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("nights")

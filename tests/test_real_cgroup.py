@@ -19,6 +19,7 @@ import collections
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -28,7 +29,7 @@ from typing import Any
 import pytest
 
 from app.budget.plan import DEFAULT_ROUNDING, round_threads
-from benchmarks.cgroup_run import PERIOD_US, CpuCgroup, cpu_cgroup, unavailable_reason
+from benchmarks.cgroup_run import CpuCgroup, cpu_cgroup, unavailable_reason
 from tests.conftest import PINNED, REPO, events
 
 REASON = unavailable_reason()
@@ -168,6 +169,12 @@ def test_tensorflow_pools_have_the_planned_sizes(group, plans) -> None:
     assert unnamed_a - unnamed_b == planned, (a, b)
 
 
+def _wait_until_stopped(pid: int) -> None:
+    """Until the kernel reports ``pid`` stopped (state T in /proc/PID/stat)."""
+    while Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "T":
+        os.sched_yield()
+
+
 def _thread_names(pid: int) -> collections.Counter[str]:
     names: collections.Counter[str] = collections.Counter()
     for task in os.listdir(f"/proc/{pid}/task"):
@@ -248,8 +255,15 @@ def test_a_quota_raised_mid_run_replans_and_finishes_at_the_same_step(
         assert proc.stdout is not None and proc.stderr is not None
         for line in proc.stdout:
             records.append(json.loads(line))
-            if records[-1]["event"] == "progress" and grp.quota_us() == PERIOD_US:
+            if records[-1]["event"] == "start":
+                # The plan (in `start`) is made; the first re-read of the budget is at the
+                # first progress event, after the data, TensorFlow's import and a step.
+                # The quota is raised while the run is stopped here, so that re-read sees
+                # it whatever the two processes' speeds.
+                os.kill(proc.pid, signal.SIGSTOP)
+                _wait_until_stopped(proc.pid)
                 grp.set_quota(2.0)  # as an in-place pod resize or docker update --cpus
+                os.kill(proc.pid, signal.SIGCONT)
         returncode = proc.wait(timeout=300)
         assert returncode == 0, proc.stderr.read()[-3000:]
     starts = events(records, "start")
@@ -265,3 +279,43 @@ def test_a_quota_raised_mid_run_replans_and_finishes_at_the_same_step(
     assert (end["status"], end["final_step"]) == ("completed", 16)
     # Under the 1-CPU quota the kernel's counters are in the progress event.
     assert first["cpu_throttled_ratio"] is not None and first["cpu_throttled_s"] is not None
+
+
+# Inside a cgroup without a quota of its own, below one with a small quota: burns one CPU
+# until the budget's cpu.stat shows a throttled period (an event of the kernel's, so no
+# timing), at most ~10 s; prints the file read and the last interval's figures.
+THROTTLED_SNIPPET = r"""
+import json, time
+from app.budget.cgroups import detect_budget
+from app.budget.usage import Throttling
+budget = detect_budget("/")
+meter = Throttling(budget.cpu_stat)
+seen = {}
+for _ in range(200):
+    end = time.process_time() + 0.05
+    while time.process_time() < end:
+        pass
+    seen = meter.read()
+    if seen["cpu_throttled_ratio"]:
+        break
+print(json.dumps({"quota": budget.cpu_quota, "cpu_stat": budget.cpu_stat, **seen}))
+"""
+
+
+def test_a_nested_cgroup_reads_throttling_from_its_parent_s_quota() -> None:
+    """Parent: 0.2 CPUs; child: no quota (as a pod's container below the pod's limit). The
+    kernel throttles the parent; the child's own cpu.stat never counts a period."""
+    with cpu_cgroup(0.2, prefix="coretrain-test-nested") as parent:
+        child = CpuCgroup(path=parent.path / "job", name=f"{parent.name}/job")
+        child.path.mkdir()
+        try:
+            proc = run_in(child, [sys.executable, "-c", THROTTLED_SNIPPET], timeout=60)
+            leaf = child.stat()
+        finally:
+            child.path.rmdir()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    seen = json.loads(proc.stdout)
+    assert seen["quota"] == 0.2
+    assert seen["cpu_stat"] == f"{parent.path}/cpu.stat"
+    assert seen["cpu_throttled_ratio"] > 0 and seen["cpu_throttled_s"] > 0
+    assert leaf["nr_periods"] == 0  # the leaf's counters would have said nothing

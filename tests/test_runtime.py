@@ -134,3 +134,38 @@ def test_real_messages_during_the_import_reach_stderr(tmp_path: Path, abort: boo
     else:
         assert proc.returncode == 0 and proc.stdout == "imported\n"
     assert proc.stderr.splitlines() == expected
+
+
+AFTER_IMPORT = """
+import os
+before = os.fstat(2)
+from app.budget import apply as runtime
+runtime.import_tensorflow()
+after = os.fstat(2)
+print((before.st_dev, before.st_ino) == (after.st_dev, after.st_ino))
+os.write(2, b"I0000 00:00:2.0  1 port.cc:153] oneDNN custom operations are on. (later)\\n")
+os.write(2, b"a line after the import\\n")
+"""
+
+
+def test_stderr_is_the_original_again_after_the_import(tmp_path: Path) -> None:
+    """The filter is for the import only: afterwards fd 2 is the process's own stderr again,
+    so even a line that looks like a start-up notice reaches it, at once."""
+    for name in ("tensorflow", "keras"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(FAKE_TF if name == "tensorflow" else "")
+    with open(tmp_path / "stderr.txt", "w+b") as err:
+        proc = subprocess.run(
+            [sys.executable, "-c", AFTER_IMPORT], stdout=subprocess.PIPE, stderr=err,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])},
+            cwd=REPO, timeout=60,
+        )  # fmt: skip
+        err.seek(0)
+        lines = err.read().decode().splitlines()
+    assert proc.returncode == 0
+    assert proc.stdout == b"True\n"  # the same open file as before the import
+    assert lines == [
+        "E0000 a real error from TensorFlow",
+        "I0000 00:00:2.0  1 port.cc:153] oneDNN custom operations are on. (later)",
+        "a line after the import",
+    ]

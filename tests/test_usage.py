@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
@@ -58,7 +59,53 @@ def test_the_live_budget_names_the_cpu_stat_of_its_cgroup() -> None:
     case = FIXTURES / "cgroup" / "docker-v1-cpus-1.5"
     budget = detect_budget(case, env={})
     assert budget.cpu_quota == 1.5
-    assert budget.cpu_stat is not None and budget.cpu_stat.endswith("/cpu.stat")
+    assert budget.cpu_stat == "/sys/fs/cgroup/cpu,cpuacct/cpu.stat"
+
+
+NESTED_V1 = "jdk_internal.slice/jdk_internal-SystemdMemoryAwarenessTestHS.slice"
+#: (fixture, the cgroup directories from the mount root down to the process's, the one
+#: whose quota is the tightest): the quota is held above the process's own cgroup.
+LEVELS = [
+    (
+        "v1-systemd-jdk-nested-slices",
+        [
+            "/sys/fs/cgroup/cpu,cpuacct",
+            "/sys/fs/cgroup/cpu,cpuacct/jdk_internal.slice",
+            f"/sys/fs/cgroup/cpu,cpuacct/{NESTED_V1}",
+            f"/sys/fs/cgroup/cpu,cpuacct/{NESTED_V1}/jdk_internal-SystemdMemoryAwarenessTestHS-cpu.slice",
+            f"/sys/fs/cgroup/cpu,cpuacct/{NESTED_V1}/jdk_internal-SystemdMemoryAwarenessTestHS-cpu.slice"
+            "/run-r5f2a9c4e81d34b7f9e06c2d1a8b3f4e7.scope",
+        ],
+        3,
+    ),
+    ("go-v2-parent-quota-leaf-max-no-listing", ["/sys/fs/cgroup", "/sys/fs/cgroup/leaf"], 0),
+]
+
+
+@pytest.mark.parametrize(("case", "levels", "limiting"), LEVELS)
+def test_throttling_is_read_from_the_level_that_holds_the_quota(
+    tmp_path: Path, case: str, levels: list[str], limiting: int
+) -> None:
+    """Every level has its own cpu.stat with its own counters; the kernel throttles the
+    level whose quota runs out, so only that level's counters say the job was held back."""
+    from app.budget.cgroups import detect_budget
+
+    root = tmp_path / "root"
+    shutil.copytree(FIXTURES / "cgroup" / case, root)
+    for i, level in enumerate(levels):
+        (root / level.lstrip("/") / "cpu.stat").write_text(
+            f"nr_periods {1000 * (i + 1)}\nnr_throttled {10 * i}\nthrottled_time {i}000000\n"
+        )
+    budget = detect_budget(root, env={})
+    assert budget.cpu_stat == f"{levels[limiting]}/cpu.stat"
+    meter = Throttling(budget.cpu_stat, str(root))
+    for i, level in enumerate(levels):  # 100 more periods everywhere; throttled: 40 here
+        throttled = 10 * i + (40 if i == limiting else 0)
+        (root / level.lstrip("/") / "cpu.stat").write_text(
+            f"nr_periods {1000 * (i + 1) + 100}\nnr_throttled {throttled}\n"
+            f"throttled_time {i}000000\n"
+        )
+    assert meter.read()["cpu_throttled_ratio"] == 0.4
 
 
 def _plan(quota: float | None, cpus: int = 4) -> object:

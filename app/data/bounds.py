@@ -36,16 +36,20 @@ BYTES_PER_VALUE = 4  # float32
 
 
 def label_width(path: Path) -> int:
-    """K: the fields on the first line of the label file ``path``, counted without parsing
-    more than :data:`MAX_OUTPUTS` of them. Raises DataError naming the file and line when
-    there are more, or the file can't be read; 0 for a blank first line (the parse then
-    names the problem)."""
+    """K >= 1: the fields on the first line of the label file ``path``, counted without
+    parsing more than :data:`MAX_OUTPUTS` of them. Raises DataError naming the file (and
+    line) when there are more, when the file can't be read, and when the first line has
+    no field: then the parser names the problem as for any other file (an empty file, a
+    blank line followed by data)."""
     k = textfile.first_line_fields(path, MAX_OUTPUTS)
     if k is None:
         raise DataError(
             f"{path}:1: more than {MAX_OUTPUTS} label columns (the limit, "
             "app/data/bounds.py): not a label file?"
         )
+    if k == 0:
+        next(textfile.iter_chunks(path, chunk_rows=1), None)  # raises: no data, or after line 1
+        raise DataError(f"{path}:1: blank first line (the number of labels is read from it)")
     return k
 
 

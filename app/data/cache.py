@@ -35,7 +35,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -86,6 +86,15 @@ class DataCache:
     label_mean: np.ndarray
     label_std: np.ndarray
     baseline_rmse: float
+    #: The manifest's :data:`CHECKSUM` digest of each array file (name → hex).
+    checksums: dict[str, str] = field(default_factory=dict)
+
+    def fingerprint(self, split: str) -> str:
+        """What identifies the converted samples of ``split`` ("train"/"test"): a SHA-256
+        (16 hex digits) of its features' and labels' digests. It depends only on the values
+        (not on file names, compression or modification times)."""
+        parts = [self.checksums.get(f"{split}_{a}.f32", "") for a in ("x", "y")]
+        return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
     def features(self, split: str) -> np.memmap:
         """Memory-mapped raw features of ``split`` ("train"/"test"), shape (N, H, W)."""
@@ -358,6 +367,7 @@ def _load(root: Dir, key: str, verify: bool = True) -> DataCache:
         label_mean=stats["label_mean"],
         label_std=stats["label_std"],
         baseline_rmse=manifest["baseline_rmse"],
+        checksums=dict(manifest["checksums"]),
     )
 
 

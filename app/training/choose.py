@@ -20,7 +20,8 @@ by later runs and resumes there. In a multi-worker run the chief decides and sen
 choice to the others.
 
 A run keeps its precision once it has checkpoints: it is recorded next to them
-(``checkpoints/run.json``) and a resume uses it, so an exact resume stays exact.
+(``checkpoints/run.json``, with the run's identity: app/training/identity.py) and a resume
+uses it, so an exact resume stays exact.
 """
 
 from __future__ import annotations
@@ -43,14 +44,13 @@ from app.budget.plan import ThreadPlan
 from app.config import TrainConfig
 from app.data.cache import DataCache
 from app.errors import ConfigError
-from app.training import recipe
+from app.training import identity, recipe
 from app.training.replicas import Replicas
 
 WARMUP_STEPS = 2
 TIMED_STEPS = 2
 ROUNDS = 3
 CHOICE_FILE = "choice.json"
-RUN_FILE = "run.json"
 
 
 @dataclass(frozen=True)
@@ -66,24 +66,17 @@ class Choice:
         return dict(self.__dict__)
 
 
-def recorded(checkpoints: Path) -> dict[str, str] | None:
-    """The formulation and precision the checkpoints in ``checkpoints`` were trained in;
-    None for a fresh start. Checkpoints without the record were written before precision
-    was a choice: float32, the fast formulation."""
-    try:
-        return dict(json.loads((checkpoints / RUN_FILE).read_text()))
-    except (OSError, ValueError):
-        pass
-    if any(checkpoints.glob("ckpt-*.index")):
+def recorded(checkpoints: Path) -> dict[str, Any] | None:
+    """The record of the checkpoints in ``checkpoints`` (app/training/identity.py), with the
+    formulation and precision they were trained in; None for a fresh start. Checkpoints
+    without the record were written before precision was a choice: float32, the fast
+    formulation. Raises StorageError for a record that can't be read beside checkpoints."""
+    kept = identity.read(checkpoints)
+    if kept is not None:
+        return kept
+    if identity.has_checkpoints(checkpoints):
         return {"formulation": "fast", "precision": "float32"}
     return None
-
-
-def record(checkpoints: Path, choice: Choice) -> None:
-    """Keep the choice next to the checkpoints (before the first one is written)."""
-    checkpoints.mkdir(parents=True, exist_ok=True)
-    kept = {"formulation": choice.formulation, "precision": choice.precision}
-    write_json(checkpoints / RUN_FILE, kept)
 
 
 def choose(

@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-import logging
 import os
 import resource
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +34,15 @@ from app.config import TrainConfig
 from app.data import cache as cache_lib
 from app.data import split as split_lib
 from app.data.sources import ROLES, Sources, find
+from app.data.split import Split
 from app.errors import DataError, Preempted
 from app.signals import StopRequest
-from app.training import linear
+from app.training import baselines, identity
 from app.training import workspace as workspace_lib
 from app.training.budget_watch import BudgetWatch, warn_when_throttled
 from app.training.controller import Controller, Meter, Schedule
 
+WARNING = 30
 #: Set in the environment of a run restarted for a new plan: when the change was noticed.
 REPLAN_AT_ENV = "_CORETRAIN_REPLAN_AT"
 
@@ -70,10 +70,37 @@ def train(
     t_start = time.perf_counter()
     ws = workspace_lib.for_run(config, cluster)
     workspace_lib.open_log(ws)
-    samples_per_step = config.batch_size * (cluster.count if cluster else 1)
+    _log_start(config, plan, cluster)
+    try:  # before TensorFlow: bad data fail fast
+        data = load_data(config, ws.cache, plan, stop, below=ws.cache_top)
+    except Preempted as exc:  # during the conversion
+        logs.event("end", str(exc), status="preempted")
+        raise
+    if stop():
+        raise _preempted("before training started")
+    _check_memory(config, data, plan)
+    rows = split_lib.split(data.train_size, config.validation_fraction, config.seed)
+    reference = baselines.measure(data, rows, config.seed, plan.intra_op_threads)
+    import_tensorflow()
+    # TensorFlow from here on.
+    from app.training import replicas
+
+    reps = replicas.create(cluster)
+    try:
+        return _train_on(ws, config, plan, data, rows, reference, reps, stop, t_start)
+    except Exception as exc:
+        reps.report_failure(exc)  # the other workers stop instead of waiting for this one
+        raise
+
+
+def _log_start(config: TrainConfig, plan: ThreadPlan, cluster: Cluster | None) -> None:
+    """The ``start`` event: versions, the config, the plan and the cluster."""
     multi: dict[str, Any] = {}
     if cluster is not None:
-        multi = {"cluster": cluster.to_json(), "global_batch_size": samples_per_step}
+        multi = {
+            "cluster": cluster.to_json(),
+            "global_batch_size": config.batch_size * cluster.count,
+        }
     logs.event(
         "start",
         f"coretrain {__version__}: {plan.intra_op_threads} intra-op threads "
@@ -84,184 +111,160 @@ def train(
         plan=plan.to_json(),
         **multi,
     )
-    try:  # before TensorFlow: bad data fail fast
-        data = load_data(config, ws.cache, plan, stop, below=ws.cache_top)
-    except Preempted as exc:  # during the conversion
-        logs.event("end", str(exc), status="preempted")
-        raise
-    if stop():
-        raise _preempted("before training started")
-    _check_memory(config, data, plan)
-    rows = split_lib.split(data.train_size, config.validation_fraction, config.seed)
-    reference = _baselines(config, plan, data, rows)
-    import_tensorflow()
-    # TensorFlow from here on.
-    from app.data import pipeline
-    from app.training import choose, finish, replicas
+
+
+def _train_on(
+    ws: workspace_lib.Workspace, config: TrainConfig, plan: ThreadPlan,
+    data: cache_lib.DataCache, rows: Split, reference: baselines.Baselines, reps: Any,
+    stop: Callable[[], bool], t_start: float,
+) -> dict[str, Any]:  # fmt: skip
+    """The part of :func:`train` with TensorFlow, on ``reps`` (app/training/replicas.py):
+    the identity check, the choice, restore, the loop, the summary and the export."""
+    from app.training import choose, finish
     from app.training.best import Best
     from app.training.checkpointer import Checkpointer
     from app.training.trainer import Trainer
 
-    reps = replicas.create(cluster)
-    try:
-        picked = choose.choose(config, plan, data, reps, ws.own, ws.checkpoints)
-        logs.event(
-            "choice",
-            f"{picked.formulation} formulation in {picked.precision}: {picked.reason}",
-            **picked.to_json(),
-        )
-        config = dataclasses.replace(
-            config, formulation=picked.formulation, precision=picked.precision
-        )
-        trainer = Trainer(config, plan, data, reps, rows)
-        held = ws.open(ws.checkpoints, "checkpoint directory")  # open for the whole run
-        checkpoints = Checkpointer(trainer, held, config.keep_checkpoints, reps)
-        start = checkpoints.restore()
-        best = Best(trainer.model, held, reps)
-        best.resume(start)
-        choose.record(ws.checkpoints, picked)
-        _log_replanned(plan)
-        if reps.sum([1.0 if stop() else 0.0], "restore")[0] > 0:  # agreed by all workers
-            raise _preempted(f"before training resumed at step {start}")
-        resident, why = pipeline.choose_input(
-            data, plan, config.batch_size, config.max_steps - start
-        )
-        logs.event(
-            "input",
-            ("training split held in memory: " if resident else "training split streamed: ") + why,
-            resident=resident,
-            split_bytes=pipeline.split_bytes(data),
-            resident_limit=pipeline.resident_limit(plan),
-        )
-        trainer.feed(
-            pipeline.train_input(
-                data,
-                plan,
-                seed=config.seed,
-                batch_size=config.batch_size,
-                start_step=start,
-                end_step=config.max_steps,
-                workers=reps.count,
-                index=reps.index,
-                resident=resident,
-                features=trainer.standardize_x,
-                labels=trainer.standardize_y,
-                rows=rows.train,
-            )
-        )
-        controller = Controller(
-            trainer,
-            checkpoints,
-            Schedule(
-                config.max_steps,
-                config.eval_every,
-                config.checkpoint_every,
-                config.steps_per_loop,
-                config.target_loss,
-            ),
-            Meter(plan.cpu_budget, samples_per_step, throttling=Throttling(plan.cpu_stat).read),
-            stop,
-            reference.eval_baseline,
-            agree=lambda k: float(reps.sum([k], "steps per loop")[0]) / reps.count,
-            actions=[warn_when_throttled(plan), *_summaries(ws, config, plan, start)],
-            replan=BudgetWatch(
-                plan,
-                enabled=config.replan == "on-change" and cluster is None,
-                why_not="--replan never" if cluster is None else "a multi-worker run",
-            ),
-            metric="val_rmse" if rows.validating else "test_rmse",
-            references=reference.fields(),
-            keep_best=best.offer if rows.validating else lambda step, rmse: None,
-        )
-        outcome = controller.run(start)
-        summary = finish.summarize(outcome, data, samples_per_step)
-        if outcome.status in ("completed", "target_reached"):
-            summary.update(_exported(outcome, trainer, best, reference))
-        summary.update(
-            wall_seconds=round(time.perf_counter() - t_start, 2),
-            steps_per_loop=outcome.steps_per_loop,
-            formulation=picked.formulation,
-            precision=picked.precision,
-            peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            plan=plan.to_json(),
-        )
-        if cluster is not None:
-            summary.update(workers=cluster.count, global_batch_size=samples_per_step)
-        publisher = _publisher(config, plan, data, summary) if config.publish_dir else None
-        return finish.finish(ws, summary, trainer.model, data, config.standardize, publisher)
-    except Exception as exc:
-        reps.report_failure(exc)  # the other workers stop instead of waiting for this one
-        raise
-
-
-@dataclass(frozen=True)
-class Reference:
-    """What the CNN is judged against: the mean predictor's RMSE on the evaluated rows
-    (validation, else test), and the linear baseline (None when it could not be fitted)."""
-
-    eval_baseline: float
-    test_baseline: float
-    linear: linear.Baseline | None
-
-    def fields(self) -> dict[str, float | None]:
-        """The test set's reference RMSEs every ``progress`` record carries."""
-        lin = self.linear.test_rmse if self.linear else None
-        return {"baseline_rmse": self.test_baseline, "linear_rmse": lin}
-
-
-def _baselines(
-    config: TrainConfig, plan: ThreadPlan, data: cache_lib.DataCache, rows: split_lib.Split
-) -> Reference:
-    """The mean predictor on the validation rows and the ridge fit (app/training/linear.py),
-    logged as ``linear_baseline``; before TensorFlow starts."""
-    eval_baseline = data.baseline_rmse
-    if rows.validating:
-        eval_baseline = linear.mean_rmse(data, rows.validation)
-    try:
-        fitted = linear.baseline(
-            data, rows.train, rows.validation, config.seed, plan.intra_op_threads
-        )
-    except (ValueError, np.linalg.LinAlgError) as exc:  # e.g. NaN/Inf data (--allow-nonfinite)
-        logs.event(
-            "linear_baseline", f"no linear baseline: {exc}", level=logging.WARNING, error=str(exc)
-        )
-        return Reference(eval_baseline, data.baseline_rmse, None)
-    val = f", validation {fitted.val_rmse:.4g}" if fitted.val_rmse is not None else ""
+    mine = _same_run(ws, config, data, reps)
+    picked = choose.choose(config, plan, data, reps, ws.own, ws.checkpoints)
     logs.event(
-        "linear_baseline",
-        f"ridge regression on {fitted.rows:,} training rows in {fitted.seconds:.1f} s: test "
-        f"RMSE {fitted.test_rmse:.4g}{val} (mean predictor {data.baseline_rmse:.4g})",
-        **fitted.to_json(),
+        "choice",
+        f"{picked.formulation} formulation in {picked.precision}: {picked.reason}",
+        **picked.to_json(),
     )
-    return Reference(eval_baseline, data.baseline_rmse, fitted)
+    config = dataclasses.replace(config, formulation=picked.formulation, precision=picked.precision)
+    trainer = Trainer(config, plan, data, reps, rows)
+    held = ws.open(ws.checkpoints, "checkpoint directory")  # open for the whole run
+    checkpoints = Checkpointer(trainer, held, config.keep_checkpoints, reps)
+    start = checkpoints.restore()
+    best = Best(trainer.model, held, reps)
+    best.resume(start)
+    identity.record(ws.checkpoints, picked.formulation, picked.precision, mine)
+    _log_replanned(plan)
+    if reps.sum([1.0 if stop() else 0.0], "restore")[0] > 0:  # agreed by all workers
+        raise _preempted(f"before training resumed at step {start}")
+    _feed(trainer, data, plan, config, reps, start, rows)
+    samples_per_step = config.batch_size * reps.count
+    controller = _controller(ws, trainer, checkpoints, config, plan, reference, reps, stop, start)
+    if rows.validating:
+        controller.keep_best = best.offer
+    outcome = controller.run(start)
+    summary = finish.summarize(outcome, data, samples_per_step)
+    if outcome.status in ("completed", "target_reached"):
+        summary.update(_exported(outcome, trainer, best, reference))
+    summary.update(
+        wall_seconds=round(time.perf_counter() - t_start, 2),
+        steps_per_loop=outcome.steps_per_loop,
+        formulation=picked.formulation,
+        precision=picked.precision,
+        peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        plan=plan.to_json(),
+    )
+    if reps.cluster is not None:
+        summary.update(workers=reps.count, global_batch_size=samples_per_step)
+    publisher = _publisher(config, plan, data, summary) if config.publish_dir else None
+    return finish.finish(ws, summary, trainer.model, data, config.standardize, publisher)
 
 
-def _exported(outcome: Any, trainer: Any, best: Any, reference: Reference) -> dict[str, Any]:
+def _feed(
+    trainer: Any, data: cache_lib.DataCache, plan: ThreadPlan, config: TrainConfig, reps: Any,
+    start: int, rows: Split,
+) -> None:  # fmt: skip
+    """The training input from ``start`` (held in memory or streamed: the ``input`` event)."""
+    from app.data import pipeline
+
+    resident, why = pipeline.choose_input(data, plan, config.batch_size, config.max_steps - start)
+    logs.event(
+        "input",
+        ("training split held in memory: " if resident else "training split streamed: ") + why,
+        resident=resident,
+        split_bytes=pipeline.split_bytes(data),
+        resident_limit=pipeline.resident_limit(plan),
+    )
+    trainer.feed(
+        pipeline.train_input(
+            data, plan, seed=config.seed, batch_size=config.batch_size, start_step=start,
+            end_step=config.max_steps, workers=reps.count, index=reps.index, resident=resident,
+            features=trainer.standardize_x, labels=trainer.standardize_y, rows=rows.train,
+        )
+    )  # fmt: skip
+
+
+def _controller(
+    ws: workspace_lib.Workspace, trainer: Any, checkpoints: Any, config: TrainConfig,
+    plan: ThreadPlan, reference: baselines.Baselines, reps: Any, stop: Callable[[], bool],
+    start: int,
+) -> Controller:  # fmt: skip
+    """The outer loop of the run: its schedule, meter, actions and budget watch."""
+    single = reps.cluster is None
+    return Controller(
+        trainer,
+        checkpoints,
+        Schedule(
+            config.max_steps,
+            config.eval_every,
+            config.checkpoint_every,
+            config.steps_per_loop,
+            config.target_loss,
+        ),
+        Meter(
+            plan.cpu_budget,
+            config.batch_size * reps.count,
+            throttling=Throttling(plan.cpu_stat).read,
+        ),
+        stop,
+        reference.eval_mean,
+        agree=lambda k: float(reps.sum([k], "steps per loop")[0]) / reps.count,
+        actions=[warn_when_throttled(plan), *_summaries(ws, config, plan, start)],
+        replan=BudgetWatch(
+            plan,
+            enabled=config.replan == "on-change" and single,
+            why_not="--replan never" if single else "a multi-worker run",
+        ),
+        metric="val_rmse" if trainer.rows.validating else "test_rmse",
+        references=reference.fields(),
+    )
+
+
+def _exported(outcome: Any, trainer: Any, best: Any, reference: baselines.Baselines) -> dict:
     """Put the exported step's weights in the model (the best validated step, else the
-    last) and evaluate them: the summary's ``exported_step``, ``val_rmse`` (None without a
-    validation split), ``test_rmse``, ``linear_rmse``, ``linear``. Logs ``not_learning``
-    when the model ends no better than the linear baseline on the test set."""
+    last) and evaluate them on the test set: the summary's ``exported_step``, ``val_rmse``
+    (None without a validation split), ``test_rmse``, ``linear_rmse``, ``linear``. Logs
+    ``not_learning`` when the model ends no better than the linear baseline."""
     step = best.restore() if trainer.rows.validating else None
     test_rmse = trainer.evaluate("test")
+    lin = reference.linear
     fields: dict[str, Any] = {
         "exported_step": step if step is not None else outcome.step,
         "val_rmse": best.rmse if step is not None else None,
         "test_rmse": test_rmse,
-        "linear_rmse": reference.linear.test_rmse if reference.linear else None,
-        "linear": reference.linear.to_json() if reference.linear else None,
+        "linear_rmse": lin.test_rmse if lin else None,
+        "linear": lin.to_json() if lin else None,
         "validation_size": len(trainer.rows.validation),
     }
-    lin = fields["linear_rmse"]
-    if lin is not None and test_rmse >= lin:
+    if lin is not None and test_rmse >= lin.test_rmse:
         logs.event(
             "not_learning",
-            f"test RMSE {test_rmse:.4g} is not below the linear baseline's {lin:.4g}",
-            level=logging.WARNING,
+            f"test RMSE {test_rmse:.4g} is not below the linear baseline's {lin.test_rmse:.4g}",
+            level=WARNING,
             step=fields["exported_step"],
             test_rmse=test_rmse,
-            linear_rmse=lin,
+            linear_rmse=lin.test_rmse,
         )
     return fields
+
+
+def _same_run(
+    ws: workspace_lib.Workspace, config: TrainConfig, data: cache_lib.DataCache, reps: Any
+) -> identity.Identity:
+    """This run's identity, checked against the checkpoints it would resume (on the chief)
+    and agreed by every worker (app/training/identity.py). Raises ConfigError (another
+    run's checkpoints), StorageError (an unreadable record), ClusterError (workers differ)."""
+    mine = identity.of_run(config, data, reps.count)
+    if reps.is_chief:
+        identity.check(ws.checkpoints, mine)
+    identity.agree(mine, reps)
+    return mine
 
 
 def _publisher(

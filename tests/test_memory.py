@@ -1,0 +1,116 @@
+"""memory.estimate against the peaks it was calibrated on (docs/security.md, "Memory").
+
+Each row is a measured run: its data, batch, whether the split was held in memory, and
+the peak RSS measured (MiB). The estimate must cover every measured peak, and by no more
+than the calibration's spread, so a rule that over-refuses fails as surely as one that
+lets a run be OOM-killed. No TensorFlow: the rule is arithmetic on the run's shape.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from app.budget import memory
+from app.errors import MemoryBudgetExceeded
+
+MIB = memory.MIB
+LIMIT = 6 << 30  # the 6 GiB group most rows were measured in
+#: (train samples, H, W, K, batch, held in memory, measured peak RSS MiB): the re-measured
+#: table (an old page cache) and the fresh install's peak of the tiny set (732 MiB).
+MEASURED = [
+    (240, 20, 195, 3, 40, True, 571),
+    (240, 20, 195, 3, 40, True, 732),
+    (3000, 20, 195, 3, 1000, True, 770),
+    (12000, 20, 195, 3, 1000, True, 906),
+    (12000, 20, 195, 3, 4000, True, 1194),
+    (25000, 20, 195, 3, 1000, True, 1131),
+]
+#: The widest estimate / peak the calibration accepted (docs/security.md: 1.08–1.30 with
+#: the old base, plus the 165 MiB the fresh-install base adds).
+MOST_ABOVE = 1.5
+
+
+@pytest.mark.parametrize(("rows", "h", "w", "k", "batch", "held", "peak_mib"), MEASURED)
+def test_the_estimate_covers_each_measured_peak_and_not_by_far(
+    rows: int, h: int, w: int, k: int, batch: int, held: bool, peak_mib: int
+) -> None:
+    found = memory.estimate(
+        rows=rows, height=h, width=w, outputs=k, batch_size=batch, memory_limit=LIMIT
+    )
+    assert found.resident is held
+    assert peak_mib * MIB <= found.total <= MOST_ABOVE * peak_mib * MIB
+
+
+def test_the_tiny_set_s_estimate_is_the_documented_one() -> None:
+    """docs/security.md: "With the 730 MiB base the tiny set's estimate is 814 MiB"."""
+    found = memory.estimate(
+        rows=240, height=20, width=195, outputs=3, batch_size=40, memory_limit=LIMIT
+    )
+    assert round(found.total / MIB) == 814
+
+
+def test_a_split_past_a_quarter_of_the_limit_is_streamed_and_costs_batches() -> None:
+    limit = 1 << 30
+    held = memory.estimate(
+        rows=1000, height=20, width=195, outputs=3, batch_size=100, memory_limit=limit
+    )
+    streamed = memory.estimate(
+        rows=100_000, height=20, width=195, outputs=3, batch_size=100, memory_limit=limit
+    )
+    assert held.resident and not streamed.resident
+    assert streamed.parts["data_bytes"] == memory.STREAMED_BATCHES * 100 * 4 * (3900 + 3)
+    assert streamed.parts["setup_bytes"] == 0
+
+
+def test_check_refuses_only_past_the_limit() -> None:
+    found = memory.estimate(
+        rows=240, height=20, width=195, outputs=3, batch_size=40, memory_limit=None
+    )
+    memory.check(found, None, 40)
+    memory.check(found, found.total, 40)
+    with pytest.raises(MemoryBudgetExceeded, match="lower --batch-size"):
+        memory.check(found, found.total - 1, 40)
+
+
+def test_the_parts_are_the_memory_event_s_fields() -> None:
+    found = memory.estimate(
+        rows=240, height=20, width=195, outputs=3, batch_size=40, memory_limit=LIMIT
+    )
+    assert sorted(found.to_json()) == [
+        "base_bytes", "batch_bytes", "data_bytes", "model_bytes", "peak_bytes", "resident",
+        "setup_bytes",
+    ]  # fmt: skip
+    assert found.parts["base_bytes"] == memory.BASE
+    assert found.parts["batch_bytes"] == 40 * (memory.PER_FEATURE * 3900 + memory.PER_OUTPUT * 3)
+
+
+def test_a_split_of_exactly_a_quarter_of_the_limit_is_held() -> None:
+    row = 4 * (3900 + 3)
+    limit = 4 * row * 1000  # a quarter of it is 1000 rows exactly
+    held = memory.estimate(
+        rows=1000, height=20, width=195, outputs=3, batch_size=10, memory_limit=limit
+    )
+    streamed = memory.estimate(
+        rows=1001, height=20, width=195, outputs=3, batch_size=10, memory_limit=limit
+    )
+    assert held.resident and not streamed.resident
+
+
+def test_without_a_limit_a_quarter_of_physical_memory_decides() -> None:
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert memory.resident_limit(None) == int(physical * memory.RESIDENT_SHARE)
+
+
+def test_the_refusal_names_the_peak_the_limit_and_what_to_change() -> None:
+    found = memory.estimate(
+        rows=240, height=20, width=195, outputs=3, batch_size=40, memory_limit=LIMIT
+    )
+    with pytest.raises(MemoryBudgetExceeded) as caught:
+        memory.check(found, 800 * MIB, 40)
+    assert str(caught.value) == (
+        f"the run would need about {found.total / MIB:,.0f} MiB of memory at its peak "
+        "(TensorFlow 730 MiB, training split held in memory, batches of 40), more than the "
+        "memory limit of 800 MiB; lower --batch-size or raise the limit"
+    )
