@@ -90,7 +90,7 @@ def train(
     _check_memory(config, data, plan)
     import_tensorflow()
     # TensorFlow from here on.
-    from app.data import pipeline
+    from app.data import order, pipeline
     from app.training import choose, finish, replicas
     from app.training.checkpointer import Checkpointer
     from app.training.trainer import Trainer
@@ -114,15 +114,19 @@ def train(
         _log_replanned(plan)
         if reps.sum([1.0 if stop() else 0.0], "restore")[0] > 0:  # agreed by all workers
             raise _preempted(f"before training resumed at step {start}")
-        resident, why = pipeline.choose_input(
-            data, plan, config.batch_size, config.max_steps - start
-        )
+        choice = pipeline.choose_input(data, plan, config.batch_size, config.max_steps - start)
         logs.event(
             "input",
-            ("training split held in memory: " if resident else "training split streamed: ") + why,
-            resident=resident,
+            ("training split held in memory: " if choice.resident else "training split streamed: ")
+            + choice.why,
+            resident=choice.resident,
             split_bytes=pipeline.split_bytes(data),
             resident_limit=pipeline.resident_limit(plan),
+            training_rows=data.train_size,
+            load_s=choice.load_s,
+            stream_s=choice.stream_s,
+            block_rows=order.BLOCK_ROWS,
+            window_steps=order.WINDOW_STEPS,
         )
         trainer.feed(
             pipeline.train_input(
@@ -134,9 +138,8 @@ def train(
                 end_step=config.max_steps,
                 workers=reps.count,
                 index=reps.index,
-                resident=resident,
-                features=trainer.standardize_x,
-                labels=trainer.standardize_y,
+                resident=choice.resident,
+                stats=trainer.stats,
             )
         )
         controller = Controller(
