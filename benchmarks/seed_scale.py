@@ -183,9 +183,10 @@ def summarize(run: dict[str, Any], text_bytes: int) -> dict[str, Any]:
     if choice:
         ms = choice["timings"][f"{choice['formulation']}/{choice['precision']}"]
         out["chosen"] = f"{choice['formulation']}/{choice['precision']}"
-        out["chosen_step_samples_per_s"] = round(1000 * 1000 / ms)
+        batch = first["start"]["config"]["batch_size"] if "start" in first else 1000
+        step_rate = out["chosen_step_samples_per_s"] = round(batch * 1000 / ms)
         if out.get("samples_per_s"):
-            out["over_chosen_step"] = round(out["samples_per_s"] / out["chosen_step_samples_per_s"], 3)
+            out["over_chosen_step"] = round(out["samples_per_s"] / step_rate, 3)
     if "end" in first:
         out["end_status"] = first["end"].get("status")
         out["final_step"] = first["end"].get("final_step")
@@ -228,6 +229,7 @@ def one_run(name: str, args: argparse.Namespace, sets: dict[str, dict]) -> dict[
 
 def ratios(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The targets' ratios from one invocation's rows."""
+
     def rate(name: str) -> float | None:
         return rows.get(name, {}).get("samples_per_s")
 

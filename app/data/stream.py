@@ -65,6 +65,26 @@ class Chunk:
     local: np.ndarray
     x: np.ndarray
     y: np.ndarray
+    buffer: np.ndarray  # what ``x`` is a view of, kept for a later chunk
+
+
+@dataclass
+class _Slot:
+    """A chunk being read or read, and how many calls gather from it now."""
+
+    future: Future[Chunk]
+    users: int = 0
+    retired: bool = False  # no longer the chunk of any step to come
+    recycled: bool = False
+
+
+def _aligned(shape: tuple[int, ...]) -> np.ndarray:
+    """A new float32 array of ``shape`` whose data start on a 64-byte boundary (TensorFlow's
+    alignment: a ``numpy_function`` result so aligned becomes a tensor without a copy)."""
+    count = int(np.prod(shape))
+    raw = np.empty(count + 16, np.float32)
+    skip = (-raw.ctypes.data % 64) // 4
+    return raw[skip : skip + count].reshape(shape)
 
 
 def runs(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -136,27 +156,48 @@ class Reader:
         self.workers, self.index = workers, index
         self.n = cache.train_size if rows is None else len(rows)
         self._labels = cache.labels("train")
-        self._chunks: dict[int, Future[Chunk]] = {}
+        self._chunks: dict[int, _Slot] = {}
+        self._free: list[np.ndarray] = []  # chunk buffers no call gathers from any more
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="coretrain-stream")
 
     def batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        """Step ``step``'s batch: x (B, H, W, 1) and y (B, K), float32, standardised."""
+        """Step ``step``'s batch: x (B, H, W, 1) and y (B, K), float32, standardised.
+
+        x is a new array aligned for TensorFlow, which then takes it without a copy."""
         j = step // order.WINDOW_STEPS
         with self._lock:
             for old in [k for k in self._chunks if k < j]:
-                del self._chunks[old]  # a call still gathering from it holds its own reference
+                gone = self._chunks.pop(old)
+                gone.retired = True
+                self._recycle(gone)
             for k in (j, j + 1):
                 if k not in self._chunks and k * order.WINDOW_STEPS < self.end_step:
-                    self._chunks[k] = self._pool.submit(self._load, k)
-            pending = self._chunks[j]
-        chunk = pending.result()
-        local = chunk.local[step - chunk.first]
-        return chunk.x[local], chunk.y[local]
+                    self._chunks[k] = _Slot(self._pool.submit(self._load, k))
+            slot = self._chunks[j]
+            slot.users += 1
+        try:
+            chunk = slot.future.result()
+            local = chunk.local[step - chunk.first]
+            x = _aligned((len(local), *chunk.x.shape[1:]))
+            np.take(chunk.x, local, axis=0, out=x)
+            return x, chunk.y[local]
+        finally:
+            with self._lock:
+                slot.users -= 1
+                self._recycle(slot)
 
     def close(self) -> None:
         """Stop reading ahead (a chunk being read finishes)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _recycle(self, slot: _Slot) -> None:
+        """Keep a retired chunk's buffer for a later chunk once no call gathers from it
+        (under the lock): fresh memory costs a page fault per 4 KiB page."""
+        if slot.retired and slot.users == 0 and slot.future.done() and not slot.recycled:
+            slot.recycled = True
+            if slot.future.exception() is None and len(self._free) < CHUNKS_HELD:
+                self._free.append(slot.future.result().buffer)
 
     def _load(self, j: int) -> Chunk:
         """Chunk ``j``: the rows of steps ``j·WINDOW_STEPS ..`` (before ``end_step``)."""
@@ -169,7 +210,12 @@ class Reader:
         unique, inverse = np.unique(positions, return_inverse=True)
         ids = unique if self.rows is None else self.rows[unique]
         c = self.cache
-        x = np.empty((len(ids), c.height, c.width, 1), np.float32)
+        with self._lock:
+            buffer = self._free.pop() if self._free else None
+        if buffer is None:
+            rows = order.WINDOW_STEPS * self.batch_size
+            buffer = np.empty((rows, c.height, c.width, 1), np.float32)
+        x = buffer[: len(ids)]
         read_features(c, ids, x, self.stats)
         y = read_labels(c, self._labels, ids, self.stats)
-        return Chunk(first, inverse.reshape(len(steps), self.batch_size), x, y)
+        return Chunk(first, inverse.reshape(len(steps), self.batch_size), x, y, buffer)
