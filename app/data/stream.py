@@ -180,7 +180,9 @@ class Reader:
             chunk = slot.future.result()
             local = chunk.local[step - chunk.first]
             x = _aligned((len(local), *chunk.x.shape[1:]))
-            np.take(chunk.x, local, axis=0, out=x)
+            # mode="clip": the indices are valid by construction, and "raise" (the default)
+            # writes through a temporary copy of ``out`` (numpy.take), 5x slower here.
+            np.take(chunk.x, local, axis=0, out=x, mode="clip")
             return x, chunk.y[local]
         finally:
             with self._lock:
