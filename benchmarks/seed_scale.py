@@ -38,6 +38,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import ExitStack
 from datetime import datetime
@@ -114,6 +115,17 @@ def _stamp(record: dict[str, Any]) -> float:
     return datetime.fromisoformat(record["timestamp"]).timestamp()
 
 
+def page_cached(cache_root: Path) -> int | None:
+    """Bytes of the training features file under ``cache_root`` now in the page cache
+    (``fincore``); None when there is no such file or no fincore."""
+    files = sorted(cache_root.glob("*/train_x.f32"))
+    if not files or shutil.which("fincore") is None:
+        return None
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(files[0])],
+                         capture_output=True, text=True, check=False).stdout.split()  # fmt: skip
+    return int(out[0]) if out and out[0].isdigit() else None
+
+
 def drop_cached(cache_root: Path) -> int:
     """Drop the clean page-cache pages of every file under ``cache_root``
     (``posix_fadvise(POSIX_FADV_DONTNEED)``: only these files); bytes of files touched."""
@@ -128,18 +140,23 @@ def drop_cached(cache_root: Path) -> int:
     return total
 
 
-def train(data: Path, out: Path, cache: Path, wrap: list[str], env: dict[str, str]) -> dict:
-    """``coretrain train`` with defaults (``wrap``: a cgroup's ``sh -c`` prefix); its events."""
+def train(
+    data: Path, out: Path, cache: Path, wrap: list[str], env: dict[str, str], extra: list[str]
+) -> dict:
+    """``coretrain train`` with defaults and ``extra`` (``wrap``: a cgroup's ``sh -c``
+    prefix); its events and rusage."""
     shutil.rmtree(out, ignore_errors=True)
     argv = [sys.executable, "-m", "app", "train", "--data", str(data), "--output", str(out)]
-    argv += ["--cache-dir", str(cache)]
+    argv += ["--cache-dir", str(cache), *extra]
     t0 = time.time()
-    proc = subprocess.Popen([*wrap, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=REPO)  # fmt: skip
-    assert proc.stdout is not None and proc.stderr is not None
-    records = [json.loads(line) for line in proc.stdout if line.startswith("{")]
-    err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
+    with tempfile.TemporaryFile("w+") as errors:
+        proc = subprocess.Popen([*wrap, *argv], stdout=subprocess.PIPE, stderr=errors,
+                                text=True, env=env, cwd=REPO)  # fmt: skip
+        assert proc.stdout is not None
+        records = [json.loads(line) for line in proc.stdout if line.startswith("{")]
+        _, status, usage = os.wait4(proc.pid, 0)
+        errors.seek(0)
+        err = errors.read()
     wall = time.time() - t0
     return {"records": records, "exit": os.waitstatus_to_exitcode(status), "wall_s": wall,
             "peak_rss_bytes": usage.ru_maxrss * 1024, "t0": t0, "stderr": err[-800:]}  # fmt: skip
@@ -220,8 +237,11 @@ def one_run(name: str, args: argparse.Namespace, sets: dict[str, dict]) -> dict[
         elif name == "cpus1":
             group = stack.enter_context(cgroup_run.cpu_cgroup(1.0, "seed-scale"))
             wrap = group.command([])
+        extra["page_cached_at_start_bytes"] = page_cached(cache)
+        extra["loadavg_at_start"] = [round(v, 2) for v in os.getloadavg()]
         log(f"{name}: coretrain train on {data.name} ...")
-        run = train(data, args.work / f"out-{name}", cache, wrap, _env())
+        steps = ["--max-steps", str(args.max_steps)] if args.max_steps else []
+        run = train(data, args.work / f"out-{name}", cache, wrap, _env(), steps)
         if name == "memory4g":
             extra.update(cgroup_peak_bytes=group.peak(), cgroup_failcnt=group.failcnt())
     return {"run": name, **summarize(run, text), **extra}
@@ -266,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resident-rows", type=int, default=100_000,
                    help="Training samples of the resident comparison set.")  # fmt: skip
     p.add_argument("--block", type=int, default=2_000, help="Distinct samples repeated.")
+    p.add_argument("--max-steps", type=int, help="Steps (default: the job's, 3,300).")
     p.add_argument("--keep-cache", action="store_true", help="Reuse caches (no conversion).")
     p.add_argument("--build-only", action="store_true", help="Build the data sets and stop.")
     p.add_argument("--out", type=Path, help="Also write the JSON report here.")

@@ -90,7 +90,6 @@ def train(
     _check_memory(config, data, plan)
     import_tensorflow()
     # TensorFlow from here on.
-    from app.data import order, pipeline
     from app.training import choose, finish, replicas
     from app.training.checkpointer import Checkpointer
     from app.training.trainer import Trainer
@@ -114,34 +113,7 @@ def train(
         _log_replanned(plan)
         if reps.sum([1.0 if stop() else 0.0], "restore")[0] > 0:  # agreed by all workers
             raise _preempted(f"before training resumed at step {start}")
-        choice = pipeline.choose_input(data, plan, config.batch_size, config.max_steps - start)
-        logs.event(
-            "input",
-            ("training split held in memory: " if choice.resident else "training split streamed: ")
-            + choice.why,
-            resident=choice.resident,
-            split_bytes=pipeline.split_bytes(data),
-            resident_limit=pipeline.resident_limit(plan),
-            training_rows=data.train_size,
-            load_s=choice.load_s,
-            stream_s=choice.stream_s,
-            block_rows=order.BLOCK_ROWS,
-            window_steps=order.WINDOW_STEPS,
-        )
-        trainer.feed(
-            pipeline.train_input(
-                data,
-                plan,
-                seed=config.seed,
-                batch_size=config.batch_size,
-                start_step=start,
-                end_step=config.max_steps,
-                workers=reps.count,
-                index=reps.index,
-                resident=choice.resident,
-                stats=trainer.stats,
-            )
-        )
+        trainer.feed(_train_input(config, plan, data, reps, trainer.stats, start))
         controller = Controller(
             trainer,
             checkpoints,
@@ -182,6 +154,35 @@ def train(
     except Exception as exc:
         reps.report_failure(exc)  # the other workers stop instead of waiting for this one
         raise
+
+
+def _train_input(
+    config: TrainConfig, plan: ThreadPlan, data: cache_lib.DataCache, reps: Any, stats: Any,
+    start: int,
+) -> Any:  # fmt: skip
+    """The training batches from ``start`` on, resident or streamed as measured
+    (app/data/pipeline.py ``choose_input``), logged as the ``input`` event."""
+    from app.data import order, pipeline
+
+    choice = pipeline.choose_input(data, plan, config.batch_size, config.max_steps - start)
+    logs.event(
+        "input",
+        ("training split held in memory: " if choice.resident else "training split streamed: ")
+        + choice.why,
+        resident=choice.resident,
+        split_bytes=pipeline.split_bytes(data),
+        resident_limit=pipeline.resident_limit(plan),
+        training_rows=data.train_size,
+        load_s=choice.load_s,
+        stream_s=choice.stream_s,
+        block_rows=order.BLOCK_ROWS,
+        window_steps=order.WINDOW_STEPS,
+    )
+    return pipeline.train_input(
+        data, plan, seed=config.seed, batch_size=config.batch_size, start_step=start,
+        end_step=config.max_steps, workers=reps.count, index=reps.index,
+        resident=choice.resident, stats=stats,
+    )  # fmt: skip
 
 
 def _publisher(
