@@ -165,7 +165,7 @@ def train(
 def summarize(run: dict[str, Any], text_bytes: int) -> dict[str, Any]:
     """The figures of one run (see the module docstring)."""
     records = run["records"]
-    first = {}
+    first: dict[str, dict[str, Any]] = {}
     for r in records:
         first.setdefault(r["event"], r)
     progress = [r for r in records if r["event"] == "progress"]
@@ -247,17 +247,21 @@ def one_run(name: str, args: argparse.Namespace, sets: dict[str, dict]) -> dict[
     return {"run": name, **summarize(run, text), **extra}
 
 
-def ratios(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The targets' ratios from one invocation's rows."""
-
-    def rate(name: str) -> float | None:
-        return rows.get(name, {}).get("samples_per_s")
-
+def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The targets' ratios from one invocation's rows: the i-th run of each name over the
+    i-th ``resident`` run (``--runs resident,streamed,resident,streamed`` interleaves them,
+    so a disturbance of the shared machine hits both of a pair), and their median."""
+    rates: dict[str, list[float]] = {}
+    for r in rows:
+        if r.get("samples_per_s"):
+            rates.setdefault(r["run"], []).append(r["samples_per_s"])
     out: dict[str, Any] = {}
-    resident = rate("resident")
     for name in ("streamed", "memory4g"):
-        if rate(name) and resident:
-            out[f"{name}_over_resident"] = round(rate(name) / resident, 3)  # type: ignore[operator]
+        mine, resident = rates.get(name, []), rates.get("resident", [])
+        pairs = [round(a / b, 3) for a, b in zip(mine, resident, strict=False)]
+        if pairs:
+            out[f"{name}_over_resident"] = statistics.median(pairs)
+            out[f"{name}_over_resident_rounds"] = pairs
     return out
 
 
@@ -306,12 +310,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     report: dict[str, Any] = {"machine": machine(), "sets": sets, "rows": []}
     report["started"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    rows: dict[str, dict[str, Any]] = {}
     for name in runs:
-        rows[name] = one_run(name, args, sets)
-        report["rows"].append(rows[name])
-        log(json.dumps({k: v for k, v in rows[name].items() if k != "windows"}))
-    report["ratios"] = ratios(rows)
+        row = one_run(name, args, sets)
+        report["rows"].append(row)
+        log(json.dumps({k: v for k, v in row.items() if k != "windows"}))
+    report["ratios"] = ratios(report["rows"])
     report["loadavg_end"] = [round(v, 2) for v in os.getloadavg()]
     report["platform"] = platform.platform()
     print(table(report), file=sys.stderr)
