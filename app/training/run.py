@@ -134,7 +134,7 @@ def _train_on(
     _log_replanned(plan)
     if reps.sum([1.0 if stop() else 0.0], "restore")[0] > 0:  # agreed by all workers
         raise _preempted(f"before training resumed at step {start}")
-    _feed(trainer, data, plan, config, reps, start)
+    trainer.feed(_train_input(config, plan, data, reps, trainer.stats, start))
     samples_per_step = config.batch_size * reps.count
     controller = _controller(ws, trainer, checkpoints, config, plan, data, reps, stop, start)
     outcome = controller.run(start)
@@ -155,27 +155,32 @@ def _train_on(
     return finish.finish(ws, summary, trainer.model, data, config.standardize, publisher)
 
 
-def _feed(
-    trainer: Any, data: cache_lib.DataCache, plan: ThreadPlan, config: TrainConfig, reps: Any,
+def _train_input(
+    config: TrainConfig, plan: ThreadPlan, data: cache_lib.DataCache, reps: Any, stats: Any,
     start: int,
-) -> None:  # fmt: skip
-    """The training input from ``start`` (held in memory or streamed: the ``input`` event)."""
-    from app.data import pipeline
+) -> Any:  # fmt: skip
+    """The training batches from ``start`` on, resident or streamed as measured
+    (app/data/pipeline.py ``choose_input``), logged as the ``input`` event."""
+    from app.data import order, pipeline
 
-    resident, why = pipeline.choose_input(data, plan, config.batch_size, config.max_steps - start)
+    choice = pipeline.choose_input(data, plan, config.batch_size, config.max_steps - start)
     logs.event(
         "input",
-        ("training split held in memory: " if resident else "training split streamed: ") + why,
-        resident=resident,
+        ("training split held in memory: " if choice.resident else "training split streamed: ")
+        + choice.why,
+        resident=choice.resident,
         split_bytes=pipeline.split_bytes(data),
         resident_limit=pipeline.resident_limit(plan),
+        training_rows=data.train_size,
+        load_s=choice.load_s,
+        stream_s=choice.stream_s,
+        block_rows=order.BLOCK_ROWS,
+        window_steps=order.WINDOW_STEPS,
     )
-    trainer.feed(
-        pipeline.train_input(
-            data, plan, seed=config.seed, batch_size=config.batch_size, start_step=start,
-            end_step=config.max_steps, workers=reps.count, index=reps.index, resident=resident,
-            features=trainer.standardize_x, labels=trainer.standardize_y,
-        )
+    return pipeline.train_input(
+        data, plan, seed=config.seed, batch_size=config.batch_size, start_step=start,
+        end_step=config.max_steps, workers=reps.count, index=reps.index,
+        resident=choice.resident, stats=stats,
     )  # fmt: skip
 
 
