@@ -1,4 +1,4 @@
-"""The resident (in-memory gather) and streamed (preadv) training pipelines give the same batches.
+"""The resident (in-memory gather) and streamed (chunked preadv) pipelines give the same batches.
 
 tf.data and TensorFlow's thread pools are process-global: the pipelines run in a subprocess.
 """
@@ -34,22 +34,34 @@ SCRIPT = textwrap.dedent(
     kw = dict(seed=3, batch_size=100, start_step=0, end_step=7)  # 700 of 240 rows: 3 epochs
     out = {"limit": pipeline.resident_limit(plan), "bytes": pipeline.split_bytes(c)}
     got = {}
+    from app.data import order, stream
+    kw["stats"] = stream.Stats.of(c)
+    rows = None
+    if len(sys.argv) > 4:  # a subset of the training rows (e.g. a validation split held out)
+        picked = np.random.default_rng(5).choice(c.train_size, int(sys.argv[4]), replace=False)
+        rows = np.sort(picked)
+    n = c.train_size if rows is None else len(rows)
+    ids = np.arange(c.train_size) if rows is None else rows
     for resident in (True, False):
-        given = pipeline.train_input(c, plan, resident=resident, **kw)
+        given = pipeline.train_input(c, plan, resident=resident, rows=rows, **kw)
         if given.resident is not None:
             split = given.resident
+            resident_rows = split.features.shape[0]
             got[resident] = [
                 (tf.gather(split.features, i).numpy(), tf.gather(split.labels, i).numpy())
                 for i in given.dataset
             ]
         else:
             got[resident] = [(x.numpy(), y.numpy()) for x, y in given.dataset]
-    x_all, y_all = np.asarray(c.features("train")), np.asarray(c.labels("train"))
+    st = kw["stats"]
+    x_all = (np.asarray(c.features("train")) - st.feature_mean) * st.feature_inv
+    y_all = (np.asarray(c.labels("train")) - st.label_mean) / st.label_std
     same = expected = True
     for step, ((xr, yr), (xs, ys)) in enumerate(zip(got[True], got[False], strict=True)):
-        idx = np.sort(pipeline.batch_indices(3, step, 100, c.train_size))
+        idx = ids[np.sort(order.batch_indices(3, step, 100, n))]
         same &= bool(np.array_equal(xr, xs) and np.array_equal(yr, ys))
         expected &= bool(np.array_equal(xr[..., 0], x_all[idx]) and np.array_equal(yr, y_all[idx]))
+    out["held_rows"] = int(resident_rows)
     out.update(steps=len(got[True]), shape=list(got[True][0][0].shape), same=same,
                expected=expected)
     print(json.dumps(out))
@@ -57,9 +69,17 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _run(tiny_data: Path, tmp_path: Path, memory_limit: int | None) -> dict:
+def _run(tiny_data: Path, tmp_path: Path, memory_limit: int | None, *subset: str) -> dict:
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tiny_data), str(tmp_path), json.dumps(memory_limit)],
+        [
+            sys.executable,
+            "-c",
+            SCRIPT,
+            str(tiny_data),
+            str(tmp_path),
+            json.dumps(memory_limit),
+            *subset,
+        ],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -77,6 +97,19 @@ def test_resident_and_streamed_batches_are_identical_and_the_right_rows(
     assert r["bytes"] == 4 * 240 * (20 * 195 + 3)
     assert r["steps"] == 7
     assert r["shape"] == [100, 20, 195, 1]
+    assert r["same"] is True
+    assert r["expected"] is True
+
+
+def test_a_subset_of_the_training_rows_is_read_the_same_way_in_both(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    # 150 of the 240 rows (as when rows are held out for validation): both pipelines read
+    # only those, by position in the sorted subset, and the resident split holds only them.
+    r = _run(tiny_data, tmp_path, 1 << 30, "150")
+    assert r["bytes"] == 4 * 240 * (20 * 195 + 3)  # the whole split, as reported
+    assert r["held_rows"] == 150
+    assert r["steps"] == 7
     assert r["same"] is True
     assert r["expected"] is True
 
@@ -109,9 +142,8 @@ def test_the_split_is_held_when_the_run_reads_it_more_than_once(
         for limit, steps in ((None, 10_000), (None, 1), (1000, 10_000)):
             budget = CpuBudget(cpu_quota=None, cpuset=(0,), memory_limit=limit,
                                quota_source="none")
-            out[f"{limit}-{steps}"] = pipeline.choose_input(
-                c, plan_lib.make_plan(budget), 40, steps
-            )
+            got = pipeline.choose_input(c, plan_lib.make_plan(budget), 40, steps)
+            out[f"{limit}-{steps}"] = [got.resident, got.why, got.load_s, got.stream_s]
         print(json.dumps(out))
         """
     )
@@ -124,3 +156,52 @@ def test_the_split_is_held_when_the_run_reads_it_more_than_once(
     assert got["None-10000"][0] is True  # 10,000 batches of 40 rows: 1,667 epochs
     assert got["None-1"][0] is False  # one batch: loading all 240 rows costs more
     assert got["1000-10000"][0] is False and "larger than" in got["1000-10000"][1]
+    # Where the split could be held, both costs are given; where it can't, neither.
+    assert got["None-1"][2] > 0 and got["None-1"][3] > 0
+    assert got["None-10000"][3] > got["None-10000"][2]
+    assert got["1000-10000"][2:] == [None, None]
+
+
+RESUME = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    import numpy as np
+    from app.budget import plan as plan_lib
+    from app.budget.cgroups import CpuBudget
+    from app.config import TrainConfig
+    from app.data import pipeline, stream
+    from tests.conftest import prepare_cache
+
+    data, tmp = Path(sys.argv[1]), Path(sys.argv[2])
+    c = prepare_cache(TrainConfig(data_dir=data, output_dir=tmp / "out", cache_dir=tmp / "c"))
+    budget = CpuBudget(cpu_quota=None, cpuset=(0,), memory_limit=None, quota_source="none")
+    plan = plan_lib.make_plan(budget)
+
+    def batches(start):
+        given = pipeline.train_input(c, plan, seed=9, batch_size=10, start_step=start,
+                                     end_step=40, stats=stream.Stats.of(c))
+        assert given.resident is None and given.reader is not None
+        return [(x.numpy(), y.numpy()) for x, y in given.dataset]
+
+    straight, resumed = batches(0), batches(13)
+    same = all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+               for a, b in zip(straight[13:], resumed, strict=True))
+    print(json.dumps({"straight": len(straight), "resumed": len(resumed), "same": same,
+                      "differ": not np.array_equal(straight[0][1], straight[1][1])}))
+    """
+)
+
+
+def test_a_resumed_streamed_pipeline_yields_the_same_batches(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    # 240 rows in batches of 10: three windows an epoch, 40 steps over almost two epochs;
+    # resumed at step 13, inside the second chunk of 8 steps.
+    proc = subprocess.run(
+        [sys.executable, "-c", RESUME, str(tiny_data), str(tmp_path)],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.splitlines()[-1])
+    assert got == {"straight": 40, "resumed": 27, "same": True, "differ": True}

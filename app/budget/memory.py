@@ -12,10 +12,11 @@ CPUs, peak RSS of whole ``coretrain train`` runs: docs/security.md, "Memory")::
     peak = (BASE + model + max(setup, training)) × (1 + MARGIN)
     setup    = RESIDENT_SETUP_COPIES × split            (a split held in memory, else 0)
     training = RESIDENT_COPIES × split                  (held in memory)
-             | STREAMED_BATCHES × batch × row           (read from the cache file)
+             | STREAMED_BATCHES × batch × row + labels  (read from the cache file)
              + batch × (PER_FEATURE × H·W + PER_OUTPUT × K)
 
-``split`` = training rows × row, ``row`` = 4 × (H·W + K) bytes; ``model`` = 16 bytes per
+``split`` = training rows × row, ``row`` = 4 × (H·W + K) bytes, ``labels`` = training rows ×
+4·K (a streamed run maps the labels file); ``model`` = 16 bytes per
 weight of the last layer (weights, gradient, momentum, a copy), the rest is in BASE. The
 split is held in memory when it takes at most :data:`RESIDENT_SHARE` of the limit.
 """
@@ -44,9 +45,10 @@ BASE = HEAP + CODE
 RESIDENT_SETUP_COPIES = 1
 #: Copies of a split held in memory while training: once, in the variables.
 RESIDENT_COPIES = 1
-#: Batches in flight when the split is read from the file (prefetch 2, 2 parallel
-#: reads, the one in the step).
-STREAMED_BATCHES = 5
+#: Batches held when the split is read from the file: two chunks of 8 steps' rows (the one
+#: gathered from, the one being read: app/data/stream.py CHUNKS_HELD × app/data/order.py
+#: WINDOW_STEPS), and 5 batches in flight (prefetch 2, 2 parallel gathers, the step's).
+STREAMED_BATCHES = 2 * 8 + 5
 #: Bytes per sample of a batch, per feature value and per output: activations, their
 #: gradients and the fast formulation's patch matrices (app/model.py).
 PER_FEATURE = 44
@@ -93,7 +95,8 @@ def estimate(
     row = split_bytes(1, values, outputs)
     split = rows * row
     resident = split <= resident_limit(memory_limit)
-    data = RESIDENT_COPIES * split if resident else STREAMED_BATCHES * batch_size * row
+    streamed = STREAMED_BATCHES * batch_size * row + rows * 4 * outputs
+    data = RESIDENT_COPIES * split if resident else streamed
     steps = batch_size * (PER_FEATURE * values + PER_OUTPUT * outputs)
     parts = {
         "base_bytes": BASE,

@@ -1,20 +1,20 @@
-"""tf.data input pipelines reading the binary cache (memory-mapped, streamed).
+"""tf.data input pipelines reading the binary cache (held in memory, or streamed).
 
-The training batch for step ``s`` depends only on ``(seed, s)``: the sample
-order is an endless sequence of seeded permutations of the training set, and
-batch ``s`` is its slice ``[s·B, (s+1)·B)``. A resumed run therefore sees the
-same batches as an uninterrupted one.
+The training batch for step ``s`` depends only on ``(seed, s)``: positions
+:func:`app.data.order.batch_rows` of the run's training rows (a sorted int64 array of row
+ids of the cache's training split; all rows by default), the same whichever way the rows
+are read. A resumed run therefore sees the same batches as an uninterrupted one.
 
 Where the batches come from (:func:`choose_input`): a training split that fits in
 :data:`app.budget.memory.RESIDENT_SHARE` of the memory limit (physical memory when
 unlimited), in a run that will read more rows than loading the whole split costs, is
-**resident**: loaded once into
-a pair of ``tf.Variable`` (held once: read from the cache file chunk by chunk, standardised
-on the way, assigned into the variables' preallocated memory), and each batch is a
-``tf.gather`` from them inside the training step; the input pipeline then only yields each
-step's row indices. Otherwise the split is **streamed**: each batch read from the cache
-file (``preadv``) in the tf.data pipeline, so memory stays bounded by a few batches however
-large the data set is. Both give the same batches (tested).
+**resident**: loaded once into a pair of ``tf.Variable`` (held once: read from the cache
+file chunk by chunk, standardised on the way, assigned into the variables' preallocated
+memory), and each batch is a ``tf.gather`` from them inside the training step; the input
+pipeline then only yields each step's positions. Otherwise the split is **streamed**
+(:mod:`app.data.stream`): the rows of a few steps read ahead as one chunk, in blocks, and
+each batch gathered from it, so memory stays bounded by a few batches however large the
+data set is. Both give the same batches (tested).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import gc
 import mmap
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import tensorflow as tf
@@ -31,7 +31,9 @@ import tensorflow as tf
 from app import logs
 from app.budget import memory
 from app.budget.plan import ThreadPlan
+from app.data import order, stream
 from app.data.cache import DataCache
+from app.data.stream import Stats
 
 PREFETCH_BATCHES = 2
 #: An elementwise function of a batch tensor (e.g. the standardisation).
@@ -42,36 +44,9 @@ def _identity(t: tf.Tensor) -> tf.Tensor:
     return t
 
 
-def batch_indices(seed: int, step: int, batch_size: int, n: int) -> np.ndarray:
-    """Sample indices of training batch ``step``: shape (batch_size,), int64.
-
-    Permutation ``e`` of ``range(n)`` comes from ``numpy.random.default_rng([seed, e])``.
-    """
-    start = step * batch_size
-    out = np.empty(batch_size, np.int64)
-    filled = 0
-    while filled < batch_size:
-        epoch, offset = divmod(start + filled, n)
-        perm = np.random.default_rng([seed, epoch]).permutation(n)
-        take = min(batch_size - filled, n - offset)
-        out[filled : filled + take] = perm[offset : offset + take]
-        filled += take
-    return out
-
-
-def batch_rows(
-    seed: int, step: int, batch_size: int, n: int, workers: int = 1, index: int = 0
-) -> np.ndarray:
-    """Training rows of worker ``index`` of ``workers`` for ``step``: (batch_size,), int64, sorted.
-
-    The global batch is the single-process batch of ``batch_size·workers`` samples
-    (:func:`batch_indices`), sorted (rows in file order read fastest); this worker takes
-    its positions ``index::workers``. The shards are disjoint and their union is the
-    global batch; the training step uses the same positions of the global dropout mask.
-    A single process is worker 0 of 1.
-    """
-    rows = np.sort(batch_indices(seed, step, batch_size * workers, n))
-    return rows[index::workers]
+def training_rows(cache: DataCache, rows: np.ndarray | None) -> int:
+    """How many training rows a run reads: ``len(rows)``, or the whole split."""
+    return cache.train_size if rows is None else len(rows)
 
 
 def resident_limit(plan: ThreadPlan) -> int:
@@ -80,9 +55,9 @@ def resident_limit(plan: ThreadPlan) -> int:
     return memory.resident_limit(plan.memory_limit)
 
 
-def split_bytes(cache: DataCache, split: str = "train") -> int:
-    """Bytes of ``split``'s features and labels as float32."""
-    n = cache.train_size if split == "train" else cache.test_size
+def split_bytes(cache: DataCache, split: str = "train", rows: np.ndarray | None = None) -> int:
+    """Bytes of ``split``'s features and labels as float32 (the training ``rows`` only)."""
+    n = training_rows(cache, rows) if split == "train" else cache.test_size
     return memory.split_bytes(n, cache.height * cache.width, cache.num_outputs)
 
 
@@ -93,8 +68,9 @@ LOAD_CHUNK_BYTES = 16 << 20
 @dataclass
 class Resident:
     """A training split held in memory: ``features`` (n, H, W, 1) and ``labels`` (n, K),
-    transformed (standardised), as non-trainable float32 variables outside any
-    distribution strategy (each worker holds its own copy)."""
+    the run's training rows in order (row ``rows[p]`` at position ``p``), standardised, as
+    non-trainable float32 variables outside any distribution strategy (each worker holds
+    its own copy)."""
 
     features: tf.Variable
     labels: tf.Variable
@@ -103,23 +79,24 @@ class Resident:
 @dataclass
 class TrainInput:
     """What the trainer consumes: ``dataset`` yields (x, y) batches, or with ``resident``
-    the row indices (B,) int64 of each step, gathered from it in the step."""
+    the positions (B,) int64 of each step, gathered from it in the step. ``reader``: the
+    streamed reader behind ``dataset`` (None when resident)."""
 
     dataset: tf.data.Dataset
     resident: Resident | None = None
+    reader: stream.Reader | None = field(default=None, repr=False)
 
 
 def load_resident(
-    cache: DataCache, features: Transform, labels: Transform, rows: np.ndarray | None = None
+    cache: DataCache, rows: np.ndarray | None = None, stats: Stats | None = None
 ) -> Resident:
-    """Load the training rows ``rows`` (sorted; default all) once into variables, chunk by
-    chunk, in that order; log how long it took.
+    """Load the training ``rows`` (sorted row ids; None: all) once into variables, chunk by
+    chunk, standardised with ``stats`` as a streamed run does; log how long it took.
 
-    Memory: the rows once plus one chunk (:data:`LOAD_CHUNK_BYTES`); the chunks are read
-    with ``preadv``, so no page of the cache file stays mapped.
+    Memory: the split once plus one chunk (:data:`LOAD_CHUNK_BYTES`); the chunks are read
+    with ``preadv``, so no page of the features file stays mapped.
     """
-    rows = np.arange(cache.train_size, dtype=np.int64) if rows is None else rows
-    n, h, w, k = len(rows), cache.height, cache.width, cache.num_outputs
+    n, h, w, k = training_rows(cache, rows), cache.height, cache.width, cache.num_outputs
     t0 = time.perf_counter()
     x_var = tf.Variable(tf.zeros((n, h, w, 1)), trainable=False, name="resident_features")
     y_var = tf.Variable(tf.zeros((n, k)), trainable=False, name="resident_labels")
@@ -127,19 +104,20 @@ def load_resident(
     # a write copies the whole variable (its buffer is shared): collect them first, so the
     # split is held once (measured in docs/performance.md).
     gc.collect()
-    chunk = max(1, LOAD_CHUNK_BYTES // (4 * (h * w + k)))
-    for a in range(0, n, chunk):
-        idx = rows[a : a + chunk]
-        where = tf.range(a, a + len(idx))
-        x = features(cache.read_rows("train", "features", idx)[..., None])
+    step = max(1, LOAD_CHUNK_BYTES // (4 * (h * w + k)))
+    labels = cache.labels("train")
+    buf = np.empty((step, h, w, 1), np.float32)
+    for a in range(0, n, step):
+        ids = np.arange(a, min(a + step, n)) if rows is None else rows[a : a + step]
+        where = tf.range(a, a + len(ids))
+        stream.read_features(cache, ids, buf[: len(ids)], stats)
         # scatter_update writes in place; ``var[a:b].assign`` would first read the whole
         # variable, and the write then copies it (its buffer is shared with that read).
-        x_var.scatter_update(tf.IndexedSlices(x, where))
-        y_var.scatter_update(
-            tf.IndexedSlices(labels(cache.read_rows("train", "labels", idx)), where)
-        )
+        x_var.scatter_update(tf.IndexedSlices(tf.constant(buf[: len(ids)]), where))
+        y_var.scatter_update(tf.IndexedSlices(stream.read_labels(cache, labels, ids, stats), where))
+    del labels
     seconds = time.perf_counter() - t0
-    size = memory.split_bytes(n, h * w, k)
+    size = split_bytes(cache, rows=rows)
     logs.event(
         "input_loaded",
         f"training split loaded into memory: {size / 1e6:,.0f} MB in {seconds:.1f} s "
@@ -150,30 +128,49 @@ def load_resident(
     return Resident(x_var, y_var)
 
 
+@dataclass(frozen=True)
+class InputChoice:
+    """Resident or streamed, ``why``, and the two costs (seconds, estimated for the run:
+    ``load_s`` to load the split, ``stream_s`` to stream its batches; None for a split
+    that can't be held)."""
+
+    resident: bool
+    why: str
+    load_s: float | None = None
+    stream_s: float | None = None
+
+
 def choose_input(
-    cache: DataCache, plan: ThreadPlan, batch_size: int, steps: int
-) -> tuple[bool, str]:
+    cache: DataCache, plan: ThreadPlan, batch_size: int, steps: int,
+    rows: np.ndarray | None = None,
+) -> InputChoice:  # fmt: skip
     """Resident or streamed for a run of ``steps`` more steps of ``batch_size`` rows, and why.
 
-    Resident needs the split to fit in :func:`resident_limit`, and pays when the run reads
-    more rows than loading the split costs: loading reads the n rows once in order,
-    streaming reads ``steps × batch_size`` rows at random. Both costs are measured here,
-    each as the better of two tries on one batch of rows of the cache file (read in order
-    and written into fresh memory, as a load does; read at random), so the page cache, the
-    disk, page faults and the machine's load all count.
+    Resident needs the split (the training ``rows``) to fit in :func:`resident_limit`, and
+    pays when the run reads more rows than loading the split costs: loading reads the n
+    rows once in order, streaming reads ``steps × batch_size`` rows in blocks
+    (:mod:`app.data.stream`). Both costs are measured here, each as the better of two tries
+    on one batch of rows of the cache file (read in order and written into fresh memory,
+    as a load does; read in random blocks and standardised, as a stream does), so the page
+    cache, the disk, page faults and the machine's load all count.
     """
-    size, limit = split_bytes(cache), resident_limit(plan)
+    size, limit = split_bytes(cache, rows=rows), resident_limit(plan)
     if size > limit:
-        return False, f"the split ({size / 1e6:,.0f} MB) is larger than {limit / 1e6:,.0f} MB"
-    n = cache.train_size
+        why = f"the split ({size / 1e6:,.0f} MB) is larger than {limit / 1e6:,.0f} MB"
+        return InputChoice(False, why)
+    n = training_rows(cache, rows)
+    ids = np.arange(n) if rows is None else rows
     b = min(batch_size, n)
-    in_order = np.arange(b)
-    at_random = np.sort(np.random.default_rng(0).choice(n, b, replace=False))
-    seq = min(_timed_load(cache, in_order) for _ in range(2))
+    rng = np.random.default_rng(0)
+    blocks = -(-n // order.BLOCK_ROWS)
+    picked = rng.choice(blocks, min(blocks, -(-b // order.BLOCK_ROWS)), replace=False)
+    positions = np.sort(picked)[:, None] * order.BLOCK_ROWS + np.arange(order.BLOCK_ROWS)
+    at_random = ids[positions.reshape(-1)[positions.reshape(-1) < n][:b]]
+    seq = min(_timed_load(cache, ids[:b]) for _ in range(2))
     rnd = min(_timed_read(cache, at_random) for _ in range(2))
     load_s, stream_s = seq * n / b, rnd * steps
     why = f"loading {n} rows ≈ {load_s:.2f} s, streaming {steps} batches ≈ {stream_s:.2f} s"
-    return load_s <= stream_s, why
+    return InputChoice(load_s <= stream_s, why, round(load_s, 3), round(stream_s, 3))
 
 
 def _timed_load(cache: DataCache, rows: np.ndarray) -> float:
@@ -194,9 +191,13 @@ def _timed_load(cache: DataCache, rows: np.ndarray) -> float:
 
 
 def _timed_read(cache: DataCache, rows: np.ndarray) -> float:
+    """Seconds to stream ``rows`` as :class:`app.data.stream.Reader` does (blocks read and
+    standardised into a chunk, then gathered into a batch)."""
     t0 = time.perf_counter()
-    cache.read_rows("train", "features", rows)
-    cache.read_rows("train", "labels", rows)
+    x = np.empty((len(rows), cache.height, cache.width, 1), np.float32)
+    stream.read_features(cache, rows, x, Stats.of(cache))
+    stream.read_labels(cache, cache.labels("train"), rows, Stats.of(cache))
+    np.take(x, np.arange(len(rows)), axis=0)  # the gather into the batch
     return time.perf_counter() - t0
 
 
@@ -229,52 +230,54 @@ def train_input(
     workers: int = 1,
     index: int = 0,
     resident: bool = False,
-    features: Transform | None = None,
-    labels: Transform | None = None,
     rows: np.ndarray | None = None,
+    stats: Stats | None = None,
 ) -> TrainInput:
     """The batches of steps ``start_step .. end_step-1``: x (B,H,W,1) float32, y (B,K).
 
-    ``rows``: the training file's rows trained on (sorted int64; default all; the others
-    are the validation split, app/data/split.py). The batch order is over positions in
-    ``rows``: the rows of a step are ``rows[p]`` for the positions ``p`` of
-    :func:`batch_rows` for worker ``index`` of ``workers`` (``batch_size`` per worker).
-    ``resident``: hold those rows in memory (:func:`load_resident`) and yield positions;
-    else stream the rows. ``features`` / ``labels``: elementwise transforms (the
-    standardisation), applied once to a resident split, else to each batch; raw values
-    without them.
+    ``rows``: the training rows (a sorted int64 array of row ids of the cache's training
+    split; None: all of them); the positions of a step are :func:`app.data.order.batch_rows`
+    for worker ``index`` of ``workers`` (``batch_size`` per worker). ``resident``: hold the
+    rows in memory (:func:`load_resident`) and yield positions; else stream them
+    (:class:`app.data.stream.Reader`). ``stats``: the standardisation (raw values without).
     """
-    features_fn, labels_fn = features or _identity, labels or _identity
-    rows = np.arange(cache.train_size, dtype=np.int64) if rows is None else rows
-    n = len(rows)
+    if rows is not None:
+        rows = np.asarray(rows, np.int64)
+        if rows.ndim != 1 or np.any(np.diff(rows) <= 0) or (len(rows) and rows[0] < 0):
+            raise ValueError("rows must be a 1-D array of strictly increasing row ids")
+        if len(rows) == 0 or rows[-1] >= cache.train_size:
+            raise ValueError(f"rows must be non-empty ids below {cache.train_size}")
+    n = training_rows(cache, rows)
+    ds = tf.data.Dataset.range(start_step, end_step)
+    options = dataset_options(plan)
+    if resident:
+        split = load_resident(cache, rows, stats)
 
-    def positions(step: np.int64) -> np.ndarray:
-        return batch_rows(seed, int(step), batch_size, n, workers, index).astype(np.int64)
+        def positions(step: np.int64) -> np.ndarray:
+            return order.batch_rows(seed, int(step), batch_size, n, workers, index)
 
-    def rows_of(step: np.int64) -> np.ndarray:
-        return rows[positions(step)]
+        def indices(step: tf.Tensor) -> tf.Tensor:
+            idx = tf.numpy_function(positions, [step], tf.int64, stateful=False)
+            idx.set_shape((batch_size,))
+            return idx
 
-    def indices(step: tf.Tensor) -> tf.Tensor:
-        idx = tf.numpy_function(positions, [step], tf.int64, stateful=False)
-        idx.set_shape((batch_size,))
-        return idx
+        ds = ds.map(indices, num_parallel_calls=min(2, plan.tfdata_threads), deterministic=True)
+        return TrainInput(ds.prefetch(PREFETCH_BATCHES).with_options(options), split)
+    reader = stream.Reader(
+        cache, rows, seed=seed, batch_size=batch_size, end_step=end_step, workers=workers,
+        index=index, stats=stats,
+    )  # fmt: skip
 
     def streamed(step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        def load(step: np.int64) -> tuple[np.ndarray, np.ndarray]:
-            idx = rows_of(step)
-            x = cache.read_rows("train", "features", idx)
-            return x[..., None], cache.read_rows("train", "labels", idx)
-
-        x, y = tf.numpy_function(load, [step], (tf.float32, tf.float32), stateful=False)
+        x, y = tf.numpy_function(
+            lambda s: reader.batch(int(s)), [step], (tf.float32, tf.float32), stateful=False
+        )
         x.set_shape((batch_size, cache.height, cache.width, 1))
         y.set_shape((batch_size, cache.num_outputs))
-        return features_fn(x), labels_fn(y)
+        return x, y
 
-    split = load_resident(cache, features_fn, labels_fn, rows) if resident else None
-    ds = tf.data.Dataset.range(start_step, end_step)
-    fetch = indices if split is not None else streamed
-    ds = ds.map(fetch, num_parallel_calls=min(2, plan.tfdata_threads), deterministic=True)
-    return TrainInput(ds.prefetch(PREFETCH_BATCHES).with_options(dataset_options(plan)), split)
+    ds = ds.map(streamed, num_parallel_calls=min(2, plan.tfdata_threads), deterministic=True)
+    return TrainInput(ds.prefetch(PREFETCH_BATCHES).with_options(options), reader=reader)
 
 
 def eval_dataset(

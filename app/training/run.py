@@ -143,7 +143,7 @@ def _train_on(
     _log_replanned(plan)
     if reps.sum([1.0 if stop() else 0.0], "restore")[0] > 0:  # agreed by all workers
         raise _preempted(f"before training resumed at step {start}")
-    _feed(trainer, data, plan, config, reps, start, rows)
+    trainer.feed(_train_input(config, plan, data, reps, trainer.stats, start, rows))
     samples_per_step = config.batch_size * reps.count
     controller = _controller(ws, trainer, checkpoints, config, plan, reference, reps, stop, start)
     if rows.validating:
@@ -166,27 +166,33 @@ def _train_on(
     return finish.finish(ws, summary, trainer.model, data, config.standardize, publisher)
 
 
-def _feed(
-    trainer: Any, data: cache_lib.DataCache, plan: ThreadPlan, config: TrainConfig, reps: Any,
+def _train_input(
+    config: TrainConfig, plan: ThreadPlan, data: cache_lib.DataCache, reps: Any, stats: Any,
     start: int, rows: Split,
-) -> None:  # fmt: skip
-    """The training input from ``start`` (held in memory or streamed: the ``input`` event)."""
-    from app.data import pipeline
+) -> Any:  # fmt: skip
+    """The batches of the training rows ``rows.train`` from ``start`` on, resident or
+    streamed as measured (app/data/pipeline.py ``choose_input``): the ``input`` event."""
+    from app.data import order, pipeline
 
-    resident, why = pipeline.choose_input(data, plan, config.batch_size, config.max_steps - start)
+    steps = config.max_steps - start
+    choice = pipeline.choose_input(data, plan, config.batch_size, steps, rows=rows.train)
     logs.event(
         "input",
-        ("training split held in memory: " if resident else "training split streamed: ") + why,
-        resident=resident,
-        split_bytes=pipeline.split_bytes(data),
+        ("training split held in memory: " if choice.resident else "training split streamed: ")
+        + choice.why,
+        resident=choice.resident,
+        split_bytes=pipeline.split_bytes(data, rows=rows.train),
         resident_limit=pipeline.resident_limit(plan),
+        training_rows=len(rows.train),
+        load_s=choice.load_s,
+        stream_s=choice.stream_s,
+        block_rows=order.BLOCK_ROWS,
+        window_steps=order.WINDOW_STEPS,
     )
-    trainer.feed(
-        pipeline.train_input(
-            data, plan, seed=config.seed, batch_size=config.batch_size, start_step=start,
-            end_step=config.max_steps, workers=reps.count, index=reps.index, resident=resident,
-            features=trainer.standardize_x, labels=trainer.standardize_y, rows=rows.train,
-        )
+    return pipeline.train_input(
+        data, plan, seed=config.seed, batch_size=config.batch_size, start_step=start,
+        end_step=config.max_steps, workers=reps.count, index=reps.index,
+        resident=choice.resident, stats=stats, rows=rows.train,
     )  # fmt: skip
 
 

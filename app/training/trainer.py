@@ -7,7 +7,7 @@ and save) and is the same for one process and N workers: the replicas are passed
 One training step of worker i of N (N = 1 for one process), batch B per worker:
 
 * the worker's rows are positions ``i::N`` of the single-process batch of N·B samples
-  (:func:`app.data.pipeline.batch_rows`), standardised with the training statistics;
+  (:func:`app.data.order.batch_rows`), standardised with the training statistics;
 * dropout keeps the same rows of the single-process mask of the N·B batch, drawn from
   (seed, step) (:func:`app.model.dropout`);
 * the loss is the RMSE over the *global* batch plus the weight decay: the workers
@@ -37,7 +37,7 @@ import tensorflow as tf
 from app import model as model_lib
 from app.budget.plan import ThreadPlan
 from app.config import TrainConfig
-from app.data import pipeline
+from app.data import pipeline, stream
 from app.data import split as split_lib
 from app.data.cache import DataCache
 from app.data.split import Split
@@ -121,6 +121,8 @@ class Trainer:
         )
         stats = _statistics(data, config.standardize)
         self.f_mean, self.f_inv, self.l_mean, self.l_std = (tf.constant(s) for s in stats)
+        #: The same standardisation for the training input (applied as it reads the rows).
+        self.stats = stream.Stats.of(data, config.standardize)
         self.seed = tf.constant(config.seed, tf.int64)
         self._loop = tf.function(self._train_loop)
         self._sums = tf.function(self._batch_sums)
@@ -163,14 +165,10 @@ class Trainer:
         """Raw features (…, H, W, 1) → standardised (training-set mean and std)."""
         return (x - self.f_mean) * self.f_inv
 
-    def standardize_y(self, y: tf.Tensor) -> tf.Tensor:
-        """Raw labels (…, K) → standardised."""
-        return (y - self.l_mean) / self.l_std
-
     def feed(self, batches: pipeline.TrainInput) -> None:
         """Train on ``batches`` from now on: one element per step, in step order, already
-        standardised (:meth:`standardize_x`, :meth:`standardize_y`; the pipeline applies
-        them once to a split held in memory, whose rows the step then gathers)."""
+        standardised with :attr:`stats` (the pipeline applies it once to a split held in
+        memory, whose rows the step then gathers)."""
         self._batches = iter(batches.dataset)
         self._resident = batches.resident
 

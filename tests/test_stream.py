@@ -1,0 +1,118 @@
+"""The streamed reader (app/data/stream.py) gives the order's rows, resumes exactly, shards.
+
+No TensorFlow: the reader is numpy and ``preadv`` on a real converted cache.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.config import TrainConfig
+from app.data import order, stream
+from app.data.cache import DataCache
+from app.errors import StorageError
+from tests.conftest import prepare_cache
+
+
+@pytest.fixture(scope="module")
+def cache(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -> DataCache:
+    tmp = tmp_path_factory.mktemp("stream")
+    return prepare_cache(TrainConfig(data_dir=tiny_data, output_dir=tmp, cache_dir=tmp / "c"))
+
+
+def _expected(c: DataCache, ids: np.ndarray, stats: stream.Stats | None) -> tuple:
+    x = np.asarray(c.features("train"))[ids]
+    y = np.asarray(c.labels("train"))[ids]
+    if stats is not None:
+        x = (x - stats.feature_mean) * stats.feature_inv
+        y = (y - stats.label_mean) / stats.label_std
+    return x[..., None], y
+
+
+@pytest.mark.parametrize("standardize", [True, False])
+def test_each_batch_is_the_orders_rows(cache: DataCache, standardize: bool) -> None:
+    # 240 rows, batch 10: a window of 80 positions, three windows an epoch; 60 steps is
+    # two and a half epochs, so chunks cross the epoch boundary.
+    stats = stream.Stats.of(cache, standardize)
+    reader = stream.Reader(cache, None, seed=3, batch_size=10, end_step=60, stats=stats)
+    for step in range(60):
+        x, y = reader.batch(step)
+        ex, ey = _expected(cache, order.batch_rows(3, step, 10, 240), stats)
+        assert np.array_equal(x, ex) and np.array_equal(y, ey), step
+    reader.close()
+
+
+def test_a_resumed_reader_sees_the_same_batches(cache: DataCache) -> None:
+    stats = stream.Stats.of(cache)
+    straight = stream.Reader(cache, None, seed=1, batch_size=10, end_step=40, stats=stats)
+    all_batches = [straight.batch(s) for s in range(40)]
+    resumed = stream.Reader(cache, None, seed=1, batch_size=10, end_step=40, stats=stats)
+    for step in range(13, 40):  # resumed mid-chunk (chunks are 8 steps)
+        x, y = resumed.batch(step)
+        assert np.array_equal(x, all_batches[step][0]) and np.array_equal(y, all_batches[step][1])
+
+
+def test_worker_shards_are_positions_of_the_global_batch(cache: DataCache) -> None:
+    readers = [
+        stream.Reader(cache, None, seed=2, batch_size=6, end_step=30, workers=3, index=i)
+        for i in range(3)
+    ]
+    one = stream.Reader(cache, None, seed=2, batch_size=18, end_step=30)
+    for step in range(30):
+        shards = [r.batch(step)[1] for r in readers]
+        whole = one.batch(step)[1]  # sorted rows: worker i has positions i::3
+        for i, ys in enumerate(shards):
+            assert np.array_equal(ys, whole[i::3])
+
+
+def test_a_subset_of_rows_is_read_by_position(cache: DataCache) -> None:
+    rows = np.sort(np.random.default_rng(0).choice(240, 170, replace=False))
+    reader = stream.Reader(cache, rows, seed=4, batch_size=17, end_step=25)
+    seen = []
+    for step in range(25):
+        x, y = reader.batch(step)
+        ids = rows[order.batch_rows(4, step, 17, 170)]
+        ex, ey = _expected(cache, ids, None)
+        assert np.array_equal(x, ex) and np.array_equal(y, ey)
+        seen.append(ids)
+    for e in (0, 1):  # 10 steps an epoch: every row of the subset once in each
+        assert np.array_equal(np.sort(np.concatenate(seen[10 * e : 10 * e + 10])), rows)
+
+
+def test_steps_out_of_order_and_memory_held(cache: DataCache) -> None:
+    reader = stream.Reader(cache, None, seed=0, batch_size=10, end_step=100)
+    later = reader.batch(50)
+    reader.batch(3)  # an earlier chunk again: read again, the same rows
+    assert np.array_equal(reader.batch(50)[1], later[1])
+    reader.batch(90)
+    assert max(reader._chunks) <= 90 // order.WINDOW_STEPS + 1
+    assert len(reader._chunks) <= stream.CHUNKS_HELD + 1
+
+
+def test_runs_of_consecutive_rows() -> None:
+    starts, ends = stream.runs(np.array([3, 4, 5, 9, 11, 12]))
+    assert starts.tolist() == [0, 3, 4] and ends.tolist() == [3, 4, 6]
+    assert [len(a) for a in stream.runs(np.zeros(0, np.int64))] == [0, 0]
+
+
+def test_a_truncated_cache_file_is_a_storage_error(cache: DataCache, tmp_path: Path) -> None:
+    import dataclasses
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(cache.path, copy)
+    with open(copy / "train_x.f32", "r+b") as f:
+        f.truncate(4 * 20 * 195 * 100)  # 100 of 240 rows left
+    short = dataclasses.replace(cache, path=copy)
+    out = np.empty((2, 20, 195, 1), np.float32)
+    with pytest.raises(StorageError, match="truncated"):
+        stream.read_features(short, np.array([10, 200]), out, None)
+
+
+def test_the_memory_estimate_counts_the_chunks_a_reader_holds() -> None:
+    from app.budget import memory
+
+    assert memory.STREAMED_BATCHES == stream.CHUNKS_HELD * order.WINDOW_STEPS + 5
