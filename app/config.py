@@ -193,7 +193,7 @@ class TrainConfig:
         choices=OPTIMIZERS,
         identity=True,
     )
-    learning_rate: float = option(0.003, "Initial (peak) learning rate.", above=0, identity=True)
+    learning_rate: float = option(0.01, "Initial (peak) learning rate.", above=0, identity=True)
     lr_schedule: str = option(
         "cosine",
         "Learning-rate schedule: exponential (× --lr-decay every --lr-decay-steps steps, "
@@ -201,11 +201,13 @@ class TrainConfig:
         choices=SCHEDULES,
         identity=True,
     )
-    lr_warmup_steps: int = option(
-        0,
-        "Steps of linear warmup from 0 to --learning-rate before the cosine decay (cosine).",
+    lr_warmup_steps: int | None = option(
+        None,
+        "Steps of linear warmup from 0 to --learning-rate before the cosine decay (cosine; "
+        "at most --max-steps - 1).",
         minimum=0,
         identity=True,
+        shown_default="a tenth of --max-steps",
     )
     lr_decay: float = option(
         0.8,

@@ -575,10 +575,10 @@ def test_only_the_chief_writes_checkpoints_model_and_metrics(pair_run) -> None:
     assert metrics["final_step"] == 6
     assert metrics["workers"] == 2 and metrics["global_batch_size"] == 40
     assert (out / "model" / "model.keras").is_file()
-    assert sorted(p.name for p in (out / "checkpoints").glob("*.index")) == [
-        "ckpt-3.index",
-        "ckpt-6.index",
-    ]
+    best = f"best-{metrics['exported_step']}.index"  # the best validated step, exported
+    assert sorted(p.name for p in (out / "checkpoints").glob("*.index")) == sorted(
+        [best, "ckpt-3.index", "ckpt-6.index"]
+    )
     other = out / "workers" / "worker-1"
     assert sorted(p.name for p in other.iterdir()) == [".lock", "cache", "checkpoints", "logs"]
     assert [p.name for p in (other / "checkpoints").glob("*.index")] == ["ckpt-6.index"]

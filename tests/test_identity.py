@@ -49,10 +49,14 @@ def _recorded(tmp_path: Path, mine: identity.Identity) -> Path:
     return ckpt
 
 
-def test_the_same_run_resumes_and_every_difference_is_named(tmp_path: Path, data) -> None:  # type: ignore[no-untyped-def]
+def test_the_same_run_resumes_and_every_difference_is_named(
+    tmp_path: Path,
+    data,
+    logged: list[logging.LogRecord],  # type: ignore[no-untyped-def]
+) -> None:
     mine = identity.of_run(_config(tmp_path), data, 1)
     assert mine.data["train"] == {"samples": 240, "fingerprint": data.fingerprint("train")}
-    assert mine.options["learning_rate"] == 0.003 and mine.options["standardize"] is True
+    assert mine.options["learning_rate"] == 0.01 and mine.options["standardize"] is True
     ckpt = _recorded(tmp_path, mine)
     assert json.loads((ckpt / "run.json").read_text())["options"] == mine.options
     constant = identity.of_run(_config(tmp_path, lr_schedule="constant"), data, 1)
@@ -60,15 +64,16 @@ def test_the_same_run_resumes_and_every_difference_is_named(tmp_path: Path, data
     # --max-steps is part of the run only where the schedule ends there (cosine).
     identity.check(ckpt_constant, identity.of_run(
         _config(tmp_path, lr_schedule="constant", max_steps=9999), data, 1))  # fmt: skip
-    with pytest.raises(ConfigError, match=r"the cosine schedule's end \(--max-steps 3300 "
-                       r"recorded, --max-steps 9999 now"):  # fmt: skip
-        identity.check(ckpt, identity.of_run(_config(tmp_path, max_steps=9999), data, 1))
+    logged.clear()  # under cosine, it is allowed and said (the learning rate changes)
+    identity.check(ckpt, identity.of_run(_config(tmp_path, max_steps=9999), data, 1))
+    (warning,) = logged
+    assert (warning.event, warning.recorded_end, warning.end) == ("lr_schedule_changed", 3300, 9999)
     other = identity.of_run(_config(tmp_path, learning_rate=0.05, standardize=False), data, 2)
     with pytest.raises(ConfigError) as caught:
         identity.check(ckpt, other)
     message = str(caught.value)
     assert message.startswith(f"{ckpt}: the checkpoints are of another run: ")
-    assert "--learning-rate 0.003 recorded, --learning-rate 0.05 now" in message
+    assert "--learning-rate 0.01 recorded, --learning-rate 0.05 now" in message
     assert "--standardize recorded, --no-standardize now" in message
     assert "1 worker(s) recorded, 2 now" in message
     assert "train into a new --output" in message and "\n" not in message
@@ -121,7 +126,7 @@ def test_an_option_added_later_counts_as_its_default(tmp_path: Path, data) -> No
     kept["options"]["gone"] = 1  # an option coretrain no longer has
     (ckpt / "run.json").write_text(json.dumps(kept))
     identity.check(ckpt, mine)
-    with pytest.raises(ConfigError, match=r"--lr-warmup-steps 0 recorded, --lr-warmup-steps 5"):
+    with pytest.raises(ConfigError, match=r"--lr-warmup-steps default recorded, --lr-warmup-steps 5"):
         identity.check(ckpt, identity.of_run(_config(tmp_path, lr_warmup_steps=5), data, 1))
     # An option whose default changed counts as the value such runs trained with.
     del kept["options"]["optimizer"]
@@ -224,8 +229,8 @@ def test_a_resume_on_replaced_data_or_options_stops_in_one_line(
     assert code == 2
     (line,) = err.splitlines()
     assert "--momentum 0.8 recorded, --momentum 0.5 now" in line and "training data" not in line
-    code, _, err = _train(data, out, 6)  # cosine ends at --max-steps: another run
-    assert code == 2 and "the cosine schedule's end (--max-steps 3 recorded" in err
-    code, records, err = _train(data, out, 3)  # the same run: resumes
+    code, records, err = _train(data, out, 6)  # the same run, trained on: resumes
     assert code == 0, err[-2000:]
     assert events(records, "resume")[0]["step"] == 3
+    (changed,) = events(records, "lr_schedule_changed")  # the cosine schedule ends later
+    assert (changed["recorded_end"], changed["end"]) == (3, 6)

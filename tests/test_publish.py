@@ -116,10 +116,9 @@ def nights(tmp_path_factory: pytest.TempPathFactory) -> dict:
     data = root / "data"
     synthetic.generate(data, train=1500, test=300, seed=3)
     models = root / "models"
-    # Night 1 is cut short (10 steps), night 2 trains on: on 1,500 rows a 40-step model can
-    # end up as good as a 150-step one (the trajectory depends on the batch order), a
-    # 10-step one can't.
-    first = _train(data, root / "night1", models, 10)
+    # Night 1 is cut short (40 steps: it beats the mean predictor, not much more), night 2
+    # trains on; the gate publishes night 2 as better or as the same up to noise.
+    first = _train(data, root / "night1", models, 40)
     second = _train(data, root / "night2", models, 150)
     # Night 3: the training labels arrive shuffled (a broken export upstream), the test set
     # intact, and every file gzip-compressed under its default name + .gz.

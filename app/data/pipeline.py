@@ -170,7 +170,7 @@ def choose_input(
     rnd = min(_timed_read(cache, at_random) for _ in range(2))
     load_s, stream_s = seq * n / b, rnd * steps
     why = f"loading {n} rows ≈ {load_s:.2f} s, streaming {steps} batches ≈ {stream_s:.2f} s"
-    return InputChoice(load_s <= stream_s, why, round(load_s, 3), round(stream_s, 3))
+    return InputChoice(load_s <= stream_s, why, round(load_s, 6), round(stream_s, 6))
 
 
 def _timed_load(cache: DataCache, rows: np.ndarray) -> float:

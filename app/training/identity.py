@@ -22,7 +22,9 @@ written. The rules for records of older versions (docs/architecture.md, "Run ide
 - an option missing from ``options`` (added to coretrain after the record was written)
   counts as the value such a run trained with: :data:`BEFORE` where the default changed
   since, else its default;
-- under the cosine schedule ``--max-steps`` is part of the run (:data:`HORIZON`);
+- under the cosine schedule the learning rate reaches 0 at ``--max-steps``
+  (:data:`HORIZON`): a resume with another ``--max-steps`` goes on, with an
+  ``lr_schedule_changed`` warning (training on past the end is a common, deliberate use);
 - an option in the record that coretrain no longer has is ignored.
 
 A ``run.json`` that can't be read while checkpoints exist is exit 4 (it is written by
@@ -150,17 +152,27 @@ def differences(kept: dict[str, Any], mine: Identity) -> list[str]:
         was = kept["options"].get(f.name, BEFORE.get(f.name, f.default))
         if was != mine.options[f.name]:
             found.append(f"{_flag(f, was)} recorded, {_flag(f, mine.options[f.name])} now")
-    was, now = kept["options"].get(HORIZON), mine.options.get(HORIZON)
-    if was != now:
-        found.append(f"the cosine schedule's end ({_horizon(was)} recorded, {_horizon(now)} "
-                     "now; the learning rate reaches 0 there)")  # fmt: skip
     if kept.get("workers", 1) != mine.workers:
         found.append(f"{kept.get('workers', 1)} worker(s) recorded, {mine.workers} now")
     return found
 
 
-def _horizon(step: int | None) -> str:
-    return "none" if step is None else f"--max-steps {step}"
+def _warn_if_extended(kept: dict[str, Any], mine: Identity, checkpoints: Path) -> None:
+    """A resume with another ``--max-steps`` under the cosine schedule is allowed (training
+    on, or a shorter run) but changes the learning rate from the resumed step on: logged as
+    the ``lr_schedule_changed`` warning."""
+    was, now = kept["options"].get(HORIZON), mine.options.get(HORIZON)
+    if was is None or now is None or was == now:
+        return
+    logs.event(
+        "lr_schedule_changed",
+        f"{checkpoints}: the checkpoints were trained with the cosine schedule ending at step "
+        f"{was}, this run ends it at step {now}: from the resumed step on the learning rate "
+        "follows the new schedule (it is not the run that was interrupted)",
+        level=logging.WARNING,
+        recorded_end=was,
+        end=now,
+    )
 
 
 def legacy_differences(mine: Identity) -> list[str]:
@@ -184,7 +196,7 @@ def _flag(f: dataclasses.Field[Any], value: Any) -> str:
     if "/" in spelling:
         on, off = spelling.split("/")
         return on if value else off
-    return f"{spelling} {value}"
+    return f"{spelling} {'default' if value is None else value}"
 
 
 def check(checkpoints: Path, mine: Identity) -> None:
@@ -219,6 +231,7 @@ def check(checkpoints: Path, mine: Identity) -> None:
             f"fresh, train into a new --output (or move {checkpoints} away); to resume, "
             "use the recorded data and options"
         )
+    _warn_if_extended(kept, mine, checkpoints)
 
 
 def agree(mine: Identity, replicas: Agreeing) -> None:
@@ -248,7 +261,6 @@ def _parts(mine: Identity) -> dict[str, int]:
     named["labels per sample"] = mine.data["outputs"]
     named.update({flag_of(f).split("/")[0]: mine.options[f.name]
                   for f in identity_fields(TrainConfig)})  # fmt: skip
-    named["the cosine schedule's end"] = mine.options.get(HORIZON)
     named["worker count"] = mine.workers
     return {
         name: int(hashlib.sha256(json.dumps(value).encode()).hexdigest()[:12], 16)

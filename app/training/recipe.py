@@ -5,7 +5,7 @@
 schedules: ``exponential`` (``ExponentialDecay``, staircase: × ``--lr-decay`` every
 ``--lr-decay-steps`` steps, the seed's), ``cosine`` (``CosineDecay`` from
 ``--learning-rate`` to 0 at ``--max-steps``, after ``--lr-warmup-steps`` of linear warmup
-from 0) or ``constant``. The default recipe and the
+from 0, by default a tenth of ``--max-steps``) or ``constant``. The default recipe and the
 table it was chosen from are in docs/quality.md; the seed's recipe is reachable with
 options (README, "The seed's recipe").
 """
@@ -26,7 +26,8 @@ def schedule(config: TrainConfig) -> Any:
             config.learning_rate, config.lr_decay_steps, config.lr_decay, staircase=True
         )
     if config.lr_schedule == "cosine":
-        warmup = min(config.lr_warmup_steps, config.max_steps - 1)
+        asked = config.max_steps // 10 if config.lr_warmup_steps is None else config.lr_warmup_steps
+        warmup = min(asked, config.max_steps - 1)
         if warmup < 1:
             return keras.optimizers.schedules.CosineDecay(config.learning_rate, config.max_steps)
         return keras.optimizers.schedules.CosineDecay(
