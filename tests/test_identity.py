@@ -126,7 +126,9 @@ def test_an_option_added_later_counts_as_its_default(tmp_path: Path, data) -> No
     kept["options"]["gone"] = 1  # an option coretrain no longer has
     (ckpt / "run.json").write_text(json.dumps(kept))
     identity.check(ckpt, mine)
-    with pytest.raises(ConfigError, match=r"--lr-warmup-steps default recorded, --lr-warmup-steps 5"):
+    with pytest.raises(
+        ConfigError, match=r"--lr-warmup-steps default recorded, --lr-warmup-steps 5"
+    ):
         identity.check(ckpt, identity.of_run(_config(tmp_path, lr_warmup_steps=5), data, 1))
     # An option whose default changed counts as the value such runs trained with.
     del kept["options"]["optimizer"]
