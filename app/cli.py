@@ -171,7 +171,8 @@ def plan_cmd(**values: Any) -> None:
 @cli.command("generate")
 @options_of(GenerateConfig)
 def generate_cmd(**values: Any) -> None:
-    """Write a synthetic demo data set (20×195 spectra, 3 labels) in the seed's format."""
+    """Write a synthetic data set (20×195 spectra; --kind demo: 3 labels, lines: 15) in the
+    seed's format."""
     from app.budget.apply import restrict_umask
     from app.data import synthetic
 
@@ -180,13 +181,14 @@ def generate_cmd(**values: Any) -> None:
     try:
         config = build(GenerateConfig, values)
         written = synthetic.generate(
-            config.out, train=config.train, test=config.test, seed=config.seed
+            config.out, train=config.train, test=config.test, seed=config.seed, kind=config.kind
         )
     except AppError as exc:
         _fail(exc)
     logs.event(
         "generated",
-        f"synthetic demo data in {config.out}",
+        f"synthetic {config.kind} data in {config.out}",
+        kind=config.kind,
         train=config.train,
         test=config.test,
         files={k: str(v) for k, v in written.items()},

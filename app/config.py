@@ -25,9 +25,12 @@ FILE_HELP = (
 )
 FORMULATIONS = ("auto", "fast", "plain")
 PRECISIONS = ("auto", "float32", "bfloat16")
-#: Whether ``--precision auto`` may measure bfloat16 (on a CPU with native bf16 only): not
-#: while its accuracy parity with float32 fails for this model (app.training.choose).
-BFLOAT16_IN_AUTO = False
+OPTIMIZERS = ("adam", "adamw", "sgd")
+SCHEDULES = ("cosine", "exponential", "constant")
+#: Whether ``--precision auto`` may measure bfloat16 (on a CPU with native bf16 only): yes,
+#: its accuracy parity with float32 holds for the default recipe (docs/quality.md,
+#: "bfloat16"; app.training.choose).
+BFLOAT16_IN_AUTO = True
 
 
 def option(
@@ -111,7 +114,9 @@ def check_bounds(obj: Any) -> None:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything one training run needs, with the seed's defaults.
+    """Everything one training run needs. The defaults are the seed's, but for the recipe
+    (optimizer, schedule, dropout), chosen by measurement (docs/quality.md); the seed's
+    recipe is reachable with options (README, "The seed's recipe").
 
     Steps are optimizer updates of one (global) batch; a batch is counted in samples.
     """
@@ -163,7 +168,11 @@ class TrainConfig:
     batch_size: int = option(
         1000, "Samples per step (per worker in a multi-worker run).", minimum=1, identity=True
     )
-    eval_every: int = option(100, "Evaluate the test RMSE every N steps.", minimum=1)
+    eval_every: int = option(
+        100,
+        "Evaluate every N steps: the validation RMSE (the test RMSE with --validation-fraction 0).",
+        minimum=1,
+    )
     checkpoint_every: int = option(100, "Save a checkpoint every N steps.", minimum=1)
     keep_checkpoints: int = option(3, "Checkpoints kept on disk.", minimum=1)
     steps_per_loop: int = option(
@@ -174,20 +183,73 @@ class TrainConfig:
         shown_default="0 (auto)",
     )
     target_loss: float = option(
-        0.01, "Stop early once the test RMSE (raw label units) is below this.", metavar="RMSE"
+        0.01,
+        "Stop early once the evaluated RMSE (raw label units; validation, or test with "
+        "--validation-fraction 0) is below this.",
+        metavar="RMSE",
     )
-    learning_rate: float = option(0.1, "Initial SGD learning rate.", above=0, identity=True)
+    optimizer: str = option(
+        "adam",
+        "Optimizer (Keras'): sgd (with --momentum), adam, or adamw (with --weight-decay).",
+        choices=OPTIMIZERS,
+        identity=True,
+    )
+    learning_rate: float = option(0.01, "Initial (peak) learning rate.", above=0, identity=True)
+    lr_schedule: str = option(
+        "cosine",
+        "Learning-rate schedule: exponential (× --lr-decay every --lr-decay-steps steps, "
+        "staircase), cosine (from --learning-rate down to 0 at --max-steps) or constant.",
+        choices=SCHEDULES,
+        identity=True,
+    )
+    lr_warmup_steps: int | None = option(
+        None,
+        "Steps of linear warmup from 0 to --learning-rate before the cosine decay (cosine; "
+        "at most --max-steps - 1).",
+        minimum=0,
+        identity=True,
+        shown_default="a tenth of --max-steps",
+    )
     lr_decay: float = option(
-        0.8, "Learning-rate factor per decay period.", above=0, maximum=1, identity=True
+        0.8,
+        "Learning-rate factor per decay period (exponential).",
+        above=0,
+        maximum=1,
+        identity=True,
     )
     lr_decay_steps: int = option(
-        200, "Steps per decay period (staircase).", minimum=1, identity=True
+        200, "Steps per decay period (exponential).", minimum=1, identity=True
     )
-    momentum: float = option(0.8, "SGD momentum.", minimum=0, below=1, identity=True)
+    momentum: float = option(0.8, "SGD momentum (sgd).", minimum=0, below=1, identity=True)
+    weight_decay: float = option(
+        0.004,
+        "Decoupled weight decay per step, as a fraction of the learning rate (adamw); the "
+        "loss's L2 terms apply to every optimizer.",
+        minimum=0,
+        identity=True,
+    )
     keep_prob: float = option(
-        0.5, "Dropout keep probability in training.", above=0, maximum=1, identity=True
+        1.0,
+        "Dropout keep probability in training (1: no dropout).",
+        above=0,
+        maximum=1,
+        identity=True,
     )
-    seed: int = option(0, "Seed for initialisation, data order and dropout.", identity=True)
+    validation_fraction: float = option(
+        0.1,
+        "Fraction of the training rows held out (chosen by --seed) to evaluate during "
+        "training, stop at --target-loss and choose the exported step; 0: none (then the "
+        "test set is evaluated and the last step exported).",
+        minimum=0,
+        below=0.5,
+        identity=True,
+    )
+    seed: int = option(
+        0,
+        "Seed for initialisation, data order, dropout and the validation split.",
+        minimum=0,
+        identity=True,
+    )
     standardize: bool = option(
         True,
         "Standardise features and labels with training-set statistics.",
@@ -209,22 +271,27 @@ class TrainConfig:
     precision: str = option(
         "auto",
         "Compute precision: float32, or bfloat16 products with float32 variables, loss and "
-        "export; auto is float32 (bfloat16's accuracy does not match float32's for this "
-        "model: docs/performance.md). A resumed run keeps its precision.",
+        "export; auto times both on a CPU with native bf16 and takes the faster (their "
+        "accuracy matches: docs/quality.md), float32 elsewhere. A resumed run keeps its "
+        "precision.",
         choices=PRECISIONS,
     )
     publish_dir: Path | None = option(
         None,
         "Publish the final model here as the next numbered version (TensorFlow Serving's "
-        "layout) if it is at least as good as the newest version on this run's test set; "
-        "a rejected model ends with exit 7.",
+        "layout) unless it is worse than the newest version on this run's test set beyond "
+        "noise (--publish-tolerance); a rejected model ends with exit 7.",
         directory=True,
         shown_default="none",
     )
-    publish_tolerance: float = option(
-        0.0,
-        "Publish when the test RMSE is at most the newest version's × (1 + this).",
+    publish_tolerance: float | None = option(
+        None,
+        "Publish when the test RMSE is at most the newest version's × (1 + this), without "
+        "the noise rule. Default: refused only when worse than the newest version beyond "
+        "the test set's bootstrap interval and the measured run-to-run spread "
+        '(docs/deploy.md, "The gate").',
         minimum=0,
+        shown_default="the noise rule",
     )
     publish_keep: int = option(
         0,
@@ -263,7 +330,13 @@ class GenerateConfig:
     out: Path = option(help="Directory to write the four data files into.", directory=True)
     train: int = option(3000, "Training samples (lines).", minimum=1)
     test: int = option(600, "Test samples (lines).", minimum=1)
-    seed: int = option(0, "Random seed.")
+    seed: int = option(0, "Random seed.", minimum=0)
+    kind: str = option(
+        "demo",
+        "demo: one peak, 3 labels (the quick start's); lines: five narrow decaying lines, "
+        "15 labels (harder; app/data/synthetic.py).",
+        choices=("demo", "lines"),
+    )
 
     def __post_init__(self) -> None:
         check_bounds(self)

@@ -18,6 +18,12 @@ FIXTURES = REPO / "tests" / "fixtures"
 # Small enough for seconds per run on 2 cores, big enough for several batches.
 TINY = {"train": 240, "test": 60}
 TINY_TRAIN_ARGS = ["--batch-size", "40", "--eval-every", "3", "--checkpoint-every", "3"]
+#: The seed's recipe, which checkpoints of a coretrain before the run identity trained with
+#: (app/training/identity.py, BEFORE): what a resume of such checkpoints must give.
+SEED_RECIPE_ARGS = [
+    "--optimizer", "sgd", "--learning-rate", "0.1", "--lr-schedule", "exponential",
+    "--keep-prob", "0.5", "--validation-fraction", "0",
+]  # fmt: skip
 # Runs a test compares must compute the same way: without this, --formulation auto and
 # --precision auto would pick by timing, which the machine's load can change.
 PINNED = {"CORETRAIN_FORMULATION": "fast", "CORETRAIN_PRECISION": "float32"}

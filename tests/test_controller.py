@@ -152,7 +152,7 @@ def test_reaching_the_target_checkpoints_that_step_and_stops() -> None:
     outcome, fake, saves = run(target=0.5, rmse_at={6: 0.4}, checkpoint_every=100, k=1)
     assert fake.evaluated == [3, 6]
     assert saves.saved == [6]
-    assert outcome.status == "target_reached" and outcome.test_rmse == 0.4  # type: ignore[attr-defined]
+    assert outcome.status == "target_reached" and outcome.eval_rmse == 0.4  # type: ignore[attr-defined]
 
 
 def test_a_non_finite_loss_raises_before_anything_is_saved_at_that_step() -> None:
@@ -174,7 +174,7 @@ def test_resume_trains_from_the_restored_step_to_the_same_absolute_end() -> None
 
 def test_nothing_left_to_train_makes_no_call() -> None:
     outcome, fake, saves = run(start=10)
-    assert (fake.calls, saves.saved, outcome.test_rmse) == ([], [], None)  # type: ignore[attr-defined]
+    assert (fake.calls, saves.saved, outcome.eval_rmse) == ([], [], None)  # type: ignore[attr-defined]
 
 
 def test_auto_k_traces_with_one_step_then_times_a_few_and_aims_at_the_target_call_time() -> None:

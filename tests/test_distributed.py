@@ -530,7 +530,7 @@ def test_two_workers_follow_the_single_process_run_with_the_global_batch(
     # order (an all-reduce of per-worker sums), ~1 ulp per step, which 6 SGD steps amplify;
     # 1e-5 relative is ~80 float32 ulps of the loss, the weights below the same.
     for a, b in zip(pair, single, strict=True):
-        for key in ("loss", "train_rmse", "test_rmse"):
+        for key in ("loss", "train_rmse", "val_rmse"):
             assert a[key] == pytest.approx(b[key], rel=1e-5), (a["step"], key)
     ours = _checkpoint_tensors(out / "checkpoints" / "ckpt-6")
     theirs = _checkpoint_tensors(single_out / "checkpoints" / "ckpt-6")
@@ -553,7 +553,7 @@ def test_workers_log_their_index_and_agree_on_every_evaluation(pair_run) -> None
         assert [p["step"] for p in events(records, "progress")] == [3, 6]
         assert events(records, "end")[-1]["status"] == "completed"
     # One global RMSE: the workers' shard statistics are all-reduced.
-    rmse = [[p["test_rmse"] for p in events(records, "progress")] for records in logs]
+    rmse = [[p["val_rmse"] for p in events(records, "progress")] for records in logs]
     assert rmse[0] == rmse[1]
     losses = [[p["loss"] for p in events(records, "progress")] for records in logs]
     assert losses[0] == losses[1]
@@ -575,13 +575,16 @@ def test_only_the_chief_writes_checkpoints_model_and_metrics(pair_run) -> None:
     assert metrics["final_step"] == 6
     assert metrics["workers"] == 2 and metrics["global_batch_size"] == 40
     assert (out / "model" / "model.keras").is_file()
-    assert sorted(p.name for p in (out / "checkpoints").glob("*.index")) == [
-        "ckpt-3.index",
-        "ckpt-6.index",
-    ]
+    best = f"best-{metrics['exported_step']}.index"  # the best validated step, exported
+    assert sorted(p.name for p in (out / "checkpoints").glob("*.index")) == sorted(
+        [best, "ckpt-3.index", "ckpt-6.index"]
+    )
     other = out / "workers" / "worker-1"
     assert sorted(p.name for p in other.iterdir()) == [".lock", "cache", "checkpoints", "logs"]
-    assert [p.name for p in (other / "checkpoints").glob("*.index")] == ["ckpt-6.index"]
+    # A worker's own (disposable) directory: every save is collective, so it writes too.
+    assert sorted(p.name for p in (other / "checkpoints").glob("*.index")) == sorted(
+        [best, "ckpt-6.index"]
+    )
     assert sorted(p.name for p in out.iterdir()) == [*CHIEF_FILES, "workers"]
 
 
@@ -651,7 +654,12 @@ def test_rerun_after_preemption_resumes_from_the_saved_step(preempted_run, tiny_
 #: Every step evaluated, so the ``progress`` events carry every step's loss; long enough
 #: that a SIGTERM after step 2 stops the run well before its end.
 OWN_STEPS = 12
-OWN_ARGS = ("--max-steps", str(OWN_STEPS), "--eval-every", "1", "--checkpoint-every", "1000")
+#: A constant learning rate: the stopped run (--max-steps FAR_STEPS) and its rerun train
+#: with the rates of the uninterrupted one (under cosine the rate depends on --max-steps).
+OWN_ARGS = (
+    "--max-steps", str(OWN_STEPS), "--eval-every", "1", "--checkpoint-every", "1000",
+    "--lr-schedule", "constant",
+)  # fmt: skip
 #: A step a signalled run can't reach before its signal lands, however slow the machine:
 #: the stop is the signal's, never the end of the run.
 FAR_STEPS = 100_000
@@ -763,7 +771,7 @@ def test_a_resumed_run_has_the_losses_and_weights_of_an_uninterrupted_one_bit_fo
 
     def steps(worker: Worker) -> list[tuple]:
         return [
-            (p["step"], p["loss"], p["train_rmse"], p["test_rmse"], p["lr"])
+            (p["step"], p["loss"], p["train_rmse"], p["val_rmse"], p["lr"])
             for p in events(worker.records(), "progress")
         ]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY_TRAIN_ARGS, run_cli
+from tests.conftest import SEED_RECIPE_ARGS, TINY_TRAIN_ARGS, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +63,8 @@ def _unreadable_checkpoints(data: Path, tmp: Path) -> tuple[list[str], int, str]
     (ckpt / "ckpt-3.index").write_bytes(b"not a checkpoint")
     (ckpt / "ckpt-3.data-00000-of-00001").write_bytes(b"")
     args = ["--data", str(data), "--output", str(tmp / "o"), "--max-steps", "6"]
-    return [*args, *TINY_TRAIN_ARGS], 4, "none of 1 checkpoints can be restored"
+    # Without run.json: checkpoints of an older coretrain, trained with the seed's recipe.
+    return [*args, *TINY_TRAIN_ARGS, *SEED_RECIPE_ARGS], 4, "none of 1 checkpoints can be restored"
 
 
 CASES: dict[str, Case] = {

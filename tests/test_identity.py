@@ -22,8 +22,9 @@ from tests.conftest import TINY_TRAIN_ARGS, events, json_lines, prepare_cache, r
 #: training option (an optimizer, a schedule, a validation share) joins by being declared
 #: with option(identity=True); this list is here to make that a visible decision.
 IDENTITY = [
-    "height", "width", "batch_size", "learning_rate", "lr_decay", "lr_decay_steps",
-    "momentum", "keep_prob", "seed", "standardize",
+    "height", "width", "batch_size", "optimizer", "learning_rate", "lr_schedule",
+    "lr_warmup_steps", "lr_decay", "lr_decay_steps", "momentum", "weight_decay", "keep_prob",
+    "validation_fraction", "seed", "standardize",
 ]  # fmt: skip
 
 
@@ -48,19 +49,31 @@ def _recorded(tmp_path: Path, mine: identity.Identity) -> Path:
     return ckpt
 
 
-def test_the_same_run_resumes_and_every_difference_is_named(tmp_path: Path, data) -> None:  # type: ignore[no-untyped-def]
+def test_the_same_run_resumes_and_every_difference_is_named(
+    tmp_path: Path,
+    data,
+    logged: list[logging.LogRecord],  # type: ignore[no-untyped-def]
+) -> None:
     mine = identity.of_run(_config(tmp_path), data, 1)
     assert mine.data["train"] == {"samples": 240, "fingerprint": data.fingerprint("train")}
-    assert mine.options["learning_rate"] == 0.1 and mine.options["standardize"] is True
+    assert mine.options["learning_rate"] == 0.01 and mine.options["standardize"] is True
     ckpt = _recorded(tmp_path, mine)
     assert json.loads((ckpt / "run.json").read_text())["options"] == mine.options
+    constant = identity.of_run(_config(tmp_path, lr_schedule="constant"), data, 1)
+    ckpt_constant = _recorded(tmp_path / "constant", constant)
+    # --max-steps is part of the run only where the schedule ends there (cosine).
+    identity.check(ckpt_constant, identity.of_run(
+        _config(tmp_path, lr_schedule="constant", max_steps=9999), data, 1))  # fmt: skip
+    logged.clear()  # under cosine, it is allowed and said (the learning rate changes)
     identity.check(ckpt, identity.of_run(_config(tmp_path, max_steps=9999), data, 1))
+    (warning,) = logged
+    assert (warning.event, warning.recorded_end, warning.end) == ("lr_schedule_changed", 3300, 9999)
     other = identity.of_run(_config(tmp_path, learning_rate=0.05, standardize=False), data, 2)
     with pytest.raises(ConfigError) as caught:
         identity.check(ckpt, other)
     message = str(caught.value)
     assert message.startswith(f"{ckpt}: the checkpoints are of another run: ")
-    assert "--learning-rate 0.1 recorded, --learning-rate 0.05 now" in message
+    assert "--learning-rate 0.01 recorded, --learning-rate 0.05 now" in message
     assert "--standardize recorded, --no-standardize now" in message
     assert "1 worker(s) recorded, 2 now" in message
     assert "train into a new --output" in message and "\n" not in message
@@ -96,21 +109,32 @@ def test_a_record_without_identity_resumes_with_a_warning(
         else:
             (ckpt / "run.json").write_text(old)
         logged.clear()
-        identity.check(ckpt, identity.of_run(_config(tmp_path), data, 1))
+        identity.check(ckpt, identity.of_run(_config(tmp_path, **identity.BEFORE), data, 1))
         (warning,) = logged
         assert warning.event == "identity_unchecked" and warning.levelno == logging.WARNING
+        # Such runs trained with the seed's recipe: today's defaults are another run.
+        with pytest.raises(ConfigError, match=r"older coretrain, with the seed's recipe: "
+                           r"--optimizer sgd recorded, --optimizer adam now; "):  # fmt: skip
+            identity.check(ckpt, identity.of_run(_config(tmp_path), data, 1))
 
 
 def test_an_option_added_later_counts_as_its_default(tmp_path: Path, data) -> None:  # type: ignore[no-untyped-def]
     mine = identity.of_run(_config(tmp_path), data, 1)
     ckpt = _recorded(tmp_path, mine)
     kept = json.loads((ckpt / "run.json").read_text())
-    del kept["options"]["keep_prob"]  # a record written before --keep-prob existed
+    del kept["options"]["lr_warmup_steps"]  # a record written before the option existed
     kept["options"]["gone"] = 1  # an option coretrain no longer has
     (ckpt / "run.json").write_text(json.dumps(kept))
     identity.check(ckpt, mine)
-    with pytest.raises(ConfigError, match=r"--keep-prob 0\.5 recorded, --keep-prob 0\.7 now"):
-        identity.check(ckpt, identity.of_run(_config(tmp_path, keep_prob=0.7), data, 1))
+    with pytest.raises(
+        ConfigError, match=r"--lr-warmup-steps default recorded, --lr-warmup-steps 5"
+    ):
+        identity.check(ckpt, identity.of_run(_config(tmp_path, lr_warmup_steps=5), data, 1))
+    # An option whose default changed counts as the value such runs trained with.
+    del kept["options"]["optimizer"]
+    (ckpt / "run.json").write_text(json.dumps(kept))
+    with pytest.raises(ConfigError, match=r"--optimizer sgd recorded, --optimizer adam now"):
+        identity.check(ckpt, mine)
 
 
 def test_an_unreadable_record_beside_checkpoints_is_a_storage_error(tmp_path: Path, data) -> None:  # type: ignore[no-untyped-def]
@@ -207,6 +231,8 @@ def test_a_resume_on_replaced_data_or_options_stops_in_one_line(
     assert code == 2
     (line,) = err.splitlines()
     assert "--momentum 0.8 recorded, --momentum 0.5 now" in line and "training data" not in line
-    code, records, err = _train(data, out, 6)  # the same run: resumes
+    code, records, err = _train(data, out, 6)  # the same run, trained on: resumes
     assert code == 0, err[-2000:]
     assert events(records, "resume")[0]["step"] == 3
+    (changed,) = events(records, "lr_schedule_changed")  # the cosine schedule ends later
+    assert (changed["recorded_end"], changed["end"]) == (3, 6)

@@ -10,12 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import FIXTURES, events, json_lines, run_cli
+from tests.conftest import FIXTURES, SEED_RECIPE_ARGS, events, json_lines, run_cli
 
 pytestmark = pytest.mark.slow
 
 OLD = FIXTURES / "checkpoints" / "v0.1.0-step3"
-ARGS = ["--batch-size", "40", "--eval-every", "6", "--checkpoint-every", "6"]
+# Checkpoints of 0.1.0 were trained with the seed's recipe: a resume must give it.
+ARGS = ["--batch-size", "40", "--eval-every", "6", "--checkpoint-every", "6", *SEED_RECIPE_ARGS]
 
 
 def _train(data: Path, out: Path, steps: int, *extra: str) -> list[dict]:

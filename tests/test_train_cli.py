@@ -43,11 +43,12 @@ def test_train_writes_json_logs_checkpoints_export_and_metrics(first_run) -> Non
     assert start["config"]["max_steps"] == 6
     assert [p["step"] for p in events(records, "progress")] == [3, 6]
     for p in events(records, "progress"):
-        assert {"loss", "test_rmse", "lr", "examples_per_sec", "cpu_util", "eta_s"} <= p.keys()
+        assert {"loss", "val_rmse", "lr", "examples_per_sec", "cpu_util", "eta_s"} <= p.keys()
     assert [c["step"] for c in events(records, "checkpoint")] == [3, 6]
     (inp,) = events(records, "input")  # held or streamed, by the measured costs
-    assert isinstance(inp["resident"], bool) and inp["split_bytes"] == 4 * 240 * (20 * 195 + 3)
-    assert "loading 240 rows" in inp["message"] and "streaming 6 batches" in inp["message"]
+    assert inp["training_rows"] == 216  # 240 less the validation split's 10 %
+    assert isinstance(inp["resident"], bool) and inp["split_bytes"] == 4 * 216 * (20 * 195 + 3)
+    assert "loading 216 rows" in inp["message"] and "streaming 6 batches" in inp["message"]
     end = events(records, "end")[-1]
     assert end["status"] == "completed" and end["final_step"] == 6
     assert (out / "checkpoints" / "ckpt-6.index").is_file()

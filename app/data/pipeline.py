@@ -170,7 +170,7 @@ def choose_input(
     rnd = min(_timed_read(cache, at_random) for _ in range(2))
     load_s, stream_s = seq * n / b, rnd * steps
     why = f"loading {n} rows ≈ {load_s:.2f} s, streaming {steps} batches ≈ {stream_s:.2f} s"
-    return InputChoice(load_s <= stream_s, why, round(load_s, 3), round(stream_s, 3))
+    return InputChoice(load_s <= stream_s, why, round(load_s, 6), round(stream_s, 6))
 
 
 def _timed_load(cache: DataCache, rows: np.ndarray) -> float:
@@ -281,18 +281,27 @@ def train_input(
 
 
 def eval_dataset(
-    cache: DataCache, plan: ThreadPlan, batch_size: int, features: Transform | None = None
+    cache: DataCache,
+    plan: ThreadPlan,
+    batch_size: int,
+    features: Transform | None = None,
+    split: str = "test",
+    rows: np.ndarray | None = None,
 ) -> tf.data.Dataset:
-    """The test set in order: (x (b,H,W,1), y (b,K) raw), the last batch may be short.
+    """Rows of ``split`` in order: (x (b,H,W,1), y (b,K) raw), the last batch may be short.
 
-    ``features``: an elementwise transform of x (the standardisation); raw without it.
+    ``rows``: sorted row numbers of the split's file (default all: the test set; the
+    validation rows of the training file). ``features``: an elementwise transform of x (the
+    standardisation); raw without it.
     """
     features_fn = features or _identity
+    size = cache.train_size if split == "train" else cache.test_size
+    rows = np.arange(size, dtype=np.int64) if rows is None else rows
 
     def load(start: np.int64) -> tuple[np.ndarray, np.ndarray]:
-        idx = np.arange(int(start), min(int(start) + batch_size, cache.test_size))
-        x = cache.read_rows("test", "features", idx)
-        return x[..., None], cache.read_rows("test", "labels", idx)
+        idx = rows[int(start) : int(start) + batch_size]
+        x = cache.read_rows(split, "features", idx)
+        return x[..., None], cache.read_rows(split, "labels", idx)
 
     def fetch(start: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         x, y = tf.numpy_function(load, [start], (tf.float32, tf.float32), stateful=False)
@@ -300,5 +309,5 @@ def eval_dataset(
         y.set_shape((None, cache.num_outputs))
         return features_fn(x), y
 
-    ds = tf.data.Dataset.range(0, cache.test_size, batch_size).map(fetch)
+    ds = tf.data.Dataset.range(0, len(rows), batch_size).map(fetch)
     return ds.prefetch(PREFETCH_BATCHES).with_options(dataset_options(plan))

@@ -1,11 +1,17 @@
-"""A synthetic demo data set in the seed's text format (it is not real data).
+"""Synthetic data sets in the seed's text format (they are not real data).
 
-Each sample is a 20×195 "spectrogram": 20 rows of a 195-bin spectrum holding
-one Gaussian peak plus a sloped baseline and noise. The K = 3 labels are the
-peak's centre (fraction of the axis), its width (fraction of the axis) and its
-amplitude (arbitrary units); the peak drifts across the rows by an amount tied
-to the width, so the network has to combine rows. Files are written to a
-temporary name and renamed (atomic). Never imports TensorFlow.
+``demo`` (the quick start's): each sample is a 20×195 "spectrogram": 20 rows of a 195-bin
+spectrum holding one Gaussian peak plus a sloped baseline and noise. The K = 3 labels are
+the peak's centre (fraction of the axis), its width (fraction of the axis) and its
+amplitude (arbitrary units); the peak drifts across the rows by an amount tied to the
+width, so the network has to combine rows.
+
+``lines`` (harder, K = 15): a decaying emission spectrum. Five Lorentzian lines, one in
+each fifth of the axis, narrow (1–4 bins wide at 195 bins); the rows are 20 moments of a
+decay whose rate differs per sample (a nuisance, not a label), on a curved background with
+a per-row gain and signal-dependent noise. The labels are each line's centre, half width
+and initial amplitude (5 × 3). Files are written to a temporary name and renamed (atomic).
+Never imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -40,6 +46,32 @@ def make_samples(
     return feats.astype(np.float32), labels.astype(np.float32)
 
 
+LINES = 5
+KINDS = {"demo": 3, "lines": 3 * LINES}
+
+
+def make_lines(
+    n: int, rng: np.random.Generator, height: int = 20, width: int = 195
+) -> tuple[np.ndarray, np.ndarray]:
+    """The ``lines`` kind (module docstring): (features (n, height, width) float32,
+    labels (n, 15) float32: centre, half width and amplitude of line 1, then line 2, …)."""
+    band = (np.arange(LINES) + 0.5) / LINES
+    centre = band + rng.uniform(-0.35, 0.35, (n, LINES)) / LINES
+    half_width = rng.uniform(0.003, 0.012, (n, LINES))
+    amplitude = rng.uniform(0.2, 1.5, (n, LINES))
+    axis = np.linspace(0.0, 1.0, width)
+    t = np.linspace(0.0, 1.0, height)
+    decay = np.exp(-rng.uniform(0.3, 2.5, (n, 1)) * t)  # (n, height)
+    gain = 1.0 + rng.normal(0.0, 0.03, (n, height))
+    shape = 1.0 / (1.0 + np.square((axis - centre[..., None]) / half_width[..., None]))
+    spectrum = np.einsum("nl,nlw->nw", amplitude, shape)  # (n, width)
+    background = rng.normal(0.3, 0.1, (n, 1)) + rng.normal(0.0, 0.2, (n, 1)) * (axis - 0.5) ** 2
+    signal = (decay * gain)[..., None] * spectrum[:, None, :] + background[:, None, :]
+    noise = rng.normal(0.0, 1.0, signal.shape) * (0.02 + 0.03 * np.sqrt(np.abs(signal)))
+    labels = np.stack([centre, half_width, amplitude], axis=2).reshape(n, 3 * LINES)
+    return (signal + noise).astype(np.float32), labels.astype(np.float32)
+
+
 def _text(rows: np.ndarray, fmt: str) -> bytes:
     buf = io.BytesIO()
     np.savetxt(buf, rows, fmt=fmt)
@@ -47,19 +79,25 @@ def _text(rows: np.ndarray, fmt: str) -> bytes:
 
 
 def generate(
-    out: Path, train: int = 3000, test: int = 600, seed: int = 0, height: int = 20, width: int = 195
-) -> dict[str, Path]:
-    """Write train/test features and labels to ``out``; return role → path.
+    out: Path, train: int = 3000, test: int = 600, seed: int = 0, height: int = 20,
+    width: int = 195, kind: str = "demo",
+) -> dict[str, Path]:  # fmt: skip
+    """Write train/test features and labels of ``kind`` (:data:`KINDS`) to ``out``; return
+    role → path.
 
-    Raises ConfigError for non-positive sizes, StorageError if ``out`` can't be written.
+    Raises ConfigError for non-positive sizes or an unknown kind, StorageError if ``out``
+    can't be written.
     """
     if train < 1 or test < 1:
         raise ConfigError(f"--train and --test must be at least 1, got {train} and {test}")
+    if kind not in KINDS:
+        raise ConfigError(f"--kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    make = make_samples if kind == "demo" else make_lines
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     written = {}
     for split, n in (("train", train), ("test", test)):
-        feats, labels = make_samples(n, rng, height, width)
+        feats, labels = make(n, rng, height, width)
         for role, arr, fmt in (
             ("features", feats.reshape(n, -1), "%.4g"),
             ("labels", labels, "%.6g"),

@@ -35,19 +35,22 @@ import tensorflow as tf
 from app import logs
 from app.atomic import Dir
 from app.errors import StorageError, TrainingDiverged, short_message
+from app.training import best
 from app.training.replicas import Replicas
 from app.training.trainer import Trainer
 
 PREFIX = "ckpt"
 _NUMBERED = re.compile(rf"^{PREFIX}-(\d+)\.index$")
 # Temporary names of a save in progress (see the module docstring).
-_PARTIAL = re.compile(rf"^(?:{PREFIX}-\d+_temp.*|.*\.tempstate\d*|checkpoint\.tmp[0-9a-f]*)$")
+_PARTIAL = re.compile(
+    rf"^(?:(?:{PREFIX}|{best.PREFIX})-\d+_temp.*|.*\.tempstate\d*|checkpoint\.tmp[0-9a-f]*)$"
+)
 
 
 def remove_partial(directory: Path) -> list[str]:
     """Delete what killed saves left in ``directory``; return the names removed (sorted).
 
-    Only temporary names are touched (``ckpt-N_temp*``, ``*.tempstate*``,
+    Only temporary names are touched (``ckpt-N_temp*``, ``best-N_temp*``, ``*.tempstate*``,
     ``checkpoint.tmp*``), never a ``ckpt-N.index``/``.data-*`` file or the state
     file. The caller must hold the output lock (app.lock): a concurrent save's
     temporary files would look the same. Raises StorageError if one can't be removed.

@@ -4,13 +4,15 @@ As orbit's ``Controller``: it trains to ``max_steps`` from wherever the restore 
 run, in calls of up to K steps (``--steps-per-loop``), and after each call decides:
 
 * **evaluate** when the step is a multiple of ``eval_every``, the last step, or a stop
-  was requested (a ``progress`` event: loss, test RMSE, rate, CPU use, ETA);
+  was requested (a ``progress`` event: loss, the validation RMSE, or the test RMSE in a
+  run without a validation split, rate, CPU use, ETA), and offer the step to ``keep_best``
+  (the best validated step, exported at the end);
 * **checkpoint** when the step is a multiple of ``checkpoint_every``, the last step, the
   target was reached, or a stop was requested (the only place a checkpoint is decided);
-* **stop** on an agreed stop request (status ``preempted``), when the test RMSE is below
-  ``target_loss`` (``target_reached``), at ``max_steps`` (``completed``), or when the CPU
+* **stop** on an agreed stop request (status ``preempted``), when the evaluated RMSE is
+  below ``target_loss`` (``target_reached``), at ``max_steps`` (``completed``), or when the CPU
   budget changed so that the thread plan must change (``replan``, after a checkpoint: the
-  caller restarts TensorFlow with the new plan); a non-finite loss or test RMSE raises
+  caller restarts TensorFlow with the new plan); a non-finite loss or evaluated RMSE raises
   TrainingDiverged (exit 5) before anything is saved.
 
 A call never crosses an evaluation or checkpoint step or the last step: K is cut to the
@@ -33,7 +35,7 @@ from app import logs
 from app.errors import TrainingDiverged
 
 WARNING = 30
-#: Warn when the test RMSE is not below the mean predictor from this evaluation on.
+#: Warn when the evaluated RMSE is not below the mean predictor from this evaluation on.
 NOT_LEARNING_AFTER_EVALS = 2
 #: Work per call that K = auto aims at (seconds): the host wakes about twice a second,
 #: and a stop request waits at most this long for the call in flight.
@@ -41,6 +43,7 @@ TARGET_CALL_SECONDS = 0.5
 #: Steps the timed calibration call runs (K = auto).
 CALIBRATION_STEPS = 3
 MAX_STEPS_PER_LOOP = 1000
+_NAMES = {"val_rmse": "validation RMSE", "test_rmse": "test RMSE"}
 
 
 class StepResult(Protocol):
@@ -78,7 +81,7 @@ class CheckpointsLike(Protocol):
 
 @dataclass(frozen=True)
 class Schedule:
-    """The intervals, in steps; ``target_loss`` in raw label units (test RMSE)."""
+    """The intervals, in steps; ``target_loss`` in raw label units (the evaluated RMSE)."""
 
     max_steps: int
     eval_every: int
@@ -102,12 +105,13 @@ def _next_multiple(step: int, every: int) -> int:
 
 @dataclass
 class Outcome:
-    """How the loop ended: ``status`` completed / target_reached / preempted / replan."""
+    """How the loop ended: ``status`` completed / target_reached / preempted / replan;
+    ``eval_rmse`` the last evaluation's RMSE (None when nothing was trained)."""
 
     status: str
     start_step: int
     step: int
-    test_rmse: float | None
+    eval_rmse: float | None
     loop_seconds: float
     steps_per_loop: int  # 0 when the loop ended before K = auto was chosen
 
@@ -151,7 +155,11 @@ class Meter:
 class Controller:
     """Runs the loop of the module docstring. ``stop`` is this process's stop request;
     ``agree`` turns a per-worker number into the one all workers use (the mean; the
-    identity for one process); ``actions`` get every ``progress`` record (summaries)."""
+    identity for one process); ``actions`` get every ``progress`` record (summaries).
+    ``metric`` names the evaluated RMSE in the record (``val_rmse`` or ``test_rmse``),
+    ``baseline_rmse`` is the mean predictor's on the same rows, ``references`` are fields
+    every record carries (the test set's mean-predictor and linear-baseline RMSEs), and
+    ``keep_best(step, rmse)`` is offered every evaluation."""
 
     trainer: TrainerLike
     checkpoints: CheckpointsLike
@@ -162,12 +170,15 @@ class Controller:
     agree: Callable[[float], float] = lambda value: value
     actions: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
     replan: Callable[[], bool] = lambda: False
+    metric: str = "test_rmse"
+    references: dict[str, float | None] = field(default_factory=dict)
+    keep_best: Callable[[int, float], object] = lambda step, rmse: None
     evaluations: int = 0
 
     def run(self, start: int) -> Outcome:
         """Train from ``start`` to the schedule's end; return how it ended."""
         s = self.schedule
-        step, status, test_rmse, k, calls = start, "completed", None, s.steps_per_loop, 0
+        step, status, rmse, k, calls = start, "completed", None, s.steps_per_loop, 0
         clock = self.meter.clock
         t_loop = clock()
         self.meter.mark(step)
@@ -188,8 +199,8 @@ class Controller:
             elif calls == 2 and k == 0:
                 k = self._choose_steps_per_loop((clock() - t_call) / n)
             if evaluate:
-                test_rmse = self._evaluate(step, result)
-                if test_rmse < s.target_loss:
+                rmse = self._evaluate(step, result)
+                if rmse < s.target_loss:
                     status = "target_reached"
                 elif not (last or stopping) and self.replan():
                     status = "replan"
@@ -200,7 +211,7 @@ class Controller:
             if status != "completed":
                 break
         seconds = clock() - t_loop
-        return Outcome(status, start, step, test_rmse, seconds, k)
+        return Outcome(status, start, step, rmse, seconds, k)
 
     def _choose_steps_per_loop(self, step_seconds: float) -> int:
         """K for about :data:`TARGET_CALL_SECONDS` per call, the same on every worker."""
@@ -218,11 +229,13 @@ class Controller:
         return k
 
     def _evaluate(self, step: int, result: StepResult) -> float:
-        """Test RMSE at ``step``, logged as a ``progress`` event (and to the actions)."""
-        test_rmse = self.trainer.evaluate()
-        if not math.isfinite(test_rmse):  # the weights to be checkpointed are broken
+        """The evaluated RMSE at ``step``, logged as a ``progress`` event (and to the
+        actions), offered to ``keep_best``."""
+        rmse = self.trainer.evaluate()
+        if not math.isfinite(rmse):  # the weights to be checkpointed are broken
             raise TrainingDiverged(
-                f"test RMSE became {test_rmse} at step {step} (loss {result.loss:.4g}); "
+                f"{_NAMES.get(self.metric, self.metric)} became {rmse} at step {step} "
+                f"(loss {result.loss:.4g}); "
                 f"{self.checkpoints.kept()}; lower --learning-rate"
             )
         self.evaluations += 1
@@ -230,26 +243,29 @@ class Controller:
             "step": step,
             "loss": result.loss,
             "train_rmse": result.train_rmse,
-            "test_rmse": test_rmse,
+            self.metric: rmse,
+            **self.references,
             "lr": self.trainer.learning_rate(step),
             **self.meter.read(step, self.schedule.max_steps),
         }
         logs.event(
             "progress",
             f"step {step}/{self.schedule.max_steps} loss {result.loss:.4f} "
-            f"test_rmse {test_rmse:.4f}",
+            f"{self.metric} {rmse:.4f}",
             **record,
         )
         for action in self.actions:
             action(record)
-        if self.evaluations >= NOT_LEARNING_AFTER_EVALS and test_rmse >= self.baseline_rmse:
+        self.keep_best(step, rmse)
+        if self.evaluations >= NOT_LEARNING_AFTER_EVALS and rmse >= self.baseline_rmse:
             logs.event(
                 "not_learning",
-                f"test RMSE {test_rmse:.4g} is not below the mean predictor's "
+                f"{_NAMES.get(self.metric, self.metric)} {rmse:.4g} is not below the mean "
+                "predictor's "
                 f"{self.baseline_rmse:.4g}",
                 level=WARNING,
                 step=step,
-                test_rmse=test_rmse,
+                **{self.metric: rmse},
                 baseline_rmse=self.baseline_rmse,
             )
-        return test_rmse
+        return rmse

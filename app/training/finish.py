@@ -134,7 +134,8 @@ def summarize(outcome: Outcome, data: DataCache, samples_per_step: int) -> dict[
         "final_step": outcome.step,
         "start_step": outcome.start_step,
         "steps_trained": trained,
-        "test_rmse": outcome.test_rmse,
+        "test_rmse": None,  # of the exported model (app/training/run.py)
+        "last_eval_rmse": outcome.eval_rmse,
         "baseline_rmse": data.baseline_rmse,
         "examples_per_sec": round(trained * samples_per_step / max(outcome.loop_seconds, 1e-9), 1),
         "train_size": data.train_size,

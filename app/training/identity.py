@@ -17,8 +17,14 @@ written. The rules for records of older versions (docs/architecture.md, "Run ide
 - no ``data``/``options`` (written before the identity was recorded), or no ``run.json`` at
   all: the resume goes on without the check, with an ``identity_unchecked`` warning, and
   the record is completed from then on;
+- no ``options`` at all (an older coretrain's record): the recipe must be the seed's,
+  which such runs trained with (:data:`BEFORE`), else exit 2 naming the options;
 - an option missing from ``options`` (added to coretrain after the record was written)
-  counts as its default, the value such a run trained with;
+  counts as the value such a run trained with: :data:`BEFORE` where the default changed
+  since, else its default;
+- under the cosine schedule the learning rate reaches 0 at ``--max-steps``
+  (:data:`HORIZON`): a resume with another ``--max-steps`` goes on, with an
+  ``lr_schedule_changed`` warning (training on past the end is a common, deliberate use);
 - an option in the record that coretrain no longer has is ignored.
 
 A ``run.json`` that can't be read while checkpoints exist is exit 4 (it is written by
@@ -47,6 +53,19 @@ from app.errors import ConfigError, StorageError
 RUN_FILE = "run.json"
 #: The splits and how a message names them.
 SPLITS = {"train": "training data", "test": "test data"}
+#: Options whose default changed after records without them were written, and the value
+#: such runs trained with: the seed's recipe, the defaults before the recipe was chosen by
+#: measurement (docs/quality.md), and no validation split.
+BEFORE = {
+    "optimizer": "sgd",
+    "learning_rate": 0.1,
+    "lr_schedule": "exponential",
+    "keep_prob": 0.5,
+    "validation_fraction": 0.0,
+}
+#: Under the cosine schedule the learning rate reaches 0 at --max-steps, so that step is
+#: part of the run (recorded under this name; None under the other schedules).
+HORIZON = "lr_horizon"
 
 
 class Agreeing(Protocol):
@@ -82,6 +101,7 @@ def of_run(config: TrainConfig, data: DataCache, workers: int) -> Identity:
         for split in SPLITS
     }
     options = {f.name: getattr(config, f.name) for f in identity_fields(TrainConfig)}
+    options[HORIZON] = config.max_steps if config.lr_schedule == "cosine" else None
     return Identity({**splits, "outputs": data.num_outputs}, options, workers)
 
 
@@ -129,12 +149,41 @@ def differences(kept: dict[str, Any], mine: Identity) -> list[str]:
         found.append(f"the labels per sample ({kept['data'].get('outputs')} recorded, "
                      f"{mine.data['outputs']} now)")  # fmt: skip
     for f in identity_fields(TrainConfig):
-        was = kept["options"].get(f.name, f.default)
+        was = kept["options"].get(f.name, BEFORE.get(f.name, f.default))
         if was != mine.options[f.name]:
             found.append(f"{_flag(f, was)} recorded, {_flag(f, mine.options[f.name])} now")
     if kept.get("workers", 1) != mine.workers:
         found.append(f"{kept.get('workers', 1)} worker(s) recorded, {mine.workers} now")
     return found
+
+
+def _warn_if_extended(kept: dict[str, Any], mine: Identity, checkpoints: Path) -> None:
+    """A resume with another ``--max-steps`` under the cosine schedule is allowed (training
+    on, or a shorter run) but changes the learning rate from the resumed step on: logged as
+    the ``lr_schedule_changed`` warning."""
+    was, now = kept["options"].get(HORIZON), mine.options.get(HORIZON)
+    if was is None or now is None or was == now:
+        return
+    logs.event(
+        "lr_schedule_changed",
+        f"{checkpoints}: the checkpoints were trained with the cosine schedule ending at step "
+        f"{was}, this run ends it at step {now}: from the resumed step on the learning rate "
+        "follows the new schedule (it is not the run that was interrupted)",
+        level=logging.WARNING,
+        recorded_end=was,
+        end=now,
+    )
+
+
+def legacy_differences(mine: Identity) -> list[str]:
+    """For checkpoints whose record has no options (an older coretrain's): the recipe
+    options of ``mine`` that are not the seed's recipe those runs trained with."""
+    fields = {f.name: f for f in identity_fields(TrainConfig)}
+    return [
+        f"{_flag(fields[name], was)} recorded, {_flag(fields[name], mine.options[name])} now"
+        for name, was in BEFORE.items()
+        if mine.options[name] != was
+    ]
 
 
 def _split(entry: dict[str, Any]) -> str:
@@ -147,7 +196,7 @@ def _flag(f: dataclasses.Field[Any], value: Any) -> str:
     if "/" in spelling:
         on, off = spelling.split("/")
         return on if value else off
-    return f"{spelling} {value}"
+    return f"{spelling} {'default' if value is None else value}"
 
 
 def check(checkpoints: Path, mine: Identity) -> None:
@@ -158,6 +207,14 @@ def check(checkpoints: Path, mine: Identity) -> None:
         return  # a fresh start: the record is written anew
     kept = read(checkpoints)
     if kept is None or "data" not in kept or "options" not in kept:
+        changed = legacy_differences(mine)
+        if changed:
+            raise ConfigError(
+                f"{checkpoints}: the checkpoints were trained by an older coretrain, with the "
+                f"seed's recipe: {'; '.join(changed)}. To resume them, give the seed's recipe "
+                '(README, "The recipe", and --validation-fraction 0); to start fresh, train '
+                f"into a new --output (or move {checkpoints} away)"
+            )
         logs.event(
             "identity_unchecked",
             f"{checkpoints / RUN_FILE} does not record the data and options the checkpoints "
@@ -174,6 +231,7 @@ def check(checkpoints: Path, mine: Identity) -> None:
             f"fresh, train into a new --output (or move {checkpoints} away); to resume, "
             "use the recorded data and options"
         )
+    _warn_if_extended(kept, mine, checkpoints)
 
 
 def agree(mine: Identity, replicas: Agreeing) -> None:

@@ -12,24 +12,22 @@ descriptor, renamed relative to DIR's descriptor.
 
 The gate (as TFX's Evaluator "blesses" a candidate only when it is at least as good as
 the current one): the candidate and the champion (the highest version) are both
-evaluated, as exported, on this run's test set; the candidate is published only if its
-test RMSE is below the mean predictor's and at most the champion's × (1 + tolerance).
-A champion that can't be evaluated on these data (other input or output size) is no
-comparison, and says so. ``--publish-keep N`` prunes the oldest versions beyond N, never
-the champion. Rolling back is deleting (or moving away) the newest version: TF Serving
-falls back to the next largest.
+evaluated, as exported, on this run's test set, row by row, and app/training/gate.py
+judges the paired difference against the noise. A champion that can't be evaluated on
+these data (other input or output size) is no comparison, and says so.
+``--publish-keep N`` prunes the oldest versions beyond N, never the champion. Rolling back
+is deleting (or moving away) the newest version: TF Serving falls back to the next largest.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
-import math
 import os
 import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +38,9 @@ from app import logs
 from app.atomic import Dir, open_dir, probe_writable
 from app.data.cache import DataCache
 from app.errors import StorageError
+from app.training import gate
 from app.training.finish import KERAS_FILE, SAVED_MODEL_DIR
+from app.training.gate import Decision
 from app.training.versions import META_FILE, newest, versions
 
 LOCK_NAME = ".lock"
@@ -48,10 +48,11 @@ LOCK_NAME = ".lock"
 LOCK_WAIT_S = 600.0
 
 
-def evaluate_export(saved_model: Path, data: DataCache, batch: int = 4096) -> float | None:
-    """Test RMSE (raw label units) of the SavedModel at ``saved_model`` on ``data``'s test
-    split, fed raw lines as a server would; None when its input or output size doesn't fit
-    these data. Raises StorageError when it can't be loaded."""
+def evaluate_export(saved_model: Path, data: DataCache, batch: int = 4096) -> np.ndarray | None:
+    """Per-row mean squared errors (n,) (raw label units) of the SavedModel at
+    ``saved_model`` on ``data``'s test split, fed raw lines as a server would; None when
+    its input or output size doesn't fit these data. Raises StorageError when it can't be
+    loaded."""
     try:
         served = tf.saved_model.load(str(saved_model)).signatures["serve"]
     except (OSError, KeyError, ValueError, tf.errors.OpError) as exc:
@@ -61,68 +62,19 @@ def evaluate_export(saved_model: Path, data: DataCache, batch: int = 4096) -> fl
         return None
     x = np.asarray(data.features("test")).reshape(data.test_size, -1)
     y = np.asarray(data.labels("test"), np.float64)
-    sq = 0.0
+    errors = np.empty(data.test_size)
     for start in range(0, data.test_size, batch):
         out = next(iter(served(tf.constant(x[start : start + batch])).values())).numpy()
         if out.shape[-1] != data.num_outputs:
             return None
-        sq += float(np.sum(np.square(out.astype(np.float64) - y[start : start + batch])))
-    return math.sqrt(sq / max(y.size, 1))
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What the gate decided: ``published`` (and ``version``), both RMSEs, the reason."""
-
-    published: bool
-    reason: str
-    candidate_rmse: float | None
-    champion_rmse: float | None
-    champion_version: int | None
-    version: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-def judge(
-    candidate: float | None, champion: float | None, champion_version: int | None,
-    baseline: float, tolerance: float,
-) -> Decision:  # fmt: skip
-    """The gate's rule (module docstring) as a pure function of the RMSEs."""
-    if candidate is None or not math.isfinite(candidate):
-        why = f"the candidate's test RMSE is {candidate}: it can't be published"
-        return Decision(False, why, candidate, champion, champion_version)
-    if candidate >= baseline:
-        why = (
-            f"test RMSE {candidate:.6g} is not below the mean predictor's {baseline:.6g}: "
-            "the model has learned nothing (check the training data)"
-        )
-        return Decision(False, why, candidate, champion, champion_version)
-    if champion is not None and candidate > champion * (1 + tolerance):
-        why = (
-            f"test RMSE {candidate:.6g} is worse than champion version {champion_version}'s "
-            f"{champion:.6g} (tolerance {tolerance:g})"
-        )
-        return Decision(False, why, candidate, champion, champion_version)
-    if champion_version is None:
-        why = f"no version published yet; test RMSE {candidate:.6g} beats the mean predictor"
-    elif champion is None:
-        why = (
-            f"champion version {champion_version} can't be evaluated on these data (other "
-            f"input or output size); test RMSE {candidate:.6g} beats the mean predictor"
-        )
-    else:
-        why = (
-            f"test RMSE {candidate:.6g} ≤ champion version {champion_version}'s "
-            f"{champion:.6g} × (1 + {tolerance:g})"
-        )
-    return Decision(True, why, candidate, champion, champion_version)
+        err = out.astype(np.float64) - y[start : start + batch]
+        errors[start : start + batch] = np.mean(np.square(err), axis=1)
+    return errors
 
 
 def publish(
     export_dir: Path, directory: Path, data: DataCache, meta: dict[str, Any],
-    tolerance: float = 0.0, keep: int = 0,
+    tolerance: float | None = None, keep: int = 0,
 ) -> Decision:  # fmt: skip
     """Evaluate the candidate in ``export_dir`` against the champion in ``directory`` and
     publish it as the next version if the gate lets it through; prune to ``keep``.
@@ -136,15 +88,15 @@ def publish(
         with _locked(pub):
             champion = newest(directory)
             champion_version = int(champion.name) if champion else None
-            champion_rmse = evaluate_export(champion, data) if champion else None
-            decision = judge(
-                candidate, champion_rmse, champion_version, data.baseline_rmse, tolerance
+            champion_errors = evaluate_export(champion, data) if champion else None
+            decision = gate.judge(
+                candidate, champion_errors, champion_version, data.baseline_rmse, tolerance
             )
             if not decision.published:
                 return decision
             number = (champion_version or 0) + 1
             _write_version(export_dir, pub, number, {**meta, "publish": decision.to_json()})
-            decision = Decision(**{**decision.to_json(), "version": number})
+            decision = dataclasses.replace(decision, version=number)
             _prune(pub, keep)
     return decision
 

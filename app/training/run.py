@@ -32,14 +32,17 @@ from app.budget.usage import Throttling
 from app.cluster.spec import Cluster
 from app.config import TrainConfig
 from app.data import cache as cache_lib
+from app.data import split as split_lib
 from app.data.sources import ROLES, Sources, find
+from app.data.split import Split
 from app.errors import DataError, Preempted
 from app.signals import StopRequest
-from app.training import identity
+from app.training import baselines, identity
 from app.training import workspace as workspace_lib
 from app.training.budget_watch import BudgetWatch, warn_when_throttled
 from app.training.controller import Controller, Meter, Schedule
 
+WARNING = 30
 #: Set in the environment of a run restarted for a new plan: when the change was noticed.
 REPLAN_AT_ENV = "_CORETRAIN_REPLAN_AT"
 
@@ -76,13 +79,15 @@ def train(
     if stop():
         raise _preempted("before training started")
     _check_memory(config, data, plan)
+    rows = split_lib.split(data.train_size, config.validation_fraction, config.seed)
+    reference = baselines.measure(data, rows, config.seed, plan.intra_op_threads)
     import_tensorflow()
     # TensorFlow from here on.
     from app.training import replicas
 
     reps = replicas.create(cluster)
     try:
-        return _train_on(ws, config, plan, data, reps, stop, t_start)
+        return _train_on(ws, config, plan, data, rows, reference, reps, stop, t_start)
     except Exception as exc:
         reps.report_failure(exc)  # the other workers stop instead of waiting for this one
         raise
@@ -110,11 +115,13 @@ def _log_start(config: TrainConfig, plan: ThreadPlan, cluster: Cluster | None) -
 
 def _train_on(
     ws: workspace_lib.Workspace, config: TrainConfig, plan: ThreadPlan,
-    data: cache_lib.DataCache, reps: Any, stop: Callable[[], bool], t_start: float,
+    data: cache_lib.DataCache, rows: Split, reference: baselines.Baselines, reps: Any,
+    stop: Callable[[], bool], t_start: float,
 ) -> dict[str, Any]:  # fmt: skip
     """The part of :func:`train` with TensorFlow, on ``reps`` (app/training/replicas.py):
     the identity check, the choice, restore, the loop, the summary and the export."""
     from app.training import choose, finish
+    from app.training.best import Best
     from app.training.checkpointer import Checkpointer
     from app.training.trainer import Trainer
 
@@ -126,21 +133,25 @@ def _train_on(
         **picked.to_json(),
     )
     config = dataclasses.replace(config, formulation=picked.formulation, precision=picked.precision)
-    trainer = Trainer(config, plan, data, reps)
+    trainer = Trainer(config, plan, data, reps, rows)
     held = ws.open(ws.checkpoints, "checkpoint directory")  # open for the whole run
     checkpoints = Checkpointer(trainer, held, config.keep_checkpoints, reps)
     start = checkpoints.restore()
+    best = Best(trainer.model, held, reps)
+    best.resume(start)
     identity.record(ws.checkpoints, picked.formulation, picked.precision, mine)
     _log_replanned(plan)
     if reps.sum([1.0 if stop() else 0.0], "restore")[0] > 0:  # agreed by all workers
         raise _preempted(f"before training resumed at step {start}")
-    trainer.feed(_train_input(config, plan, data, reps, trainer.stats, start))
+    trainer.feed(_train_input(config, plan, data, reps, trainer.stats, start, rows))
     samples_per_step = config.batch_size * reps.count
-    controller = _controller(ws, trainer, checkpoints, config, plan, data, reps, stop, start)
+    controller = _controller(ws, trainer, checkpoints, config, plan, reference, reps, stop, start)
+    if rows.validating:
+        controller.keep_best = best.offer
     outcome = controller.run(start)
-    if outcome.test_rmse is None:  # nothing left to train: report the restored model
-        outcome.test_rmse = trainer.evaluate()
     summary = finish.summarize(outcome, data, samples_per_step)
+    if outcome.status in ("completed", "target_reached"):
+        summary.update(_exported(outcome, trainer, best, reference))
     summary.update(
         wall_seconds=round(time.perf_counter() - t_start, 2),
         steps_per_loop=outcome.steps_per_loop,
@@ -157,21 +168,22 @@ def _train_on(
 
 def _train_input(
     config: TrainConfig, plan: ThreadPlan, data: cache_lib.DataCache, reps: Any, stats: Any,
-    start: int,
+    start: int, rows: Split,
 ) -> Any:  # fmt: skip
-    """The training batches from ``start`` on, resident or streamed as measured
-    (app/data/pipeline.py ``choose_input``), logged as the ``input`` event."""
+    """The batches of the training rows ``rows.train`` from ``start`` on, resident or
+    streamed as measured (app/data/pipeline.py ``choose_input``): the ``input`` event."""
     from app.data import order, pipeline
 
-    choice = pipeline.choose_input(data, plan, config.batch_size, config.max_steps - start)
+    steps = config.max_steps - start
+    choice = pipeline.choose_input(data, plan, config.batch_size, steps, rows=rows.train)
     logs.event(
         "input",
         ("training split held in memory: " if choice.resident else "training split streamed: ")
         + choice.why,
         resident=choice.resident,
-        split_bytes=pipeline.split_bytes(data),
+        split_bytes=pipeline.split_bytes(data, rows=rows.train),
         resident_limit=pipeline.resident_limit(plan),
-        training_rows=data.train_size,
+        training_rows=len(rows.train),
         load_s=choice.load_s,
         stream_s=choice.stream_s,
         block_rows=order.BLOCK_ROWS,
@@ -180,13 +192,14 @@ def _train_input(
     return pipeline.train_input(
         data, plan, seed=config.seed, batch_size=config.batch_size, start_step=start,
         end_step=config.max_steps, workers=reps.count, index=reps.index,
-        resident=choice.resident, stats=stats,
+        resident=choice.resident, stats=stats, rows=rows.train,
     )  # fmt: skip
 
 
 def _controller(
     ws: workspace_lib.Workspace, trainer: Any, checkpoints: Any, config: TrainConfig,
-    plan: ThreadPlan, data: cache_lib.DataCache, reps: Any, stop: Callable[[], bool], start: int,
+    plan: ThreadPlan, reference: baselines.Baselines, reps: Any, stop: Callable[[], bool],
+    start: int,
 ) -> Controller:  # fmt: skip
     """The outer loop of the run: its schedule, meter, actions and budget watch."""
     single = reps.cluster is None
@@ -206,7 +219,7 @@ def _controller(
             throttling=Throttling(plan.cpu_stat).read,
         ),
         stop,
-        data.baseline_rmse,
+        reference.eval_mean,
         agree=lambda k: float(reps.sum([k], "steps per loop")[0]) / reps.count,
         actions=[warn_when_throttled(plan), *_summaries(ws, config, plan, start)],
         replan=BudgetWatch(
@@ -214,7 +227,37 @@ def _controller(
             enabled=config.replan == "on-change" and single,
             why_not="--replan never" if single else "a multi-worker run",
         ),
+        metric="val_rmse" if trainer.rows.validating else "test_rmse",
+        references=reference.fields(),
     )
+
+
+def _exported(outcome: Any, trainer: Any, best: Any, reference: baselines.Baselines) -> dict:
+    """Put the exported step's weights in the model (the best validated step, else the
+    last) and evaluate them on the test set: the summary's ``exported_step``, ``val_rmse``
+    (None without a validation split), ``test_rmse``, ``linear_rmse``, ``linear``. Logs
+    ``not_learning`` when the model ends no better than the linear baseline."""
+    step = best.restore() if trainer.rows.validating else None
+    test_rmse = trainer.evaluate("test")
+    lin = reference.linear
+    fields: dict[str, Any] = {
+        "exported_step": step if step is not None else outcome.step,
+        "val_rmse": best.rmse if step is not None else None,
+        "test_rmse": test_rmse,
+        "linear_rmse": lin.test_rmse if lin else None,
+        "linear": lin.to_json() if lin else None,
+        "validation_size": len(trainer.rows.validation),
+    }
+    if lin is not None and test_rmse >= lin.test_rmse:
+        logs.event(
+            "not_learning",
+            f"test RMSE {test_rmse:.4g} is not below the linear baseline's {lin.test_rmse:.4g}",
+            level=WARNING,
+            step=fields["exported_step"],
+            test_rmse=test_rmse,
+            linear_rmse=lin.test_rmse,
+        )
+    return fields
 
 
 def _same_run(

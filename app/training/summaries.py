@@ -21,7 +21,10 @@ from app.atomic import Dir
 SCALARS = {
     "loss": "loss",
     "train_rmse": "train_rmse",
+    "val_rmse": "val_rmse",
     "test_rmse": "test_rmse",
+    "baseline_rmse": "baseline_rmse",
+    "linear_rmse": "linear_rmse",
     "lr": "learning_rate",
     "examples_per_sec": "examples_per_sec",
     "cpu_util": "cpu_util",

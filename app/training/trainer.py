@@ -31,7 +31,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import keras
 import numpy as np
 import tensorflow as tf
 
@@ -39,7 +38,10 @@ from app import model as model_lib
 from app.budget.plan import ThreadPlan
 from app.config import TrainConfig
 from app.data import pipeline, stream
+from app.data import split as split_lib
 from app.data.cache import DataCache
+from app.data.split import Split
+from app.training import recipe
 from app.training.replicas import Replicas
 
 #: Lower bound of the RMSE a surrogate gradient divides by (a perfect fit has RMSE 0).
@@ -79,9 +81,15 @@ class Trainer:
     """
 
     def __init__(
-        self, config: TrainConfig, plan: ThreadPlan, data: DataCache, replicas: Replicas
+        self,
+        config: TrainConfig,
+        plan: ThreadPlan,
+        data: DataCache,
+        replicas: Replicas,
+        rows: Split | None = None,
     ) -> None:
         self.config, self.plan, self.data, self.replicas = config, plan, data, replicas
+        self.rows = rows or split_lib.split(data.train_size, 0.0, config.seed)
         # Different data or options would break the variables' broadcast: compare first.
         replicas.check_same(
             "the data set and training options",
@@ -103,12 +111,8 @@ class Trainer:
                 formulation=config.formulation,
                 precision=config.precision,
             )
-            self.schedule = keras.optimizers.schedules.ExponentialDecay(
-                config.learning_rate, config.lr_decay_steps, config.lr_decay, staircase=True
-            )
-            self.optimizer = keras.optimizers.SGD(
-                learning_rate=self.schedule, momentum=config.momentum
-            )
+            self.schedule = recipe.schedule(config)
+            self.optimizer = recipe.optimizer(config, self.schedule)
             # A Keras 3 optimizer must be built before restore() or its state is skipped.
             self.optimizer.build(self.model.trainable_variables)
             self.step = tf.Variable(0, dtype=tf.int64, name="step", trainable=False)
@@ -122,9 +126,13 @@ class Trainer:
         self.seed = tf.constant(config.seed, tf.int64)
         self._loop = tf.function(self._train_loop)
         self._sums = tf.function(self._batch_sums)
-        self._test = replicas.shard(
-            pipeline.eval_dataset(data, plan, config.batch_size, features=self.standardize_x)
-        )
+        self._eval = {
+            "test": pipeline.eval_dataset(data, plan, config.batch_size, self.standardize_x),
+            "validation": pipeline.eval_dataset(
+                data, plan, config.batch_size, self.standardize_x, "train", self.rows.validation
+            ),
+        }
+        self._eval = {name: replicas.shard(ds) for name, ds in self._eval.items()}
         self._batches: Any = None
         self._resident: pipeline.Resident | None = None
 
@@ -229,8 +237,14 @@ class Trainer:
         """Standardised features (n, H, W, 1) → raw-scale predictions (n, K)."""
         return self.model(xs, training=False) * self.l_std + self.l_mean
 
-    def evaluate(self) -> float:
-        """Test RMSE over all outputs, in raw label units (each worker evaluates a shard).
+    @property
+    def eval_split(self) -> str:
+        """What the run evaluates while it trains: "validation", or "test" without one."""
+        return "validation" if self.rows.validating else "test"
+
+    def evaluate(self, split: str | None = None) -> float:
+        """RMSE over all outputs of ``split`` ("validation" or "test"; default
+        :attr:`eval_split`), in raw label units (each worker evaluates a shard).
 
         Batch by batch from Python, one traced call per batch shape: the same loop inside
         one ``tf.function`` ran the forward passes several times slower (a while-loop body
@@ -238,7 +252,7 @@ class Trainer:
         """
         sq = count = 0.0
         with self.replicas.guard("evaluation"):
-            for x, y in self._test:
+            for x, y in self._eval[split or self.eval_split]:
                 batch_sq, batch_count = self._sums(x, y)
                 sq, count = sq + float(batch_sq), count + float(batch_count)
         total = self.replicas.sum([sq, count], "evaluation")

@@ -1,0 +1,50 @@
+"""The validation split: training-file rows held out of training, chosen by the seed.
+
+``--validation-fraction f`` holds out ``round(f·n)`` of the training file's ``n`` rows (at
+least one when f > 0, never all): the first rows of a permutation of ``range(n)`` drawn from
+``numpy.random.default_rng([seed, 1, STREAM])``, a stream of its own (the batch order draws
+its permutations from ``[seed, epoch]``). The rest are the training rows. Both are sorted,
+disjoint, and together every row once; they depend only on (n, f, seed), so every worker of
+a run, and a resumed run, hold out the same rows. The validation rows evaluate the model
+while it trains, decide ``--target-loss`` and choose the exported step; the test file only
+reports (docs/architecture.md, "Validation"). Never imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+#: The split's random stream, apart from the batch order's (an arbitrary constant).
+STREAM = 0x76616C
+
+
+@dataclass(frozen=True)
+class Split:
+    """Rows of the training file: ``train`` and ``validation``, sorted int64 arrays."""
+
+    train: np.ndarray
+    validation: np.ndarray
+
+    @property
+    def validating(self) -> bool:
+        """True when rows are held out for validation."""
+        return len(self.validation) > 0
+
+
+def validation_count(n: int, fraction: float) -> int:
+    """Rows held out of ``n`` for ``fraction`` in [0, 1): 0 for 0, else round(f·n) within
+    [1, n − 1] (0 when n < 2: a single row can't be split)."""
+    if fraction <= 0 or n < 2:
+        return 0
+    return min(max(round(fraction * n), 1), n - 1)
+
+
+def split(n: int, fraction: float, seed: int) -> Split:
+    """The training and validation rows of a training file of ``n`` rows (module docstring)."""
+    count = validation_count(n, fraction)
+    if count == 0:
+        return Split(np.arange(n, dtype=np.int64), np.empty(0, np.int64))
+    order = np.random.default_rng([seed, 1, STREAM]).permutation(n)
+    return Split(np.sort(order[count:]).astype(np.int64), np.sort(order[:count]).astype(np.int64))

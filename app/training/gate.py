@@ -1,0 +1,123 @@
+"""The publish gate's rule: is the candidate worse than the champion beyond noise?
+
+Both models are evaluated on the same test rows (app/training/publish.py), so their
+difference is judged *paired*: the per-row squared errors of the two are resampled
+together (:data:`RESAMPLES` bootstrap resamples of the rows, seeded, so a decision is
+repeatable) and the relative difference of their RMSEs, ``candidate / champion − 1``, gets
+a :data:`CONFIDENCE` interval. That interval is the test set's sampling noise. Training has
+noise of its own: the same recipe on the same data with another seed ends elsewhere, by the
+run-to-run spread that ``benchmarks/quality.py`` measures (docs/quality.md). So by default
+(rule ``noise``) a candidate is refused only when even the interval's lower end is worse
+than the champion by more than :data:`NOISE_TOLERANCE`, the spread two runs of the default
+recipe differ by; anything closer is the same model up to noise, and the newer one (trained
+on the newer data) is published. ``--publish-tolerance X`` (rule ``tolerance``) is the
+explicit override: published when the candidate's RMSE is at most the champion's × (1 + X),
+no interval. Under either rule a candidate must beat the mean predictor. Numpy only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+RESAMPLES = 2000
+CONFIDENCE = 0.95
+#: Relative difference of the test RMSEs of two runs of the default recipe that differ only
+#: by their seed, at the edge of what the measured spread allows: 1.96 × √2 × the largest
+#: coefficient of variation measured for it (docs/quality.md, "The spread": 7.1 %, 600
+#: steps on 20,000 rows), the 95 % range of the difference of two such runs.
+NOISE_TOLERANCE = 0.20
+#: Resamples drawn at a time (bounds the index array: rows × this).
+_BLOCK = 50
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the gate decided and why. RMSEs in raw label units; ``difference`` is
+    ``candidate / champion − 1`` and ``interval`` its bootstrap interval (None without a
+    champion to compare with); ``rule`` is "noise" or "tolerance"."""
+
+    published: bool
+    reason: str
+    candidate_rmse: float | None
+    champion_rmse: float | None
+    champion_version: int | None
+    rule: str = "noise"
+    tolerance: float = NOISE_TOLERANCE
+    difference: float | None = None
+    interval: tuple[float, float] | None = None
+    version: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        out["interval"] = list(self.interval) if self.interval else None
+        out["confidence"] = CONFIDENCE if self.rule == "noise" else None
+        return out
+
+
+def rmse(errors: np.ndarray) -> float:
+    """RMSE from per-row mean squared errors (n,)."""
+    return math.sqrt(float(np.mean(errors))) if len(errors) else math.nan
+
+
+def interval(candidate: np.ndarray, champion: np.ndarray, seed: int = 0) -> tuple[float, float]:
+    """The :data:`CONFIDENCE` paired-bootstrap interval of ``rmse(candidate) /
+    rmse(champion) − 1`` over the rows: per-row mean squared errors, shape (n,) each."""
+    rng = np.random.default_rng(seed)
+    n, ratios = len(candidate), []
+    for start in range(0, RESAMPLES, _BLOCK):
+        rows = rng.integers(0, n, (min(_BLOCK, RESAMPLES - start), n))
+        ratios.append(np.sqrt(candidate[rows].mean(1) / np.maximum(champion[rows].mean(1), 1e-300)))
+    tail = (1 - CONFIDENCE) / 2
+    lo, hi = np.quantile(np.concatenate(ratios) - 1, [tail, 1 - tail])
+    return float(lo), float(hi)
+
+
+def judge(
+    candidate: np.ndarray | None, champion: np.ndarray | None, champion_version: int | None,
+    baseline: float, tolerance: float | None = None,
+) -> Decision:  # fmt: skip
+    """The rule of the module docstring on per-row mean squared errors (n,) of the candidate
+    and the champion on the same rows (``champion`` None: none, or it can't be evaluated on
+    these data); ``tolerance`` None for the noise rule."""
+    rule, tol = ("noise", NOISE_TOLERANCE) if tolerance is None else ("tolerance", tolerance)
+    cand = rmse(candidate) if candidate is not None else None
+    champ = rmse(champion) if champion is not None else None
+
+    def decided(published: bool, why: str, **more: Any) -> Decision:
+        return Decision(published, why, cand, champ, champion_version, rule, tol, **more)
+
+    if candidate is None or cand is None or not math.isfinite(cand):
+        return decided(False, f"the candidate's test RMSE is {cand}: it can't be published")
+    if cand >= baseline:
+        return decided(
+            False,
+            f"test RMSE {cand:.6g} is not below the mean predictor's {baseline:.6g}: the "
+            "model has learned nothing (check the training data)",
+        )
+    if champion is None or champ is None:
+        if champion_version is None:
+            return decided(
+                True, f"no version published yet; test RMSE {cand:.6g} beats the mean predictor"
+            )
+        return decided(
+            True,
+            f"champion version {champion_version} can't be evaluated on these data (other "
+            f"input or output size); test RMSE {cand:.6g} beats the mean predictor",
+        )
+    diff = cand / champ - 1 if champ > 0 else math.inf
+    span = interval(candidate, champion) if rule == "noise" else None
+    worse = (span[0] if span else diff) > tol
+    why = f"test RMSE {cand:.6g} vs champion version {champion_version}'s {champ:.6g}: {diff:+.2%}"
+    if span:
+        verdict = "worse" if worse else "not worse"
+        why += (
+            f", {CONFIDENCE:.0%} interval {span[0]:+.2%}..{span[1]:+.2%}: {verdict} beyond the "
+            f"noise ({tol:.0%})"
+        )
+    else:
+        why += f", {'over' if worse else 'within'} --publish-tolerance {tol:g}"
+    return decided(not worse, why, difference=diff, interval=span)
