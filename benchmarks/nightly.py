@@ -11,7 +11,7 @@ steps on the last night's data) must be refused with exit 7.
 Prints one row per night: the exit code, the candidate's and the champion's test RMSE on
 the same rows, their relative difference and its bootstrap interval, the decision and the
 version published (docs/deploy.md, "Nightly retraining", has the table). The JSON report
-goes to ``--out``. Not in CI (about 10 minutes on 2 vCPUs).
+goes to ``--out``. Not in CI (10–15 minutes on 2 vCPUs).
 """
 
 from __future__ import annotations
