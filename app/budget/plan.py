@@ -287,8 +287,9 @@ def _onednn(cpu: CpuModel | None, ov: Overrides) -> tuple[bool | None, str]:
     native = [f for f in BF16_FLAGS if f in cpu.flags]
     if ov.bfloat16 and native:
         return True, (
-            f"oneDNN on ({ONEDNN_ENV}=1): the run computes in bfloat16, which only "
-            f"oneDNN's kernels do natively; the CPU has {', '.join(native)} "
+            f"oneDNN on ({ONEDNN_ENV}=1): the run may compute in bfloat16 (--precision "
+            f"bfloat16, or auto where it is the faster), which only oneDNN's kernels do "
+            f"natively; the CPU has {', '.join(native)} "
             f"(/proc/cpuinfo: {cpu.name})"
         )
     on, evidence = cpu.onednn_default()
