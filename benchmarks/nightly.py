@@ -25,31 +25,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks.quality import coretrain, generated
 
 
 def log(message: str) -> None:
     print(f"[nightly {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def _coretrain(args: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "app", *args], capture_output=True, text=True, cwd=REPO
-    )
-
-
 def pool(work: Path, rows: int, test: int, seed: int) -> Path:
     """The generated pool: ``rows`` training lines (nights take a prefix) and the test set."""
-    data = work / f"pool-{rows}-{test}-{seed}"
-    if not (data / "test_labels.txt").exists():
-        log(f"generating {rows} + {test} rows of lines data into {data}")
-        proc = _coretrain([
-            "generate", "--out", str(data), "--kind", "lines", "--train", str(rows),
-            "--test", str(test), "--seed", str(seed),
-        ])  # fmt: skip
-        if proc.returncode != 0:
-            raise SystemExit(f"generate failed: {proc.stderr.strip()[-500:]}")
-    return data
+    return generated(work / f"pool-{rows}-{test}-{seed}", "lines", rows, test, seed, log)
 
 
 def night_data(work: Path, source: Path, rows: int) -> Path:
@@ -72,7 +57,7 @@ def run_night(work: Path, data: Path, models: Path, name: str, steps: int) -> di
     out = work / "runs" / name
     subprocess.run(["rm", "-rf", str(out)], check=True)
     t0 = time.perf_counter()
-    proc = _coretrain([
+    proc = coretrain([
         "train", "--data", str(data), "--output", str(out), "--publish-dir", str(models),
         "--max-steps", str(steps),
     ])  # fmt: skip

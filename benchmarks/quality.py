@@ -27,7 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,24 +82,30 @@ def log(message: str) -> None:
     print(f"[quality {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def _coretrain(args: list[str]) -> subprocess.CompletedProcess[str]:
+def coretrain(args: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "app", *args], capture_output=True, text=True, cwd=REPO
     )
 
 
-def data_set(work: Path, kind: str, train: int, test: int) -> Path:
-    """The generated set (made once: seed 100 for its rows, apart from the runs' seeds)."""
-    data = work / f"{kind}-{train}-{test}"
+def generated(
+    data: Path, kind: str, train: int, test: int, seed: int, say: Callable[[str], None] = log
+) -> Path:
+    """``coretrain generate --kind KIND`` into ``data`` unless it is already there."""
     if not (data / "test_labels.txt").exists():
-        log(f"generating {kind}: {train} + {test} rows into {data}")
-        proc = _coretrain([
+        say(f"generating {kind}: {train} + {test} rows into {data}")
+        proc = coretrain([
             "generate", "--out", str(data), "--kind", kind, "--train", str(train),
-            "--test", str(test), "--seed", "100",
+            "--test", str(test), "--seed", str(seed),
         ])  # fmt: skip
         if proc.returncode != 0:
             raise SystemExit(f"generate failed: {proc.stderr.strip()[-500:]}")
     return data
+
+
+def data_set(work: Path, kind: str, train: int, test: int) -> Path:
+    """The generated set (made once: seed 100 for its rows, apart from the runs' seeds)."""
+    return generated(work / f"{kind}-{train}-{test}", kind, train, test, seed=100)
 
 
 def train(
@@ -109,7 +115,7 @@ def train(
     out = work / "runs" / f"{data.name}-{recipe}-{seed}-{steps}-{precision}"
     subprocess.run(["rm", "-rf", str(out)], check=True)
     t0 = time.perf_counter()
-    proc = _coretrain([
+    proc = coretrain([
         "train", "--data", str(data), "--output", str(out), "--cache-dir", str(work / "cache"),
         "--max-steps", str(steps), "--seed", str(seed), "--target-loss", "0",
         "--eval-every", "100", "--checkpoint-every", str(steps), *FIXED,
