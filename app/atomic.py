@@ -16,7 +16,7 @@ The rules (docs/security.md, "Files"):
   new one, never a partial one, and a planted symlink under the final name is replaced,
   not followed.
 - **Modes**: files are created 0o660 and directories 0o770, less the umask; the job adds
-  0o007 to the umask (:func:`app.budget.apply.restrict_umask`), so nothing it or
+  0o007 to the umask (:func:`restrict_umask`), so nothing it or
   TensorFlow creates is readable or writable by others, whatever umask it was started with.
   A directory built under a temporary name is private (0700) until it is complete, then
   gets the directory mode. Directories inherit the setgid bit, and with it the group,
@@ -59,6 +59,15 @@ def current_umask() -> int:
     except (OSError, ValueError):
         pass
     mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
+def restrict_umask() -> int:
+    """Add :data:`OTHERS` to the process umask, so that nothing the job or
+    TensorFlow creates is readable or writable by others (the mode rule
+    above, docs/security.md); return the new mask."""
+    mask = current_umask() | OTHERS
     os.umask(mask)
     return mask
 

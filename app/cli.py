@@ -25,18 +25,12 @@ from typing import Any, TypeVar
 import click
 
 from app import __version__, logs
+from app.atomic import restrict_umask
 from app.budget.plan import PlanOptions
 from app.cluster.spec import ClusterOptions
-from app.config import (
-    BFLOAT16_IN_AUTO,
-    GenerateConfig,
-    PredictConfig,
-    TrainConfig,
-    check_bounds,
-    flag_of,
-    option,
-)
+from app.config import BFLOAT16_IN_AUTO, GenerateConfig, PredictConfig, TrainConfig
 from app.errors import AppError, ModelRejected, Preempted
+from app.options import check_bounds, flag_of, option
 
 F = TypeVar("F", bound=Callable[..., Any])
 ENV_PREFIX = "CORETRAIN_"
@@ -173,7 +167,6 @@ def plan_cmd(**values: Any) -> None:
 def generate_cmd(**values: Any) -> None:
     """Write a synthetic data set (20×195 spectra; --kind demo: 3 labels, lines: 15) in the
     seed's format."""
-    from app.budget.apply import restrict_umask
     from app.data import synthetic
 
     logs.setup()
@@ -208,7 +201,7 @@ def train_cmd(**values: Any) -> None:
     from app.training.run import REPLAN_AT_ENV
 
     logs.setup()
-    apply.restrict_umask()
+    restrict_umask()
     stop = StopRequest().install()
     try:
         cluster = spec.resolve(os.environ, build(ClusterOptions, values))
@@ -275,7 +268,7 @@ def predict_cmd(**values: Any) -> None:
     from app.budget import apply, detect_plan
 
     logs.setup()
-    apply.restrict_umask()
+    restrict_umask()
     try:
         config = build(PredictConfig, values)
         apply.apply(detect_plan("/", build(PlanOptions, values)))

@@ -11,13 +11,11 @@ No click, no TensorFlow here.
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.errors import ConfigError
+from app.options import check_bounds, option
 
 FILE_HELP = (
     "File name in --data (a .gz file is read as gzip, recognised by its content). Without "
@@ -31,85 +29,6 @@ SCHEDULES = ("cosine", "exponential", "constant")
 #: its accuracy parity with float32 holds for the default recipe (docs/quality.md,
 #: "bfloat16"; app.training.choose).
 BFLOAT16_IN_AUTO = True
-
-
-def option(
-    default: Any = dataclasses.MISSING,
-    help: str = "",
-    *,
-    flag: str | None = None,
-    minimum: float | None = None,
-    above: float | None = None,
-    below: float | None = None,
-    maximum: float | None = None,
-    choices: Sequence[str] | None = None,
-    directory: bool = False,
-    shown_default: str | None = None,
-    metavar: str | None = None,
-    identity: bool = False,
-) -> Any:
-    """A dataclass field that is also a command-line option.
-
-    ``flag``: the option's spelling (default ``--<field-name>``; ``"--a/--b"`` for an
-    on/off pair); ``minimum``/``maximum`` inclusive and ``above``/``below`` exclusive
-    bounds; ``choices``: the allowed strings; ``directory``: a path to a directory;
-    ``shown_default``: how ``--help`` and the README show a default that isn't a plain
-    value (e.g. "from the CPU budget"); ``metavar``: the value's name in ``--help``
-    (default N for integers, X for other numbers, DIR for directories, TEXT);
-    ``identity``: the option changes what the trained weights mean, so it is part of the
-    run's identity in ``checkpoints/run.json`` and a resume must use the same value
-    (:func:`identity_fields`; app/training/identity.py).
-    """
-    meta = {
-        "help": help,
-        "flag": flag,
-        "minimum": minimum,
-        "above": above,
-        "below": below,
-        "maximum": maximum,
-        "choices": tuple(choices) if choices else None,
-        "directory": directory,
-        "shown_default": shown_default,
-        "metavar": metavar,
-        "identity": identity,
-    }
-    return field(default=default, metadata=meta)
-
-
-def identity_fields(cls: type) -> tuple[dataclasses.Field[Any], ...]:
-    """The fields of dataclass ``cls`` declared with ``option(identity=True)``: the options
-    that change what the weights mean (a new option joins by being declared so)."""
-    return tuple(f for f in dataclasses.fields(cls) if f.metadata.get("identity"))
-
-
-def flag_of(f: dataclasses.Field[Any]) -> str:
-    """The command-line spelling of a field: ``--max-steps``, ``--standardize/--no-...``."""
-    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
-
-
-def check_bounds(obj: Any) -> None:
-    """Raise ConfigError for the first field of ``obj`` outside its declared bounds."""
-    for f in dataclasses.fields(obj):
-        value, meta = getattr(obj, f.name), f.metadata
-        if value is None or isinstance(value, bool) or not meta:
-            continue
-        name = flag_of(f).split("/")[0]
-        if meta.get("choices") and value not in meta["choices"]:
-            raise ConfigError(f"{name} must be one of {', '.join(meta['choices'])}, got {value!r}")
-        if not isinstance(value, int | float):
-            continue
-        if not math.isfinite(value):
-            raise ConfigError(f"{name} must be a finite number, got {value}")
-        bounds = (
-            ("minimum", lambda v, b: v >= b, "at least"),
-            ("above", lambda v, b: v > b, "greater than"),
-            ("below", lambda v, b: v < b, "less than"),
-            ("maximum", lambda v, b: v <= b, "at most"),
-        )
-        for key, ok, words in bounds:
-            bound = meta.get(key)
-            if bound is not None and not ok(value, bound):
-                raise ConfigError(f"{name} must be {words} {bound:g}, got {value}")
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,15 @@ class Replan(AppError):
         self.at = at
 
 
+class ClusterError(AppError):
+    """Another worker was lost, never arrived, or disagrees with this one. Exit 6.
+
+    Every worker exits; rerunning all of them resumes from the last checkpoint.
+    """
+
+    exit_code = 6
+
+
 class OutputLocked(AppError):
     """Another run holds the output directory's lock (sysexits EX_TEMPFAIL). Exit 75."""
 

@@ -27,10 +27,10 @@ import numpy as np
 import pytest
 
 from app.cluster import spec
-from app.cluster.spec import Cluster, ClusterError, ClusterOptions, free_ports
+from app.cluster.spec import Cluster, ClusterOptions, free_ports
 from app.config import TrainConfig
 from app.data import synthetic
-from app.errors import ConfigError
+from app.errors import ClusterError, ConfigError
 from app.training import workspace
 from tests.conftest import PINNED, REPO, TINY, events, json_lines, run_cli
 

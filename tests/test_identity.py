@@ -12,9 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from app.cluster.spec import ClusterError
-from app.config import TrainConfig, identity_fields
-from app.errors import ConfigError, StorageError
+from app.config import TrainConfig
+from app.errors import ClusterError, ConfigError, StorageError
+from app.options import identity_fields
 from app.training import identity
 from tests.conftest import TINY_TRAIN_ARGS, events, json_lines, prepare_cache, run_cli
 

@@ -20,7 +20,6 @@ import tempfile
 from collections.abc import MutableMapping
 from types import ModuleType
 
-from app.atomic import OTHERS, current_umask
 from app.budget.plan import ONEDNN_ENV, ThreadPlan
 
 # Defaults set only where the user has not set the variable:
@@ -96,15 +95,6 @@ def apply(plan: ThreadPlan, environ: MutableMapping[str, str] | None = None) -> 
         os.sched_setaffinity(0, plan.pin_cpus)
         done.append(f"sched_setaffinity({list(plan.pin_cpus)})")
     return done
-
-
-def restrict_umask() -> int:
-    """Add :data:`app.atomic.OTHERS` to the process umask, so that nothing the job or
-    TensorFlow creates is readable or writable by others (the mode rule of app/atomic.py,
-    docs/security.md); return the new mask."""
-    mask = current_umask() | OTHERS
-    os.umask(mask)
-    return mask
 
 
 def import_tensorflow() -> ModuleType:

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from app.config import check_bounds, option
 from app.errors import ConfigError
+from app.options import check_bounds, option
 
 if TYPE_CHECKING:
     from app.budget.cgroups import CpuBudget

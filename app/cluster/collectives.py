@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from app.cluster.spec import Cluster, ClusterError
-from app.errors import short_message
+from app.cluster.spec import Cluster
+from app.errors import ClusterError, short_message
 
 #: Prefix of the error a failing worker reports to the others (app.cluster.strategy).
 REPORT_PREFIX = "coretrain worker"

@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from app.config import check_bounds, option
-from app.errors import AppError, ConfigError
+from app.errors import ConfigError
+from app.options import check_bounds, option
 
 #: Port used when a worker host is given without one.
 DEFAULT_PORT = 12345
@@ -78,15 +78,6 @@ class ClusterOptions:
 
     def __post_init__(self) -> None:
         check_bounds(self)
-
-
-class ClusterError(AppError):
-    """Another worker was lost, never arrived, or disagrees with this one. Exit 6.
-
-    Every worker exits; rerunning all of them resumes from the last checkpoint.
-    """
-
-    exit_code = 6
 
 
 @dataclass(frozen=True)

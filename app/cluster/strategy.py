@@ -29,8 +29,8 @@ import tensorflow as tf
 
 from app import logs
 from app.cluster.collectives import REPORT_PREFIX
-from app.cluster.spec import Cluster, ClusterError
-from app.errors import Preempted, TrainingDiverged, short_message
+from app.cluster.spec import Cluster
+from app.errors import ClusterError, Preempted, TrainingDiverged, short_message
 
 
 def _configure_coordination(cluster: Cluster) -> None:

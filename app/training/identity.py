@@ -45,10 +45,10 @@ from typing import Any, Protocol
 
 from app import logs
 from app.atomic import write_json
-from app.cluster.spec import ClusterError
-from app.config import TrainConfig, flag_of, identity_fields
+from app.config import TrainConfig
 from app.data.cache import DataCache
-from app.errors import ConfigError, StorageError
+from app.errors import ClusterError, ConfigError, StorageError
+from app.options import flag_of, identity_fields
 
 RUN_FILE = "run.json"
 #: The splits and how a message names them.
