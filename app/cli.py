@@ -1,18 +1,30 @@
 """The ``coretrain`` command line (click). The only module that imports click.
 
-Options are generated from the configuration dataclasses (:mod:`app.config`,
+Each command is a module of :mod:`app.commands`; this module only turns the command line
+into their configuration and their results into output and exit codes. Options are
+generated from the configuration dataclasses (:mod:`app.config`, the commands' own,
 :class:`app.budget.plan.PlanOptions`, :class:`app.cluster.spec.ClusterOptions`): each
-default and help text lives there once, and every option also reads
-``CORETRAIN_<OPTION>`` (``--max-steps`` ← ``CORETRAIN_MAX_STEPS``). Library errors
-(:class:`app.errors.AppError`) are caught once here: a one-line message on stderr and the
-error's exit code. TensorFlow is imported only by ``train``, after the thread plan has
-been applied.
+default and help text lives there once.
+
+Environment variables (:func:`envvars`): every option of command C reads
+``CORETRAIN_<C>_<OPTION>`` (``coretrain models --format`` ←
+``CORETRAIN_MODELS_FORMAT``); the short ``CORETRAIN_<OPTION>`` too where it can't mean
+another command's option: always for ``train`` (the job; its deployments set them), and for
+another command's option when no other command has an option of that name that is
+declared differently (``--format`` of ``plan`` and ``models`` is not; the thread options
+``plan``, ``train`` and ``predict`` share are one declaration). A short variable a command
+does not read because of that is named in a one-line notice on stderr. A flag wins over
+both, the per-command variable over the short one.
+
+Library errors (:class:`app.errors.AppError`) are caught once here (:func:`_fail`): a
+one-line message on stderr and the error's exit code. TensorFlow is imported only by the
+commands that train or predict, after the thread plan has been applied.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
 import logging
 import os
 import sys
@@ -25,35 +37,60 @@ from typing import Any, TypeVar
 import click
 
 from app import __version__, logs
-from app.atomic import restrict_umask
 from app.budget.plan import PlanOptions
 from app.cluster.spec import ClusterOptions
-from app.config import BFLOAT16_IN_AUTO, GenerateConfig, PredictConfig, TrainConfig
-from app.errors import AppError, ModelRejected, Preempted
-from app.options import check_bounds, flag_of, option
+from app.commands import Exit
+from app.commands.models import ModelsReport
+from app.commands.plan import PlanReport
+from app.commands.scaling import ScalingConfig
+from app.config import GenerateConfig, PredictConfig, TrainConfig
+from app.errors import AppError, Preempted
+from app.options import flag_of
 
 F = TypeVar("F", bound=Callable[..., Any])
 ENV_PREFIX = "CORETRAIN_"
+#: The configuration classes of each command: its options, in ``--help``'s order.
+COMMANDS: dict[str, tuple[type, ...]] = {
+    "plan": (PlanReport, PlanOptions),
+    "generate": (GenerateConfig,),
+    "train": (TrainConfig, PlanOptions, ClusterOptions),
+    "models": (ModelsReport,),
+    "predict": (PredictConfig, PlanOptions),
+    "bench-scaling": (ScalingConfig,),
+}
+#: The command that owns every short ``CORETRAIN_<OPTION>`` of its options.
+OWNER = "train"
 
 
-@dataclasses.dataclass(frozen=True)
-class PlanReport:
-    """``coretrain plan``: where to read and how to print."""
+def _name(field: dataclasses.Field[Any]) -> str:
+    """An option's name in a variable: its long flag, upper case (``MAX_STEPS``)."""
+    return flag_of(field).split("/")[0][2:].upper().replace("-", "_")
 
-    format: str = option("json", "Output format.", choices=("json", "text"))
-    root: Path = option(
-        Path("/"),
-        "Read /proc and /sys under this directory instead of / (support cases, tests).",
-        directory=True,
+
+def _declared_elsewhere(command: str, field: dataclasses.Field[Any]) -> bool:
+    """Whether another command has an option of ``field``'s name declared differently."""
+    return any(
+        _name(other) == _name(field) and other is not field
+        for name, classes in COMMANDS.items()
+        if name != command
+        for cls in classes
+        for other in dataclasses.fields(cls)
     )
 
-    def __post_init__(self) -> None:
-        check_bounds(self)
+
+def envvars(command: str, field: dataclasses.Field[Any]) -> list[str]:
+    """The environment variables an option of ``command`` reads, the first set one wins:
+    ``CORETRAIN_<COMMAND>_<OPTION>``, then ``CORETRAIN_<OPTION>`` unless that could mean
+    another command's option (module docstring)."""
+    own, short = _own(command, field), ENV_PREFIX + _name(field)
+    if command == OWNER or not _declared_elsewhere(command, field):
+        return [own, short]
+    return [own]
 
 
-def envvar(field: dataclasses.Field[Any]) -> str:
-    """The environment variable of an option: ``CORETRAIN_`` + its long name."""
-    return ENV_PREFIX + flag_of(field).split("/")[0][2:].upper().replace("-", "_")
+def _own(command: str, field: dataclasses.Field[Any]) -> str:
+    """The per-command variable of an option: ``CORETRAIN_<COMMAND>_<OPTION>``."""
+    return f"{ENV_PREFIX}{command.upper().replace('-', '_')}_{_name(field)}"
 
 
 def _click_type(kind: Any, meta: typing.Mapping[str, Any]) -> Any:
@@ -92,30 +129,54 @@ def _metavar(kind: Any, meta: typing.Mapping[str, Any]) -> str | None:
     )
 
 
-def options_of(*classes: type) -> Callable[[F], F]:
-    """Decorate a command with one click option per field of ``classes``."""
+def _option(command: str, field: dataclasses.Field[Any], kind: Any) -> Callable[[F], F]:
+    """The click option of one dataclass field of ``command``."""
+    meta = field.metadata
+    required = field.default is dataclasses.MISSING
+    shown = meta.get("shown_default")
+    kwargs: dict[str, Any] = {
+        "help": meta.get("help", ""),
+        "envvar": envvars(command, field),
+        "show_envvar": True,
+        "show_default": shown if shown is not None else not required,
+        "required": required,
+    }
+    if not required:
+        kwargs["default"] = field.default
+    if kind is not bool:
+        kwargs["type"] = _click_type(kind, meta)
+        kwargs["metavar"] = _metavar(kind, meta)
+    return click.option(flag_of(field), field.name, **kwargs)
+
+
+def options_of(command: str) -> Callable[[F], F]:
+    """Decorate ``command``'s function with one click option per field of its classes
+    (:data:`COMMANDS`), and with the notice of short variables it does not read."""
 
     def decorate(f: F) -> F:
-        for cls in reversed(classes):
+        for cls in reversed(COMMANDS[command]):
             hints = typing.get_type_hints(cls)
             for field in reversed(dataclasses.fields(cls)):
-                meta, kind = field.metadata, hints[field.name]
-                required = field.default is dataclasses.MISSING
-                shown = meta.get("shown_default")
-                kwargs: dict[str, Any] = {
-                    "help": meta.get("help", ""),
-                    "envvar": envvar(field),
-                    "show_envvar": True,
-                    "show_default": shown if shown is not None else not required,
-                    "required": required,
-                }
-                if not required:
-                    kwargs["default"] = field.default
-                if kind is not bool:
-                    kwargs["type"] = _click_type(kind, meta)
-                    kwargs["metavar"] = _metavar(kind, meta)
-                f = click.option(flag_of(field), field.name, **kwargs)(f)
-        return f
+                f = _option(command, field, hints[field.name])(f)
+        skipped = {
+            ENV_PREFIX + _name(field): _own(command, field)
+            for cls in COMMANDS[command]
+            for field in dataclasses.fields(cls)
+            if len(envvars(command, field)) == 1
+        }
+
+        @functools.wraps(f)
+        def noticed(*args: Any, **kwargs: Any) -> Any:
+            for short, own in skipped.items():
+                if short in os.environ:
+                    click.echo(
+                        f"coretrain {command}: {short} is not read (another command has an "
+                        f"option of that name); set {own} instead",
+                        err=True,
+                    )
+            return f(*args, **kwargs)
+
+        return typing.cast(F, noticed)
 
     return decorate
 
@@ -125,17 +186,35 @@ def build(cls: type, values: dict[str, Any]) -> Any:
     return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
 
 
-def _fail(exc: BaseException) -> None:
-    """Report an error in one line on stderr (and as a log event) and exit."""
+def _fail(exc: BaseException) -> typing.NoReturn:
+    """Report an error in one line on stderr, as the run's ``end`` event, and exit with its
+    code: a stop before any step was trained (Preempted) ends ``preempted``, the rest
+    ``failed`` (an unexpected error also logs its ``traceback``, exit 1)."""
     if isinstance(exc, AppError):
         code, message = exc.exit_code, str(exc)
     else:
         code, message = 1, f"unexpected error: {type(exc).__name__}: {exc}"
         logs.event("traceback", "".join(traceback.format_exception(exc)), level=logging.ERROR)
-    if not isinstance(exc, Preempted | ModelRejected):  # those logged their own end event
+    if isinstance(exc, Preempted):
+        logs.event("end", message, status="preempted")
+    else:
         logs.event("end", message, level=logging.ERROR, status="failed", exit_code=code)
-    click.echo(f"coretrain: {message}", err=True)
-    sys.exit(code)
+    _exit(Exit(code, message))
+
+
+def _exit(result: Exit) -> typing.NoReturn:
+    """End the process as ``result`` says: its message on stderr, its code."""
+    if result.message is not None:
+        click.echo(f"coretrain: {result.message}", err=True)
+    sys.exit(result.code)
+
+
+def _guarded(run: Callable[[], Any]) -> Any:
+    """``run()``, with every failure turned into a message and an exit code (:func:`_fail`)."""
+    try:
+        return run()
+    except Exception as exc:  # the one place failures become exit codes
+        _fail(exc)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -145,163 +224,65 @@ def cli() -> None:
 
 
 @cli.command("plan")
-@options_of(PlanReport, PlanOptions)
+@options_of("plan")
 def plan_cmd(**values: Any) -> None:
     """Print the CPU budget and thread plan (never imports TensorFlow)."""
-    from app.budget import detect_plan
-    from app.budget.plan import format_text
+    from app.commands import plan
 
-    try:
-        report = build(PlanReport, values)
-        plan = detect_plan(str(report.root), build(PlanOptions, values))
-    except AppError as exc:
-        _fail(exc)
-    if report.format == "json":
-        click.echo(json.dumps(plan.to_json(), indent=2))
-    else:
-        click.echo(format_text(plan))
+    click.echo(_guarded(lambda: plan.run(build(PlanReport, values), build(PlanOptions, values))))
 
 
 @cli.command("generate")
-@options_of(GenerateConfig)
+@options_of("generate")
 def generate_cmd(**values: Any) -> None:
     """Write a synthetic data set (20×195 spectra; --kind demo: 3 labels, lines: 15) in the
     seed's format."""
-    from app.data import synthetic
+    from app.commands import generate
 
-    logs.setup()
-    restrict_umask()
-    try:
-        config = build(GenerateConfig, values)
-        written = synthetic.generate(
-            config.out, train=config.train, test=config.test, seed=config.seed, kind=config.kind
-        )
-    except AppError as exc:
-        _fail(exc)
-    logs.event(
-        "generated",
-        f"synthetic {config.kind} data in {config.out}",
-        kind=config.kind,
-        train=config.train,
-        test=config.test,
-        files={k: str(v) for k, v in written.items()},
-    )
+    _guarded(lambda: generate.run(build(GenerateConfig, values)))
 
 
 @cli.command("train")
-@options_of(TrainConfig, PlanOptions, ClusterOptions)
+@options_of("train")
 def train_cmd(**values: Any) -> None:
     """Train the CNN on --data, writing checkpoints, model, logs and metrics to --output."""
-    from app import lock
-    from app.budget import apply, detect_plan
-    from app.cluster import spec
-    from app.errors import Replan
-    from app.signals import StopRequest
-    from app.training import workspace
-    from app.training.run import REPLAN_AT_ENV
+    from app.commands import train
 
-    logs.setup()
-    restrict_umask()
-    stop = StopRequest().install()
-    try:
-        cluster = spec.resolve(os.environ, build(ClusterOptions, values))
-        if cluster is not None:
-            logs.setup(worker=cluster.index)  # every record carries the worker index
+    def run() -> Exit:
         config = build(TrainConfig, values)
-        ws = workspace.for_run(config, cluster)
-        held = lock.acquire(ws.own, below=ws.output)
-        bfloat16 = config.precision == "bfloat16" or (
-            config.precision == "auto" and BFLOAT16_IN_AUTO
-        )
-        plan = detect_plan("/", build(PlanOptions, values), bfloat16=bfloat16)
-        apply.apply(plan)
-        from app.training.run import train
+        return train.run(config, build(PlanOptions, values), build(ClusterOptions, values))
 
-        try:
-            train(config, plan, stop, cluster)
-        except Replan as replan:  # a new thread plan needs a new process: same PID, same lock
-            env = {REPLAN_AT_ENV: str(replan.at), lock.HELD_FD_ENV: str(held.fileno())}
-            apply.restart(env, keep_fds=(held.fileno(),))
-        held.close()
-    except Exception as exc:  # one place turns every failure into a message + exit code
-        _fail(exc)
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelsReport:
-    """``coretrain models``: how to print the published versions."""
-
-    format: str = option("table", "Output format.", choices=("table", "json"))
+    _exit(_guarded(run))
 
 
 @cli.command("models")
 @click.argument(
     "directory", type=click.Path(exists=True, file_okay=False, readable=True, path_type=Path)
 )
-@options_of(ModelsReport)
+@options_of("models")
 def models_cmd(directory: Path, **values: Any) -> None:
     """List the model versions published in DIRECTORY (--publish-dir), newest last."""
-    from app.training.versions import listing
+    from app.commands import models
 
-    report = build(ModelsReport, values)
-    rows = listing(directory)
-    if report.format == "json":
-        click.echo(json.dumps(rows, indent=2))
-        return
-    if not rows:
-        click.echo(f"no published versions in {directory}")
-        return
-    click.echo(f"{'version':>7}  {'published_at':25}  {'test_rmse':>10}  {'steps':>6}  data")
-    for row in rows:
-        rmse = "-" if row["test_rmse"] is None else f"{row['test_rmse']:.6g}"
-        mark = "  (served)" if row["champion"] else ""
-        click.echo(
-            f"{row['version']:>7}  {row['published_at'] or '-':25}  {rmse:>10}  "
-            f"{row['final_step'] or '-':>6}  {row['data'] or '-'}{mark}"
-        )
+    click.echo(_guarded(lambda: models.run(directory, build(ModelsReport, values))))
 
 
 @cli.command("predict")
-@options_of(PredictConfig, PlanOptions)
+@options_of("predict")
 def predict_cmd(**values: Any) -> None:
     """Predict labels for a features file with a trained or published model."""
-    from app.budget import apply, detect_plan
+    from app.commands import predict
 
-    logs.setup()
-    restrict_umask()
-    try:
-        config = build(PredictConfig, values)
-        apply.apply(detect_plan("/", build(PlanOptions, values)))
-        apply.import_tensorflow()
-        from app.predict import predict
-
-        predict(config)
-    except Exception as exc:  # one place turns every failure into a message + exit code
-        _fail(exc)
-
-
-@dataclasses.dataclass(frozen=True)
-class ScalingConfig:
-    """``coretrain bench-scaling``: how far to measure and where to write the report."""
-
-    max_threads: int | None = option(
-        None, "Measure up to this many threads.", minimum=1, shown_default="the CPU budget's"
-    )
-    batch_size: int = option(1000, "Samples per training step.", minimum=1)
-    out: Path | None = option(None, "Also write the JSON report here.", shown_default="none")
-
-    def __post_init__(self) -> None:
-        check_bounds(self)
+    _guarded(lambda: predict.run(build(PredictConfig, values), build(PlanOptions, values)))
 
 
 @cli.command("bench-scaling")
-@options_of(ScalingConfig)
+@options_of("bench-scaling")
 def bench_scaling_cmd(**values: Any) -> None:
     """Measure how training scales with threads and worker processes on this machine."""
-    from app import scaling
+    from app.commands import scaling
 
-    config = build(ScalingConfig, values)
-    scaling.run(config.max_threads, config.batch_size, config.out)
+    click.echo(_guarded(lambda: scaling.run(build(ScalingConfig, values))))
 
 
 def main() -> None:

@@ -228,6 +228,17 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_bounds(self)
 
+    def precisions(self, native_bf16: bool) -> tuple[str, ...]:
+        """The precisions this run may compute in on a CPU with (``native_bf16``) or without
+        native bfloat16 dot products: ``--precision`` as given; under auto float32, and
+        bfloat16 too where the CPU has it natively and :data:`BFLOAT16_IN_AUTO` allows it
+        (the candidates app/training/choose.py times; the plan turns oneDNN on for them)."""
+        if self.precision != "auto":
+            return (self.precision,)
+        if BFLOAT16_IN_AUTO and native_bf16:
+            return ("float32", "bfloat16")
+        return ("float32",)
+
     @property
     def resolved_cache_dir(self) -> Path:
         """The binary cache directory: ``--cache-dir`` or ``<output>/cache``."""

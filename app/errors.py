@@ -60,25 +60,6 @@ class TrainingDiverged(AppError):
     exit_code = 5
 
 
-class ModelRejected(AppError):
-    """The run completed, but the quality gate kept its model from the publish directory
-    (worse than the champion, or than the mean predictor). Exit 7: final, not retried."""
-
-    exit_code = 7
-
-
-class Replan(AppError):
-    """Not a failure: the CPU budget changed, a checkpoint was saved, and the run must go on
-    in a fresh process with the new thread plan (app.budget.apply.restart). ``at``: when
-    the change was noticed (seconds since the epoch)."""
-
-    exit_code = 0
-
-    def __init__(self, message: str, at: float) -> None:
-        super().__init__(message)
-        self.at = at
-
-
 class ClusterError(AppError):
     """Another worker was lost, never arrived, or disagrees with this one. Exit 6.
 

@@ -63,8 +63,9 @@ def _input_ms(data: Any, plan: Any, batch: int, seed: int, batches: int = 20) ->
     from app.data import pipeline
 
     given = pipeline.train_input(
-        data, plan, seed=seed, batch_size=batch, start_step=0, end_step=batches + 5,
-        resident=pipeline.split_bytes(data) <= pipeline.resident_limit(plan),
+        data, plan.tfdata_threads, seed=seed, batch_size=batch, start_step=0,
+        end_step=batches + 5,
+        resident=pipeline.split_bytes(data) <= pipeline.resident_limit(plan.memory_limit),
     )  # fmt: skip
     it = iter(given.dataset)
     for _ in range(5):
@@ -90,7 +91,9 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
     from app.config import TrainConfig
     from app.data import cache as cache_lib
     from app.data import pipeline
-    from app.training.run import sources, train
+    from app.training import workspace
+    from app.training.inputs import sources
+    from app.training.run import train
 
     window, steps = spec["window"], spec["steps"]
     with tempfile.TemporaryDirectory(dir=spec["tmp"]) as out:
@@ -109,9 +112,9 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
             real = pipeline.train_input
             distinct = 1 if spec["variant"] == "memory_one_batch" else DISTINCT_BATCHES
 
-            def in_memory(data: Any, plan: Any, **kw: Any) -> Any:
+            def in_memory(data: Any, threads: int, **kw: Any) -> Any:
                 kw = {**kw, "resident": False}  # the batches themselves, then held as tensors
-                first = real(data, plan, **{**kw, "end_step": kw["start_step"] + distinct})
+                first = real(data, threads, **{**kw, "end_step": kw["start_step"] + distinct})
                 batches = list(first.dataset)
                 x = tf.stack([b[0] for b in batches])
                 y = tf.stack([b[1] for b in batches])
@@ -123,7 +126,7 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
         else:
             data = cache_lib.prepare(sources(config), config.resolved_cache_dir)
             input_ms = _input_ms(data, plan, spec["batch"], config.seed)
-        summary = train(config, plan)
+        summary = train(workspace.for_run(config), config, plan).summary
         records = [json.loads(line) for line in (Path(out) / "logs" / "train.jsonl").open()]
     progress = [r for r in records if r.get("event") == "progress"][1:]  # drop warm-up
     samples = sum(window * spec["batch"] for _ in progress)
@@ -155,7 +158,7 @@ def _prepare(spec: dict[str, Any]) -> dict[str, Any]:
     """Convert the whole data set into the cache, as ``train`` does first (timed)."""
     from app.config import TrainConfig
     from app.data import cache as cache_lib
-    from app.training.run import sources
+    from app.training.inputs import sources
 
     with tempfile.TemporaryDirectory(dir=spec["tmp"]) as out:
         config = TrainConfig(

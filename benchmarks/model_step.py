@@ -6,10 +6,12 @@ in its own subprocess with the thread environment (``TF_NUM_INTRAOP_THREADS``,
 imported, because thread pools are process-global and fixed at first use:
 
 * ``probe``: a 2048² float32 matmul, GFLOP/s (2·n³ per product);
-* ``plain`` / ``fast``: the project's train step (``app.model.forward`` with a dropout seed,
-  ``regularized_loss``, SGD momentum 0.8 ``apply_gradients``, all in one ``tf.function``) on
-  in-memory standardised tensors, batch 1000 by default;
-* ``plain+xla`` / ``fast+xla`` (with ``--xla``): the same step with ``jit_compile=True``;
+* ``plain`` / ``fast``: the project's train step (app/training/step.py: the one the run
+  trains with and ``--formulation auto`` times) with the seed's recipe (SGD momentum 0.8,
+  dropout keeping half, as the peers) on in-memory standardised tensors, batch 1000 by
+  default;
+* ``plain+xla`` / ``fast+xla`` (with ``--xla``): the same step's update with
+  ``jit_compile=True``;
 * ``torch``: the same CNN in PyTorch eager (optional; only when ``torch`` imports in
   ``--torch-python``, default this interpreter). Its OpenMP threads spin at barriers, so
   on a busy machine its median step suffers far more than TensorFlow's; compare the
@@ -108,42 +110,35 @@ def _worker_probe(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _worker_step(spec: dict[str, Any]) -> dict[str, Any]:
-    import keras
+    """The run's training step (app/training/step.py, as ``auto`` times it) with the seed's
+    recipe, the peers' step; under ``xla`` its update compiled with ``jit_compile``."""
+    import dataclasses
+
     import numpy as np
     import tensorflow as tf
 
-    from app import model as model_lib
+    from app.config import TrainConfig
+    from app.training.choose import train_step
+    from app.training.replicas import Replicas
+    from app.training.step import TrainStep
 
     batch, k = spec["batch"], spec["outputs"]
     h, w = spec["height"], spec["width"]
     rng = np.random.default_rng(0)
     x = tf.constant(rng.standard_normal((batch, h, w, 1), dtype=np.float32))
     y = tf.constant(rng.standard_normal((batch, k), dtype=np.float32))
-    model = model_lib.build_model(
-        k,
-        height=h,
-        width=w,
-        seed=0,
-        formulation=spec["formulation"],
-        precision=spec.get("precision", "float32"),
-    )
-    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 200, 0.8, staircase=True)
-    opt = keras.optimizers.SGD(learning_rate=schedule, momentum=0.8)
-    opt.build(model.trainable_variables)
-    step = tf.Variable(0, dtype=tf.int64)
-
-    def train_step() -> tf.Tensor:
-        with tf.GradientTape() as tape:
-            pred = model_lib.forward(
-                model, x, dropout_seed=tf.stack([tf.constant(0, tf.int64), step])
-            )
-            loss, _ = model_lib.regularized_loss(model, pred, y)
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        step.assign_add(1)
-        return loss
-
-    fn = tf.function(train_step, jit_compile=spec.get("xla", False))
+    config = TrainConfig(
+        data_dir=Path("."), output_dir=Path("."), batch_size=batch, optimizer="sgd",
+        learning_rate=0.1, momentum=0.8, lr_schedule="exponential", keep_prob=0.5,
+    )  # fmt: skip
+    formulation, precision = spec["formulation"], spec.get("precision", "float32")
+    if spec.get("xla", False):
+        candidate = dataclasses.replace(config, formulation=formulation, precision=precision)
+        step = TrainStep(candidate, (h, w, k), Replicas())
+        zero = tf.constant(0.0)
+        fn = tf.function(lambda: step.update(x, y, zero)[0], jit_compile=True)
+    else:
+        fn = train_step(formulation, precision, x, y, config)
     r = _timed(fn, lambda t: t.numpy(), spec["warmup"], spec["steps"])
     r["samples_per_s"] = batch / r["wall_s"]
     return r

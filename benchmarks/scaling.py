@@ -1,6 +1,6 @@
 """``python -m benchmarks.scaling``: the scaling benchmark of ``coretrain bench-scaling``.
 
-The measurement itself lives in app/scaling.py, so that the image can run it on a
+The measurement itself lives in app/training/scaling.py, so that the image can run it on a
 user's node (``docker run … coretrain bench-scaling``); this wrapper writes the report
 to ``bench-output/scaling.json``.
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from app import scaling
+from app.commands.scaling import table
+from app.training import scaling
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -21,4 +22,4 @@ if __name__ == "__main__":
     p.add_argument("--out", type=Path, default=REPO / "bench-output" / "scaling.json")
     args = p.parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    scaling.run(args.max_threads, args.batch_size, args.out)
+    print(table(scaling.run(args.max_threads, args.batch_size, args.out)))

@@ -68,7 +68,7 @@ def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def prepare_cache(config: Any, **kwargs: Any) -> Any:
     """``cache.prepare`` for a TrainConfig, as a training run calls it (one place for tests)."""
     from app.data import cache
-    from app.training.run import sources
+    from app.training.inputs import sources
 
     return cache.prepare(sources(config), config.resolved_cache_dir, **kwargs)
 

@@ -25,7 +25,7 @@ from app.budget import memory as memory_rule
 from app.config import TrainConfig
 from app.data import bounds, cache, textfile
 from app.errors import DataError
-from app.training.run import sources
+from app.training.inputs import sources
 from benchmarks.cgroup_run import MEMORY_MOUNT, MemoryCgroup, memory_cgroup, unavailable_reason
 from tests.conftest import REPO, TINY_TRAIN_ARGS, events, json_lines, prepare_cache, run_cli
 from tests.test_resilience import mount_tmpfs, umount

@@ -13,7 +13,7 @@ import pytest
 from app.config import TrainConfig
 from app.data import cache
 from app.errors import DataError, Preempted
-from app.training.run import sources
+from app.training.inputs import sources
 from tests.conftest import prepare_cache
 
 

@@ -30,15 +30,16 @@ def test_explicit_choices_and_recorded_ones(tmp_path: Path) -> None:
         data_dir=tmp_path, output_dir=tmp_path, formulation="plain", precision="float32"
     )
     ckpt = tmp_path / "checkpoints"
-    picked = choose._decide(config, None, None, tmp_path, ckpt)  # type: ignore[arg-type]
+    plan, _ = _stand_ins(native_bf16=True)
+    picked = choose._decide(config, plan, None, tmp_path, ckpt)  # type: ignore[arg-type]
     assert (picked.formulation, picked.precision) == ("plain", "float32")
     ckpt.mkdir()
     (ckpt / "run.json").write_text('{"formulation": "fast", "precision": "bfloat16"}')
     auto = TrainConfig(data_dir=tmp_path, output_dir=tmp_path)
-    kept = choose._decide(auto, None, None, tmp_path, ckpt)  # type: ignore[arg-type]
+    kept = choose._decide(auto, plan, None, tmp_path, ckpt)  # type: ignore[arg-type]
     assert (kept.formulation, kept.precision) == ("fast", "bfloat16")
     with pytest.raises(ConfigError, match="trained in bfloat16"):
-        choose._decide(config, None, None, tmp_path, ckpt)  # type: ignore[arg-type]
+        choose._decide(config, plan, None, tmp_path, ckpt)  # type: ignore[arg-type]
 
 
 def test_checkpoints_without_a_record_are_float32(tmp_path: Path) -> None:

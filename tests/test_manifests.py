@@ -482,7 +482,7 @@ def test_configmap_keys_are_real_train_options(container: dict[str, Any]) -> Non
     configmap = _load_one(K8S / "configmap.yaml")
     (source,) = container["envFrom"]
     assert source["configMapRef"]["name"] == configmap["metadata"]["name"]
-    train_envvars = {param.envvar for param in cli.commands["train"].params}
+    train_envvars = {name for param in cli.commands["train"].params for name in param.envvar or ()}
     data = configmap["data"]
     assert data, "the ConfigMap carries the options"
     for key, value in data.items():
@@ -682,7 +682,7 @@ def test_distributed_pods_match_the_single_job_pod(
 ) -> None:
     from app.cli import cli
 
-    train_envvars = {param.envvar for param in cli.commands["train"].params}
+    train_envvars = {name for param in cli.commands["train"].params for name in param.envvar or ()}
     (single,) = pod_spec["containers"]
     for run_job in run_jobs:
         job_spec = run_job["spec"]

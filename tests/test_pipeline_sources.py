@@ -19,8 +19,6 @@ SCRIPT = textwrap.dedent(
     from pathlib import Path
     import numpy as np
     import tensorflow as tf
-    from app.budget import plan as plan_lib
-    from app.budget.cgroups import CpuBudget
     from app.config import TrainConfig
     from app.data import pipeline
     from tests.conftest import prepare_cache
@@ -29,10 +27,8 @@ SCRIPT = textwrap.dedent(
     config = TrainConfig(data_dir=data, output_dir=tmp / "out", cache_dir=tmp / "cache")
     c = prepare_cache(config)
     limit = json.loads(sys.argv[3])
-    budget = CpuBudget(cpu_quota=None, cpuset=(0,), memory_limit=limit, quota_source="none")
-    plan = plan_lib.make_plan(budget)
     kw = dict(seed=3, batch_size=100, start_step=0, end_step=7)  # 700 of 240 rows: 3 epochs
-    out = {"limit": pipeline.resident_limit(plan), "bytes": pipeline.split_bytes(c)}
+    out = {"limit": pipeline.resident_limit(limit), "bytes": pipeline.split_bytes(c)}
     got = {}
     from app.data import order, stream
     kw["stats"] = stream.Stats.of(c)
@@ -43,7 +39,7 @@ SCRIPT = textwrap.dedent(
     n = c.train_size if rows is None else len(rows)
     ids = np.arange(c.train_size) if rows is None else rows
     for resident in (True, False):
-        given = pipeline.train_input(c, plan, resident=resident, rows=rows, **kw)
+        given = pipeline.train_input(c, 1, resident=resident, rows=rows, **kw)
         if given.resident is not None:
             split = given.resident
             resident_rows = split.features.shape[0]
@@ -130,8 +126,6 @@ def test_the_split_is_held_when_the_run_reads_it_more_than_once(
         """
         import json, sys
         from pathlib import Path
-        from app.budget import plan as plan_lib
-        from app.budget.cgroups import CpuBudget
         from app.config import TrainConfig
         from app.data import pipeline
         from tests.conftest import prepare_cache
@@ -140,9 +134,7 @@ def test_the_split_is_held_when_the_run_reads_it_more_than_once(
         c = prepare_cache(TrainConfig(data_dir=data, output_dir=tmp, cache_dir=tmp / "c"))
         out = {}
         for limit, steps in ((None, 10_000), (None, 1), (1000, 10_000)):
-            budget = CpuBudget(cpu_quota=None, cpuset=(0,), memory_limit=limit,
-                               quota_source="none")
-            got = pipeline.choose_input(c, plan_lib.make_plan(budget), 40, steps)
+            got = pipeline.choose_input(c, limit, 40, steps)
             out[f"{limit}-{steps}"] = [got.resident, got.why, got.load_s, got.stream_s]
         print(json.dumps(out))
         """
@@ -167,19 +159,14 @@ RESUME = textwrap.dedent(
     import json, sys
     from pathlib import Path
     import numpy as np
-    from app.budget import plan as plan_lib
-    from app.budget.cgroups import CpuBudget
     from app.config import TrainConfig
     from app.data import pipeline, stream
     from tests.conftest import prepare_cache
 
     data, tmp = Path(sys.argv[1]), Path(sys.argv[2])
     c = prepare_cache(TrainConfig(data_dir=data, output_dir=tmp / "out", cache_dir=tmp / "c"))
-    budget = CpuBudget(cpu_quota=None, cpuset=(0,), memory_limit=None, quota_source="none")
-    plan = plan_lib.make_plan(budget)
-
     def batches(start):
-        given = pipeline.train_input(c, plan, seed=9, batch_size=10, start_step=start,
+        given = pipeline.train_input(c, 1, seed=9, batch_size=10, start_step=start,
                                      end_step=40, stats=stream.Stats.of(c))
         assert given.resident is None and given.reader is not None
         return [(x.numpy(), y.numpy()) for x, y in given.dataset]

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from app.data import synthetic
+from app.serving.layout import listing, newest, versions
 from app.training import gate
 from app.training.gate import judge
-from app.training.versions import listing, newest, versions
 from tests.conftest import events, json_lines, run_cli
 
 ARGS = ["--batch-size", "100", "--eval-every", "20", "--checkpoint-every", "1000"]

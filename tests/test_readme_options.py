@@ -44,7 +44,8 @@ def expected_rows(command: str) -> list[str]:
             continue
         help_text = (param.help or "").replace("|", "\\|")
         flag = _flag(param).replace("|", "\\|")
-        rows.append(f"| `{flag}` | `{param.envvar}` | {_default(param)} | {help_text} |")
+        env = ", ".join(f"`{name}`" for name in param.envvar)
+        rows.append(f"| `{flag}` | {env} | {_default(param)} | {help_text} |")
     return rows
 
 
@@ -66,7 +67,8 @@ def test_the_table_generator_reads_the_real_defaults() -> None:
     rows = {row.split("`")[1].split()[0]: row for row in expected_rows("train")}
     assert "| 3300 |" in rows["--max-steps"]
     assert "| required |" in rows["--data"]
-    assert "`CORETRAIN_STANDARDIZE` | --standardize |" in rows["--standardize/--no-standardize"]
+    standardize = rows["--standardize/--no-standardize"]
+    assert "| `CORETRAIN_TRAIN_STANDARDIZE`, `CORETRAIN_STANDARDIZE` | --standardize |" in standardize
 
 
 if __name__ == "__main__":

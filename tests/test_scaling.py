@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app import scaling
+from app.training import scaling
 from tests.conftest import run_cli
 
 

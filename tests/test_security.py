@@ -22,7 +22,7 @@ from app.atomic import Dir, open_dir
 from app.config import TrainConfig
 from app.data import cache
 from app.errors import StorageError
-from app.training.run import sources
+from app.training.inputs import sources
 from tests.conftest import REPO, TINY_TRAIN_ARGS, events, json_lines, run_cli
 from tests.test_resilience import IS_ROOT, mount_tmpfs, umount
 
@@ -173,12 +173,12 @@ def test_a_directory_swapped_after_it_was_opened_is_noticed(tmp_path: Path) -> N
 
 
 def test_the_export_refuses_a_planted_model_symlink(tmp_path: Path) -> None:
-    from app.training import finish
+    from app.training import export
 
     victim = tmp_path / "victim"
     link = _plant(tmp_path / "out", "model", "dir", victim)
     with pytest.raises(StorageError, match="symbolic link"):
-        finish.export(None, None, True, link)  # refused before the model is used
+        export.export(None, None, True, link)  # refused before the model is used
     assert _untouched(victim)
 
 

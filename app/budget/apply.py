@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib.metadata
 import os
 import shutil
 import stat
@@ -201,3 +202,13 @@ def restart(extra_env: dict[str, str], keep_fds: tuple[int, ...] = ()) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, list(sys.orig_argv), env)
+
+
+def tensorflow_version() -> str:
+    """TensorFlow's version without importing it (the wheel is tensorflow-cpu on x86)."""
+    for name in ("tensorflow-cpu", "tensorflow"):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"

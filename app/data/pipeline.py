@@ -30,7 +30,6 @@ import tensorflow as tf
 
 from app import logs
 from app.budget import memory
-from app.budget.plan import ThreadPlan
 from app.data import order, stream
 from app.data.cache import DataCache
 from app.data.stream import Stats
@@ -49,10 +48,11 @@ def training_rows(cache: DataCache, rows: np.ndarray | None) -> int:
     return cache.train_size if rows is None else len(rows)
 
 
-def resident_limit(plan: ThreadPlan) -> int:
+def resident_limit(memory_limit: int | None) -> int:
     """Bytes of training split (features + labels) held in memory rather than streamed
-    (:func:`app.budget.memory.resident_limit` of the plan's memory limit)."""
-    return memory.resident_limit(plan.memory_limit)
+    under a memory limit of ``memory_limit`` bytes (None: none):
+    :func:`app.budget.memory.resident_limit`."""
+    return memory.resident_limit(memory_limit)
 
 
 def split_bytes(cache: DataCache, split: str = "train", rows: np.ndarray | None = None) -> int:
@@ -141,10 +141,11 @@ class InputChoice:
 
 
 def choose_input(
-    cache: DataCache, plan: ThreadPlan, batch_size: int, steps: int,
+    cache: DataCache, memory_limit: int | None, batch_size: int, steps: int,
     rows: np.ndarray | None = None,
 ) -> InputChoice:  # fmt: skip
-    """Resident or streamed for a run of ``steps`` more steps of ``batch_size`` rows, and why.
+    """Resident or streamed for a run of ``steps`` more steps of ``batch_size`` rows under a
+    memory limit of ``memory_limit`` bytes (None: none), and why.
 
     Resident needs the split (the training ``rows``) to fit in :func:`resident_limit`, and
     pays when the run reads more rows than loading the split costs: loading reads the n
@@ -154,7 +155,7 @@ def choose_input(
     as a load does; read in random blocks and standardised, as a stream does), so the page
     cache, the disk, page faults and the machine's load all count.
     """
-    size, limit = split_bytes(cache, rows=rows), resident_limit(plan)
+    size, limit = split_bytes(cache, rows=rows), resident_limit(memory_limit)
     if size > limit:
         why = f"the split ({size / 1e6:,.0f} MB) is larger than {limit / 1e6:,.0f} MB"
         return InputChoice(False, why)
@@ -201,8 +202,9 @@ def _timed_read(cache: DataCache, rows: np.ndarray) -> float:
     return time.perf_counter() - t0
 
 
-def dataset_options(plan: ThreadPlan) -> tf.data.Options:
-    """tf.data options from the plan: a private threadpool of the planned size, no autotuning.
+def dataset_options(threads: int) -> tf.data.Options:
+    """tf.data options: a private threadpool of ``threads`` (the plan's tf.data threads), no
+    autotuning.
 
     Without a private threadpool tf.data sizes itself from the host's CPUs, not the
     container's (docs/architecture.md, "TensorFlow facts"). Autotuning is off: the
@@ -213,7 +215,7 @@ def dataset_options(plan: ThreadPlan) -> tf.data.Options:
     ``Model::OptimizeLoop``).
     """
     options = tf.data.Options()
-    options.threading.private_threadpool_size = plan.tfdata_threads
+    options.threading.private_threadpool_size = threads
     options.autotune.enabled = False
     options.deterministic = True
     return options
@@ -221,7 +223,7 @@ def dataset_options(plan: ThreadPlan) -> tf.data.Options:
 
 def train_input(
     cache: DataCache,
-    plan: ThreadPlan,
+    threads: int,
     *,
     seed: int,
     batch_size: int,
@@ -233,7 +235,8 @@ def train_input(
     rows: np.ndarray | None = None,
     stats: Stats | None = None,
 ) -> TrainInput:
-    """The batches of steps ``start_step .. end_step-1``: x (B,H,W,1) float32, y (B,K).
+    """The batches of steps ``start_step .. end_step-1``: x (B,H,W,1) float32, y (B,K), made
+    with ``threads`` tf.data threads (the plan's).
 
     ``rows``: the training rows (a sorted int64 array of row ids of the cache's training
     split; None: all of them); the positions of a step are :func:`app.data.order.batch_rows`
@@ -249,7 +252,7 @@ def train_input(
             raise ValueError(f"rows must be non-empty ids below {cache.train_size}")
     n = training_rows(cache, rows)
     ds = tf.data.Dataset.range(start_step, end_step)
-    options = dataset_options(plan)
+    options = dataset_options(threads)
     if resident:
         split = load_resident(cache, rows, stats)
 
@@ -261,7 +264,7 @@ def train_input(
             idx.set_shape((batch_size,))
             return idx
 
-        ds = ds.map(indices, num_parallel_calls=min(2, plan.tfdata_threads), deterministic=True)
+        ds = ds.map(indices, num_parallel_calls=min(2, threads), deterministic=True)
         return TrainInput(ds.prefetch(PREFETCH_BATCHES).with_options(options), split)
     reader = stream.Reader(
         cache, rows, seed=seed, batch_size=batch_size, end_step=end_step, workers=workers,
@@ -276,19 +279,20 @@ def train_input(
         y.set_shape((batch_size, cache.num_outputs))
         return x, y
 
-    ds = ds.map(streamed, num_parallel_calls=min(2, plan.tfdata_threads), deterministic=True)
+    ds = ds.map(streamed, num_parallel_calls=min(2, threads), deterministic=True)
     return TrainInput(ds.prefetch(PREFETCH_BATCHES).with_options(options), reader=reader)
 
 
 def eval_dataset(
     cache: DataCache,
-    plan: ThreadPlan,
+    threads: int,
     batch_size: int,
     features: Transform | None = None,
     split: str = "test",
     rows: np.ndarray | None = None,
 ) -> tf.data.Dataset:
-    """Rows of ``split`` in order: (x (b,H,W,1), y (b,K) raw), the last batch may be short.
+    """Rows of ``split`` in order: (x (b,H,W,1), y (b,K) raw), the last batch may be short;
+    ``threads``: tf.data threads (the plan's).
 
     ``rows``: sorted row numbers of the split's file (default all: the test set; the
     validation rows of the training file). ``features``: an elementwise transform of x (the
@@ -310,4 +314,4 @@ def eval_dataset(
         return features_fn(x), y
 
     ds = tf.data.Dataset.range(0, len(rows), batch_size).map(fetch)
-    return ds.prefetch(PREFETCH_BATCHES).with_options(dataset_options(plan))
+    return ds.prefetch(PREFETCH_BATCHES).with_options(dataset_options(threads))

@@ -1,4 +1,5 @@
-"""Saving and restoring the trainer's state, when the controller asks; never deciding when.
+"""Saving and restoring the training step's state (app/training/step.py) when the controller
+asks; never deciding when.
 
 Restore falls back: newest valid checkpoint first, never a silent restart.
 
@@ -37,7 +38,7 @@ from app.atomic import Dir
 from app.errors import StorageError, TrainingDiverged, short_message
 from app.training import best
 from app.training.replicas import Replicas
-from app.training.trainer import Trainer
+from app.training.step import TrainStep
 
 PREFIX = "ckpt"
 _NUMBERED = re.compile(rf"^{PREFIX}-(\d+)\.index$")
@@ -149,11 +150,11 @@ class Checkpointer:
     shared storage.
     """
 
-    def __init__(self, trainer: Trainer, directory: Dir, keep: int, replicas: Replicas):
-        self.trainer, self.replicas = trainer, replicas
+    def __init__(self, step: TrainStep, directory: Dir, keep: int, replicas: Replicas):
+        self.train_step, self.replicas = step, replicas
         self.held, self.directory = directory, directory.path
         self.manager = tf.train.CheckpointManager(
-            trainer.checkpoint,
+            step.checkpoint,
             str(self.directory),
             max_to_keep=keep if replicas.is_chief else 1,
             checkpoint_name=PREFIX,
@@ -170,14 +171,14 @@ class Checkpointer:
         """
         prefix, t0 = None, time.perf_counter()
         if self.replicas.is_chief:
-            prefix = restore(self.trainer.checkpoint, self.manager, self.directory)
+            prefix = restore(self.train_step.checkpoint, self.manager, self.directory)
         else:
             for name in self.held.names():  # scratch: only old copies
                 self.held.remove(name)
         t1 = time.perf_counter()
-        self.replicas.broadcast(self.trainer.state(), "restore")
-        start = self.trainer.global_step
-        iterations = int(self.trainer.optimizer.iterations.numpy())
+        self.replicas.broadcast(self.train_step.state(), "restore")
+        start = self.train_step.global_step
+        iterations = int(self.train_step.optimizer.iterations.numpy())
         if iterations != start:
             raise StorageError(
                 f"{prefix or self.directory}: optimizer state not restored "
@@ -219,7 +220,7 @@ class Checkpointer:
         """
         t0 = time.perf_counter()
         self.check(step)
-        if not self.trainer.finite():
+        if not self.train_step.finite():
             raise TrainingDiverged(
                 f"weights became NaN/Inf at step {step} (not saved); {self.kept()}; "
                 "lower --learning-rate"

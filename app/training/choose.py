@@ -25,9 +25,11 @@ uses it, so an exact resume stays exact.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,6 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from app import config as config_lib
 from app import logs
 from app import model as model_lib
 from app.atomic import write_json
@@ -43,8 +44,9 @@ from app.budget.plan import ThreadPlan
 from app.config import TrainConfig
 from app.data.cache import DataCache
 from app.errors import ConfigError
-from app.training import identity, recipe
+from app.training import identity
 from app.training.replicas import Replicas
+from app.training.step import TrainStep, repeated
 
 WARMUP_STEPS = 2
 TIMED_STEPS = 2
@@ -104,10 +106,7 @@ def _decide(
     if kept is not None:
         return _resumed(config, kept)
     formulations = ["fast", "plain"] if config.formulation == "auto" else [config.formulation]
-    if config.precision != "auto":
-        precisions = [config.precision]
-    else:
-        precisions = ["float32", "bfloat16"] if _bf16_in_auto(plan) else ["float32"]
+    precisions = config.precisions(plan.native_bf16)
     candidates = [(f, p) for f in formulations for p in precisions]
     if len(candidates) == 1:
         ((f, p),) = candidates
@@ -128,10 +127,6 @@ def _decide(
     choice = Choice(f, p, reason, names)
     write_json(workspace / CHOICE_FILE, {"key": key, **choice.to_json()})
     return choice
-
-
-def _bf16_in_auto(plan: ThreadPlan) -> bool:
-    return config_lib.BFLOAT16_IN_AUTO and plan.native_bf16
 
 
 def _why_float32(plan: ThreadPlan) -> str:
@@ -209,27 +204,14 @@ def _ms_per_step(step: Any, count: int) -> float:
 
 def train_step(
     formulation: str, precision: str, x: tf.Tensor, y: tf.Tensor, config: TrainConfig
-) -> Any:
-    """A traced-on-first-call training step (forward, loss, gradients, SGD update) of a
-    fresh model on the batch ``x`` (B, H, W, 1), ``y`` (B, K); returns the loss."""
-    model = model_lib.build_model(
-        y.shape[-1], height=x.shape[1], width=x.shape[2], seed=config.seed,
-        formulation=formulation, precision=precision,
-    )  # fmt: skip
-    optimizer = recipe.optimizer(config, config.learning_rate)
-    optimizer.build(model.trainable_variables)
-    seed = tf.constant([config.seed, 0], tf.int64)
-
-    @tf.function
-    def step() -> tf.Tensor:
-        with tf.GradientTape() as tape:
-            pred = model_lib.forward(model, x, dropout_seed=seed, keep_prob=config.keep_prob)
-            loss, _ = model_lib.regularized_loss(model, pred, y)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        return loss
-
-    return step
+) -> Callable[[], tf.Tensor]:
+    """The run's training step (:class:`app.training.step.TrainStep`, one process) of the
+    candidate on a fresh model, over the batch ``x`` (B, H, W, 1), ``y`` (B, K) repeated:
+    each call runs one step, as the trainer runs it, and returns its loss (1,)."""
+    candidate = dataclasses.replace(config, formulation=formulation, precision=precision)
+    step = TrainStep(candidate, (x.shape[1], x.shape[2], y.shape[-1]), Replicas())
+    batches, one, go = repeated(x, y), tf.constant(1), tf.constant(0.0)
+    return lambda: step.run(batches, one, go)[0]
 
 
 def step_time(

@@ -9,11 +9,12 @@ run, in calls of up to K steps (``--steps-per-loop``), and after each call decid
   (the best validated step, exported at the end);
 * **checkpoint** when the step is a multiple of ``checkpoint_every``, the last step, the
   target was reached, or a stop was requested (the only place a checkpoint is decided);
-* **stop** on an agreed stop request (status ``preempted``), when the evaluated RMSE is
-  below ``target_loss`` (``target_reached``), at ``max_steps`` (``completed``), or when the CPU
-  budget changed so that the thread plan must change (``replan``, after a checkpoint: the
-  caller restarts TensorFlow with the new plan); a non-finite loss or evaluated RMSE raises
-  TrainingDiverged (exit 5) before anything is saved.
+* **stop** on an agreed stop request (:class:`~app.training.outcome.Stopped`), when the
+  evaluated RMSE is below ``target_loss`` (``TargetReached``), at ``max_steps``
+  (``Completed``), or when the CPU budget changed so that the thread plan must change
+  (``Replan``, after a checkpoint: the caller restarts TensorFlow with the new plan); a
+  non-finite loss or evaluated RMSE raises TrainingDiverged (exit 5) before anything is
+  saved. The outcome is returned as its type (app/training/outcome.py).
 
 A call never crosses an evaluation or checkpoint step or the last step: K is cut to the
 next boundary, so every interval is honoured at the step the user asked for. With K = 0
@@ -33,6 +34,7 @@ from typing import Any, Protocol
 
 from app import logs
 from app.errors import TrainingDiverged
+from app.training.outcome import Completed, Outcome, Replan, Stopped, TargetReached
 
 WARNING = 30
 #: Warn when the evaluated RMSE is not below the mean predictor from this evaluation on.
@@ -104,19 +106,6 @@ def _next_multiple(step: int, every: int) -> int:
 
 
 @dataclass
-class Outcome:
-    """How the loop ended: ``status`` completed / target_reached / preempted / replan;
-    ``eval_rmse`` the last evaluation's RMSE (None when nothing was trained)."""
-
-    status: str
-    start_step: int
-    step: int
-    eval_rmse: float | None
-    loop_seconds: float
-    steps_per_loop: int  # 0 when the loop ended before K = auto was chosen
-
-
-@dataclass
 class Meter:
     """Rate, CPU use and ETA between two progress events (wall and process CPU time).
 
@@ -178,11 +167,12 @@ class Controller:
     def run(self, start: int) -> Outcome:
         """Train from ``start`` to the schedule's end; return how it ended."""
         s = self.schedule
-        step, status, rmse, k, calls = start, "completed", None, s.steps_per_loop, 0
+        step, rmse, k, calls = start, None, s.steps_per_loop, 0
+        ending: type[Outcome] = Completed
         clock = self.meter.clock
         t_loop = clock()
         self.meter.mark(step)
-        while step < s.max_steps:
+        while step < s.max_steps and ending is Completed:
             n = s.call_length(step, k or (1 if calls == 0 else CALIBRATION_STEPS))
             t_call = clock()
             result = self.trainer.train(n, self.stop)
@@ -200,18 +190,21 @@ class Controller:
                 k = self._choose_steps_per_loop((clock() - t_call) / n)
             if evaluate:
                 rmse = self._evaluate(step, result)
-                if rmse < s.target_loss:
-                    status = "target_reached"
-                elif not (last or stopping) and self.replan():
-                    status = "replan"
-            if step % s.checkpoint_every == 0 or last or stopping or status != "completed":
-                self.checkpoints.save(step)
+                ending = self._ending(rmse, last or stopping)
             if stopping:
-                status = "preempted"
-            if status != "completed":
-                break
-        seconds = clock() - t_loop
-        return Outcome(status, start, step, rmse, seconds, k)
+                ending = Stopped
+            if step % s.checkpoint_every == 0 or last or ending is not Completed:
+                self.checkpoints.save(step)
+        return ending(start, step, rmse, clock() - t_loop, k)
+
+    def _ending(self, rmse: float, final: bool) -> type[Outcome]:
+        """After an evaluation: the target reached, a budget that needs a new plan (asked
+        only when the loop would go on), or going on (:class:`Completed` at the end)."""
+        if rmse < self.schedule.target_loss:
+            return TargetReached
+        if not final and self.replan():
+            return Replan
+        return Completed
 
     def _choose_steps_per_loop(self, step_seconds: float) -> int:
         """K for about :data:`TARGET_CALL_SECONDS` per call, the same on every worker."""

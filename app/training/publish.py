@@ -38,10 +38,9 @@ from app import logs
 from app.atomic import Dir, open_dir, probe_writable
 from app.data.cache import DataCache
 from app.errors import StorageError
+from app.serving.layout import KERAS_FILE, META_FILE, SAVED_MODEL_DIR, newest, versions
 from app.training import gate
-from app.training.finish import KERAS_FILE, SAVED_MODEL_DIR
 from app.training.gate import Decision
-from app.training.versions import META_FILE, newest, versions
 
 LOCK_NAME = ".lock"
 #: How long a run waits for another run's publishing to finish (seconds).

@@ -1,27 +1,11 @@
-"""The Trainer owns *what* is trained: model, optimizer, standardisation, the step, evaluation.
+"""The Trainer owns *what* is trained: the step on the run's data, and its evaluation.
 
 It knows no intervals (:mod:`app.training.controller` decides when to train, evaluate
 and save) and is the same for one process and N workers: the replicas are passed in
-(:mod:`app.training.replicas`), a single process being one replica of one.
-
-One training step of worker i of N (N = 1 for one process), batch B per worker:
-
-* the worker's rows are positions ``i::N`` of the single-process batch of N·B samples
-  (:func:`app.data.order.batch_rows`), standardised with the training statistics;
-* dropout keeps the same rows of the single-process mask of the N·B batch, drawn from
-  (seed, step) (:func:`app.model.dropout`);
-* the loss is the RMSE over the *global* batch plus the weight decay: the workers
-  all-reduce their squared-error sums and counts, and worker i differentiates
-  ``sq_i / (2·rmse·count) + decay/N``, whose sum over the workers has exactly the
-  gradient of ``rmse + decay`` on the global batch (the optimizer sums the gradients);
-* the same all-reduce carries each worker's stop request, so all stop after the same
-  step.
-
-So N workers follow the single-process run with batch N·B, up to the order of float
-sums (tested). :meth:`Trainer.train` runs up to K such steps inside one ``tf.function``
-(a loop over the batch iterator, as orbit's ``steps_per_loop``): the step counter lives
-on the device, the host is woken once per call, and the loop ends early at the first
-non-finite loss.
+(:mod:`app.training.replicas`), a single process being one replica of one. The step
+itself, with the model, optimizer and the multi-worker loss, is
+:class:`app.training.step.TrainStep`; the Trainer feeds it the run's batches (standardised
+with the training statistics) and evaluates the model on the validation or test rows.
 """
 
 from __future__ import annotations
@@ -34,18 +18,13 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from app import model as model_lib
-from app.budget.plan import ThreadPlan
 from app.config import TrainConfig
 from app.data import pipeline, stream
 from app.data import split as split_lib
 from app.data.cache import DataCache
 from app.data.split import Split
-from app.training import recipe
 from app.training.replicas import Replicas
-
-#: Lower bound of the RMSE a surrogate gradient divides by (a perfect fit has RMSE 0).
-_RMSE_FLOOR = 1e-12
+from app.training.step import TrainStep
 
 
 @dataclass(frozen=True)
@@ -73,22 +52,21 @@ class Steps:
 
 
 class Trainer:
-    """The model, optimizer and steps of one run on ``replicas`` (see the module docstring).
-
-    ``checkpoint`` is the one ``tf.train.Checkpoint`` of the run (``step``, ``model``,
-    ``optimizer``: the layout every version restores). Raises ClusterError (exit 6) when
-    workers were given different data or options.
+    """The training step of one run on ``replicas`` (:attr:`train_step`, whose state the
+    checkpoints hold) fed with the run's batches, and its evaluation on ``data``'s
+    validation rows (``rows``) or test set, read with ``threads`` tf.data threads. Raises
+    ClusterError (exit 6) when workers were given different data or options.
     """
 
     def __init__(
         self,
         config: TrainConfig,
-        plan: ThreadPlan,
         data: DataCache,
         replicas: Replicas,
         rows: Split | None = None,
+        threads: int = 1,
     ) -> None:
-        self.config, self.plan, self.data, self.replicas = config, plan, data, replicas
+        self.config, self.data, self.replicas = config, data, replicas
         self.rows = rows or split_lib.split(data.train_size, 0.0, config.seed)
         # Different data or options would break the variables' broadcast: compare first.
         replicas.check_same(
@@ -102,62 +80,26 @@ class Trainer:
             max_steps=config.max_steps,
             seed=config.seed,
         )
-        with replicas.scope():
-            self.model = model_lib.build_model(
-                data.num_outputs,
-                height=data.height,
-                width=data.width,
-                seed=config.seed,
-                formulation=config.formulation,
-                precision=config.precision,
-            )
-            self.schedule = recipe.schedule(config)
-            self.optimizer = recipe.optimizer(config, self.schedule)
-            # A Keras 3 optimizer must be built before restore() or its state is skipped.
-            self.optimizer.build(self.model.trainable_variables)
-            self.step = tf.Variable(0, dtype=tf.int64, name="step", trainable=False)
-        self.checkpoint = tf.train.Checkpoint(
-            step=self.step, model=self.model, optimizer=self.optimizer
-        )
+        self.train_step = TrainStep(config, (data.height, data.width, data.num_outputs), replicas)
+        self.model = self.train_step.model
         stats = _statistics(data, config.standardize)
         self.f_mean, self.f_inv, self.l_mean, self.l_std = (tf.constant(s) for s in stats)
         #: The same standardisation for the training input (applied as it reads the rows).
         self.stats = stream.Stats.of(data, config.standardize)
-        self.seed = tf.constant(config.seed, tf.int64)
-        self._loop = tf.function(self._train_loop)
         self._sums = tf.function(self._batch_sums)
         self._eval = {
-            "test": pipeline.eval_dataset(data, plan, config.batch_size, self.standardize_x),
+            "test": pipeline.eval_dataset(data, threads, config.batch_size, self.standardize_x),
             "validation": pipeline.eval_dataset(
-                data, plan, config.batch_size, self.standardize_x, "train", self.rows.validation
+                data, threads, config.batch_size, self.standardize_x, "train", self.rows.validation
             ),
         }
         self._eval = {name: replicas.shard(ds) for name, ds in self._eval.items()}
         self._batches: Any = None
         self._resident: pipeline.Resident | None = None
 
-    # -- state ------------------------------------------------------------------------
-
-    @property
-    def global_step(self) -> int:
-        """The number of steps trained so far (a host read of the device counter)."""
-        return int(self.step.numpy())
-
-    def state(self) -> list[tf.Variable]:
-        """Every variable a checkpoint holds: step, model, optimizer (incl. iterations)."""
-        return [self.step, *self.model.variables, *self.optimizer.variables]
-
-    def finite(self) -> bool:
-        """True when every floating-point model and optimizer variable is free of NaN/Inf."""
-        return all(
-            bool(tf.reduce_all(tf.math.is_finite(v)))
-            for v in (tf.convert_to_tensor(x) for x in self.state())
-            if v.dtype.is_floating
-        )
-
     def learning_rate(self, step: int) -> float:
-        """The learning rate of ``step`` (staircase decay)."""
-        return float(self.schedule(step))
+        """The learning rate of ``step`` (the schedule's)."""
+        return self.train_step.learning_rate(step)
 
     # -- training -------------------------------------------------------------------
 
@@ -178,58 +120,16 @@ class Trainer:
         ``stop`` is this process's stop request; the result's ``stop`` is the one all
         workers agreed on (for one process: ``stop()`` after the call).
         """
-        first = self.global_step + 1
+        first = self.train_step.global_step + 1
         flag = tf.constant(1.0 if stop() else 0.0)
+        rows = None
+        if self._resident is not None:
+            rows = (self._resident.features, self._resident.labels)
         with self.replicas.guard(f"training steps {first}..{first + steps - 1}"):
-            losses, rmse, stops = self._loop(self._batches, tf.constant(steps), flag)
+            losses, rmse, stops = self.train_step.run(self._batches, tf.constant(steps), flag, rows)
             losses = losses.numpy()
         agreed = float(stops) > 0 if self.replicas.count > 1 else stop()
         return Steps(losses=losses, train_rmse=float(rmse), stop=agreed)
-
-    def _train_loop(self, batches: Any, steps: tf.Tensor, stop: tf.Tensor) -> tuple:
-        losses = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
-        rmse, stops = tf.constant(0.0), tf.constant(0.0)
-        for i in tf.range(steps):
-            if self._resident is not None:
-                rows = next(batches)
-                x = tf.gather(self._resident.features, rows)
-                y = tf.gather(self._resident.labels, rows)
-            else:
-                x, y = next(batches)
-            loss, rmse, stops = self.replicas.run(self._replica_step, (x, y, stop))
-            self.step.assign_add(1)
-            losses = losses.write(i, loss)
-            if not tf.math.is_finite(loss):
-                break
-        return losses.stack(), rmse, stops
-
-    def _replica_step(self, xs: tf.Tensor, ys: tf.Tensor, stop: tf.Tensor) -> tuple:
-        with tf.GradientTape() as tape:
-            h = self._dropout(self.model.features(xs))
-            pred = self.model.head(h)
-            sq = tf.reduce_sum(tf.square(pred - tf.cast(ys, pred.dtype)))
-            local = tf.stack([sq, tf.cast(tf.size(pred), sq.dtype), stop])
-            total = tf.stop_gradient(self.replicas.all_reduce(tf.stop_gradient(local)))
-            rmse = tf.sqrt(total[0] / total[1])
-            decay = model_lib.weight_decay(self.model)
-            surrogate = sq / (2.0 * tf.maximum(rmse, _RMSE_FLOOR) * total[1])
-            surrogate += decay / self.replicas.count
-        variables = self.model.trainable_variables
-        grads = tape.gradient(surrogate, variables)
-        self.optimizer.apply_gradients(zip(grads, variables, strict=True))
-        return rmse + decay, rmse, total[2]
-
-    def _dropout(self, h: tf.Tensor) -> tf.Tensor:
-        """Dropout with this worker's rows of the global batch's mask for (seed, step)."""
-        keep = self.config.keep_prob
-        if keep >= 1:
-            return h
-        workers, rows = self.replicas.count, h.shape[0] * self.replicas.count
-        ones = tf.ones((rows, h.shape[1]), h.dtype)
-        mask = model_lib.dropout(ones, tf.stack([self.seed, self.step.read_value()]), keep)
-        if workers > 1:
-            mask = tf.gather(mask, tf.range(self.replicas.index, rows, workers))
-        return h * mask
 
     # -- evaluation -----------------------------------------------------------------
 

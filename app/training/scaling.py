@@ -1,4 +1,4 @@
-"""``coretrain bench-scaling``: how the train step scales with threads and processes here.
+"""How the training step scales with threads and processes here (``coretrain bench-scaling``).
 
 What a user runs on their own node (``docker run … coretrain bench-scaling``, or
 ``python -m benchmarks.scaling``) before choosing ``--cpus``, ``--workers`` and threads:
@@ -15,8 +15,10 @@ What a user runs on their own node (``docker run … coretrain bench-scaling``, 
 * **hyperthreads**: where CPUs share physical cores, one thread per physical core vs one
   per logical CPU.
 
-It prints a table and writes a JSON report. The measured step is the training step of
-app/training/choose.py on a synthetic batch of the default shape (20×195, K = 3).
+The report is a dict (app/commands/scaling.py prints it as a table). The measured step is
+the run's training step (app/training/step.py, timed as app/training/choose.py times the
+candidates) on a synthetic batch of the default shape (20×195, K = 3); every measuring
+process plans and applies its threads and affinity as a run does (app/budget/apply.py).
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.budget.plan import inter_op_threads_for
 from app.cluster.spec import free_ports
 
 #: Doubling the threads must gain at least this factor to be worth it (the knee).
@@ -50,19 +51,16 @@ def _threads_ladder(top: int) -> list[int]:
 
 
 def _worker(spec: dict[str, Any]) -> dict[str, Any]:
-    """In a fresh process: pin, size the pools, time the step (see _measure_step)."""
-    os.sched_setaffinity(0, spec["cpus"])
-    os.environ.update(
-        TF_NUM_INTRAOP_THREADS=str(spec["threads"]),
-        TF_NUM_INTEROP_THREADS=str(inter_op_threads_for(spec["threads"])),
-        TF_CPP_MIN_LOG_LEVEL="2",
-        TF_CPU_ALLOCATOR_USE_BFC="true",
-    )
-    if spec.get("onednn") is not None:
-        os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if spec["onednn"] else "0"
-    from app.budget.apply import import_tensorflow
+    """In a fresh process: the plan for ``spec``'s threads, pinned to its CPUs (``pin``:
+    the first N CPUs, or one per physical core), applied; then the run's training step
+    timed on a synthetic batch (:func:`app.training.choose.step_time`)."""
+    from app.budget import apply, detect_plan
+    from app.budget.plan import PlanOptions
 
-    import_tensorflow()
+    threads = spec["threads"]
+    options = PlanOptions(cpus=threads, intra_op_threads=threads, pin=spec["pin"])
+    apply.apply(detect_plan("/", options, bfloat16=True))
+    apply.import_tensorflow()
     import numpy as np
     import tensorflow as tf
 
@@ -80,7 +78,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _measure_step(spec: dict[str, Any]) -> dict[str, Any]:
     proc = subprocess.run(
-        [sys.executable, "-m", "app.scaling", json.dumps(spec)],
+        [sys.executable, "-m", "app.training.scaling", json.dumps(spec)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -167,7 +165,7 @@ def _train_rate(
 
 
 def run(max_threads: int | None = None, batch: int = 1000, out: Path | None = None) -> dict:
-    """Measure everything (module docstring); return the report and print the table."""
+    """Measure everything (module docstring); return the report (also written to ``out``)."""
     from app.budget import detect_plan
 
     plan = detect_plan("/", bfloat16=True)
@@ -186,8 +184,8 @@ def run(max_threads: int | None = None, batch: int = 1000, out: Path | None = No
         for precision in precisions:
             results = {}
             for n in _threads_ladder(top):
-                spec = {"threads": n, "cpus": cpus[:n], "formulation": formulation,
-                        "precision": precision, "batch": batch, "onednn": plan.onednn}  # fmt: skip
+                spec = {"threads": n, "pin": "cores", "formulation": formulation,
+                        "precision": precision, "batch": batch}  # fmt: skip
                 results[n] = _measure_step(spec)
                 _say(f"{formulation}/{precision} {n} threads: {results[n]}")
             rows = _rows(results)
@@ -195,14 +193,13 @@ def run(max_threads: int | None = None, batch: int = 1000, out: Path | None = No
     cores = _physical_firsts(plan)
     if len(cores) < len(cpus):
         report["hyperthreads"] = {
-            "physical_cores": _measure_step({"threads": len(cores), "cpus": cores,
+            "physical_cores": _measure_step({"threads": len(cores), "pin": "physical",
                                              "formulation": "fast", "precision": "float32",
-                                             "batch": batch, "onednn": plan.onednn}),
+                                             "batch": batch}),
             "logical_cpus": report["threads"]["fast/float32"]["rows"][-1],
         }  # fmt: skip
     report["processes"] = _processes(cpus[:top], batch)
     report["seconds"] = round(time.monotonic() - t0, 1)
-    print(table(report))
     if out is not None:
         out.write_text(json.dumps(report, indent=2) + "\n")
     return report
@@ -234,35 +231,6 @@ def _physical_firsts(plan: Any) -> list[int]:
 
 def _say(message: str) -> None:
     print(f"[bench-scaling {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def table(report: dict[str, Any]) -> str:
-    """The report as text a person reads."""
-    lines = [
-        f"CPU: {report['cpu_model']}, {report['cpus']} CPUs, budget {report['budget_threads']} "
-        f"threads, oneDNN {'on' if report['onednn'] else 'off'}",
-        "",
-        f"{'step':16} {'threads':>7} {'samples/s':>10} {'speed-up':>9} {'efficiency':>10}",
-    ]
-    for name, result in report["threads"].items():
-        for row in result["rows"]:
-            rate = row["samples_per_s"]
-            lines.append(
-                f"{name:16} {row['threads']:>7} {rate if rate else '-':>10} "
-                f"{row['speedup'] or '-':>9} {row['efficiency'] or '-':>10}"
-            )
-        knee = result["knee"]
-        lines.append(f"{'':16} knee: {knee if knee else 'none within the budget'}")
-    for row in report.get("processes", []):
-        lines.append(
-            f"processes: {row['workers']} × {row.get('threads_per_worker', '-')} threads: "
-            f"{row.get('samples_per_s') or row.get('error')} samples/s (end to end)"
-        )
-    if "hyperthreads" in report:
-        h = report["hyperthreads"]
-        lines.append(f"one per physical core: {h['physical_cores'].get('samples_per_s')} samples/s")
-    lines.append(f"({report.get('seconds')} s)")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

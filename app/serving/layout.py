@@ -1,7 +1,9 @@
-"""The published model versions of a publish directory, read without TensorFlow.
+"""What a trained model is on disk, read without TensorFlow.
 
-``DIR/<N>/`` with ``saved_model.pb`` is version N (TensorFlow Serving's layout); its
-``coretrain.json`` holds what the run recorded (app/training/publish.py writes them).
+A run's export is ``model/`` with :data:`KERAS_FILE` and :data:`SAVED_MODEL_DIR`
+(app/training/export.py writes it). A publish directory holds numbered versions:
+``DIR/<N>/`` with ``saved_model.pb`` is version N (TensorFlow Serving's layout), and its
+:data:`META_FILE` holds what the run recorded (app/training/publish.py writes them).
 """
 
 from __future__ import annotations
@@ -10,7 +12,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from app.errors import ConfigError
+
 META_FILE = "coretrain.json"
+KERAS_FILE = "model.keras"
+SAVED_MODEL_DIR = "saved_model"
 
 
 def versions(directory: Path) -> list[int]:
@@ -55,3 +61,21 @@ def listing(directory: Path) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def resolve_model(directory: Path) -> Path:
+    """The SavedModel directory ``directory`` names (see the module docstring).
+
+    Raises ConfigError (exit 2) when it holds no model.
+    """
+    if (directory / SAVED_MODEL_DIR / "saved_model.pb").is_file():
+        return directory / SAVED_MODEL_DIR
+    if (directory / "saved_model.pb").is_file():
+        return directory
+    version = newest(directory)
+    if version is not None:
+        return version
+    raise ConfigError(
+        f"{directory}: no model here (a run's model/ directory, a version directory with "
+        "saved_model.pb, or a publish directory of numbered versions)"
+    )

@@ -23,27 +23,8 @@ import tensorflow as tf
 from app import logs
 from app.config import PredictConfig
 from app.data import textfile
-from app.errors import ConfigError, StorageError
-from app.training.finish import SAVED_MODEL_DIR
-from app.training.versions import newest
-
-
-def resolve_model(directory: Path) -> Path:
-    """The SavedModel directory ``directory`` names (see the module docstring).
-
-    Raises ConfigError (exit 2) when it holds no model.
-    """
-    if (directory / SAVED_MODEL_DIR / "saved_model.pb").is_file():
-        return directory / SAVED_MODEL_DIR
-    if (directory / "saved_model.pb").is_file():
-        return directory
-    version = newest(directory)
-    if version is not None:
-        return version
-    raise ConfigError(
-        f"{directory}: no model here (a run's model/ directory, a version directory with "
-        "saved_model.pb, or a publish directory of numbered versions)"
-    )
+from app.errors import StorageError
+from app.serving.layout import resolve_model
 
 
 def predict(config: PredictConfig) -> dict[str, Any]:

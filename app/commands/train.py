@@ -1,0 +1,66 @@
+"""``coretrain train``: one run of the job, and the one place its outcome becomes an exit.
+
+In order: the JSON log on stdout, the umask, the stop request (SIGTERM/SIGINT), the
+cluster (a multi-worker run, if any), the workspace and its output lock, the thread plan
+(detected and applied before TensorFlow starts), then :func:`app.training.run.train`.
+Its outcome (app/training/outcome.py) is mapped here, by :func:`conclude`, to the exit
+code: 0, 7 when the gate kept the model out of ``--publish-dir``, 143 after a stop, or to
+a restart of the process with a new thread plan. Failures are raised
+(:class:`app.errors.AppError`) and mapped by the command line.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import IO
+
+from app import lock, logs
+from app.atomic import restrict_umask
+from app.budget import apply, detect_plan
+from app.budget.plan import PlanOptions
+from app.cluster import spec
+from app.cluster.spec import ClusterOptions
+from app.commands import Exit
+from app.config import TrainConfig
+from app.errors import Preempted
+from app.signals import StopRequest
+from app.training import workspace
+from app.training.outcome import REPLAN_AT_ENV, Replan, Result, Stopped
+
+#: Exit code of a completed run whose model the gate kept out of --publish-dir (README).
+NOT_PUBLISHED = 7
+
+
+def run(config: TrainConfig, options: PlanOptions, cluster_options: ClusterOptions) -> Exit:
+    """Train as configured (module docstring); return how the process ends. Raises
+    AppError for every expected failure (its exit code: README, "Exit codes")."""
+    logs.setup()
+    restrict_umask()
+    stop = StopRequest().install()
+    cluster = spec.resolve(os.environ, cluster_options)
+    if cluster is not None:
+        logs.setup(worker=cluster.index)  # every record carries the worker index
+    ws = workspace.for_run(config, cluster)
+    held = lock.acquire(ws.own, below=ws.output)
+    bfloat16 = "bfloat16" in config.precisions(native_bf16=True)
+    plan = detect_plan("/", options, bfloat16=bfloat16)
+    apply.apply(plan)
+    from app.training.run import train
+
+    return conclude(train(ws, config, plan, stop, cluster), held)
+
+
+def conclude(result: Result, held: IO[str]) -> Exit:
+    """The exit of a run that ended with ``result``, or its restart with a new thread plan
+    (same PID, same output lock: :func:`app.budget.apply.restart`, never returns)."""
+    outcome = result.outcome
+    if isinstance(outcome, Replan):
+        env = {REPLAN_AT_ENV: str(outcome.at), lock.HELD_FD_ENV: str(held.fileno())}
+        apply.restart(env, keep_fds=(held.fileno(),))
+    held.close()
+    if isinstance(outcome, Stopped):
+        why = f"stopped by signal at step {outcome.step}; checkpoint saved, rerun to resume"
+        return Exit(Preempted.exit_code, why)
+    if result.refused is not None:
+        return Exit(NOT_PUBLISHED, f"model not published: {result.refused}")
+    return Exit()

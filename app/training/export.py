@@ -1,0 +1,114 @@
+"""The final export: the trained model wrapped to take raw features and give raw labels.
+
+``model/model.keras`` (Keras 3 format; load it with ``app.model`` imported so
+its layers are registered) and ``model/saved_model/`` (TensorFlow SavedModel,
+signature ``serve``: float32 (n, H·W) → (n, K)); the names are app/serving/layout.py's.
+The training-set statistics are baked in as Normalization layers, so callers pass a
+data-file line as is. The directory is built under a temporary name and swapped in by
+rename: ``renameat2(RENAME_EXCHANGE)`` where the kernel and file system have it (Linux
+3.15+, glibc 2.28+; ext4, xfs, btrfs, tmpfs, overlayfs), so a reader always finds a
+complete ``model/``; elsewhere two renames, with a moment without one. What a killed
+export leaves (``.model.*`` directories) is removed by the next.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from app.atomic import Dir, open_dir
+from app.data.cache import DataCache
+from app.errors import StorageError
+from app.serving.layout import KERAS_FILE, SAVED_MODEL_DIR
+
+
+def remove_partial(directory: Dir, name: str) -> list[str]:
+    """Remove ``.<name>.*`` directories in ``directory`` left by killed exports; return them.
+
+    The caller must hold the output lock (app.lock): a running export's temporary
+    directory looks the same. Symlinks of that name are left alone; errors are ignored
+    (the names are retried next time).
+    """
+    removed = [n for n in directory.names() if n.startswith(f".{name}.") and directory.is_dir(n)]
+    for leftover in removed:
+        directory.remove(leftover)
+    return removed
+
+
+def wrap(model: keras.Model, cache: DataCache, standardize: bool) -> keras.Model:
+    """The inference model on raw inputs: (n, H·W) float32 → (n, K) raw units."""
+    h, w = cache.height, cache.width
+    inputs = keras.Input((h * w,), name="features")
+    x = inputs
+    if standardize:
+        x = keras.layers.Normalization(
+            axis=-1,
+            mean=cache.feature_mean.reshape(-1),
+            variance=np.square(cache.feature_std.reshape(-1)),
+            name="standardize_features",
+        )(x)
+    x = keras.layers.Reshape((h, w, 1), name="to_image")(x)
+    x = model(x)
+    if standardize:
+        x = keras.layers.Normalization(
+            axis=-1,
+            mean=cache.label_mean,
+            variance=np.square(cache.label_std),
+            invert=True,
+            name="unstandardize_labels",
+        )(x)
+    return keras.Model(inputs, x, name="coretrain_export")
+
+
+def export(model: keras.Model, cache: DataCache, standardize: bool, directory: Path) -> Path:
+    """Write ``directory`` (``model.keras`` + ``saved_model/``) atomically; return it.
+
+    Built in a private (0700) temporary directory of the parent, which Keras and
+    TensorFlow reach through ``/proc/self/fd`` (app/atomic.py): a planted symlink or a
+    renamed parent can't redirect their writes. Raises StorageError when the files can't be
+    written, or ``directory`` is a symlink; the previous export, if any, stays in place
+    until the new one is complete. Removes what killed exports left first
+    (:func:`remove_partial`).
+    """
+    final = Path(directory)
+    with open_dir(final.parent) as parent:
+        parent.check(final.name, "model directory")
+        remove_partial(parent, final.name)
+        try:
+            tmp = parent.temp_dir(f".{final.name}.")
+        except OSError as exc:
+            raise StorageError(f"{final.parent}: cannot write the export: {exc.strerror}") from exc
+        with tmp:
+            try:
+                _write_export(wrap(model, cache, standardize), tmp)
+                _swap_in(parent, tmp, final.name)
+            except OSError as exc:
+                raise StorageError(f"{final}: cannot write the export: {exc.strerror}") from exc
+            except tf.errors.OpError as exc:  # SavedModel writing, e.g. no space left on device
+                raise StorageError(f"{final}: cannot write the export: {exc.message}") from exc
+            finally:
+                parent.remove(tmp.path.name)
+    return final
+
+
+def _write_export(wrapped: keras.Model, tmp: Dir) -> None:
+    """``model.keras`` and ``saved_model/`` into ``tmp``, through its descriptor."""
+    wrapped.save(f"{tmp.via}/{KERAS_FILE}")
+    wrapped.export(f"{tmp.via}/{SAVED_MODEL_DIR}", format="tf_saved_model", verbose=False)
+
+
+def _swap_in(parent: Dir, tmp: Dir, name: str) -> None:
+    """Put the built ``tmp`` in place as ``name``: a rename when there is none yet, else an
+    exchange (``tmp``'s name then holds the old export, removed by the caller), else two
+    renames with a moment without one."""
+    if parent.lstat(name) is None:
+        parent.publish(tmp, name)
+    elif not parent.publish(tmp, name, exchange=True):
+        old = f".{name}.old.{os.getpid()}"
+        parent.rename(name, old)
+        parent.rename(tmp.path.name, name)
+        parent.remove(old)

@@ -1,0 +1,114 @@
+"""The run's inputs, before TensorFlow starts: the data cache, its memory, the validation
+split and the baselines.
+
+The text files are parsed once into the binary cache (or the cache is reused) and checked,
+so bad input fails in a fraction of a second with one line (exit 3); the run's expected
+peak memory is compared with the memory limit (exit 8); the validation rows are drawn by
+seed (app/data/split.py) and the baselines fitted (app/training/baselines.py). No
+TensorFlow here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from app import logs
+from app.budget import memory
+from app.budget.plan import ThreadPlan
+from app.config import TrainConfig
+from app.data import cache as cache_lib
+from app.data import split as split_lib
+from app.data.sources import ROLES, Sources, find
+from app.data.split import Split
+from app.errors import DataError
+from app.training import baselines
+from app.training.workspace import Workspace
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the run trains and is judged on: the cache, its training and validation rows
+    (``rows``), and the baselines' RMSEs (``reference``)."""
+
+    data: cache_lib.DataCache
+    rows: Split
+    reference: baselines.Baselines
+
+
+def prepare(
+    config: TrainConfig, plan: ThreadPlan, ws: Workspace, stop: Callable[[], bool]
+) -> Inputs:
+    """The inputs of the run (module docstring), in the workspace's cache. Raises DataError
+    (bad input), Preempted (a stop during the conversion), MemoryBudgetExceeded (exit 8)."""
+    data = load_data(config, ws.cache, plan, stop, below=ws.cache_top)
+    check_memory(config, data, plan)
+    rows = split_lib.split(data.train_size, config.validation_fraction, config.seed)
+    reference = baselines.measure(data, rows, config.seed, plan.intra_op_threads)
+    return Inputs(data, rows, reference)
+
+
+def sources(config: TrainConfig) -> Sources:
+    """The data files (found in ``config.data_dir``: app/data/sources.py) and the parse
+    settings of ``config``. Raises DataError (a missing file), ConfigError (two
+    candidates for one role)."""
+    return Sources(
+        paths={role: find(config.data_dir, role, getattr(config, role)) for role in ROLES},
+        height=config.height,
+        width=config.width,
+        allow_nonfinite=config.allow_nonfinite,
+    )
+
+
+def load_data(
+    config: TrainConfig,
+    cache_dir: Path,
+    plan: ThreadPlan,
+    stop: Callable[[], bool],
+    below: Path | None = None,
+) -> cache_lib.DataCache:
+    """Parse the text files once into the binary cache (or reuse it) and check it.
+
+    Large files are parsed in as many threads as TensorFlow gets intra-op threads.
+    ``below``: the directory the operator named that ``cache_dir`` lies in (the
+    workspace's ``cache_top``). Raises DataError for bad input (InputTooLarge past the
+    cache's bound: app/data/bounds.py), and when NaN/Inf values (let in by
+    --allow-nonfinite) make the standardisation statistics non-finite.
+    """
+    found = sources(config)
+    data = cache_lib.prepare(
+        found, cache_dir, stop=stop, threads=plan.intra_op_threads, below=below,
+        max_bytes=config.max_cache_bytes,
+    )  # fmt: skip
+    if config.standardize:
+        for role, stats in (
+            ("train_features", (data.feature_mean, data.feature_std)),
+            ("train_labels", (data.label_mean, data.label_std)),
+        ):
+            if not all(np.isfinite(s).all() for s in stats):
+                raise DataError(
+                    f"{found.path(role)}: NaN/Inf values (allowed by --allow-nonfinite) "
+                    "make the standardisation statistics NaN/Inf; train with --no-standardize, "
+                    "or remove them"
+                )
+    return data
+
+
+def check_memory(config: TrainConfig, data: cache_lib.DataCache, plan: ThreadPlan) -> None:
+    """The expected peak memory against the memory limit (app/budget/memory.py), logged as
+    the ``memory`` event. Raises MemoryBudgetExceeded (exit 8) when it can't fit."""
+    found = memory.estimate(
+        rows=data.train_size, height=data.height, width=data.width,
+        outputs=data.num_outputs, batch_size=config.batch_size, memory_limit=plan.memory_limit,
+    )  # fmt: skip
+    logs.event(
+        "memory",
+        f"expected peak memory {found.total / memory.MIB:,.0f} MiB"
+        + (f" of a {plan.memory_limit / memory.MIB:,.0f} MiB limit" if plan.memory_limit else ""),
+        memory_limit=plan.memory_limit,
+        **found.to_json(),
+    )
+    memory.check(found, plan.memory_limit, config.batch_size)

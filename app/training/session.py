@@ -1,0 +1,241 @@
+"""The TensorFlow part of a run, set up: what the loop trains and what it hands to the end.
+
+:func:`start` takes the run from its inputs (app/training/inputs.py) to the first step:
+the run's identity checked against the checkpoints it would resume, the formulation and
+precision chosen, the trainer built, the newest valid checkpoint and the best validated
+step restored, the input pipeline fed from the restored step. The :class:`Session` it
+returns builds the loop (:meth:`Session.controller`) and, once the loop has ended, the
+facts of the exported step and the publish step (:meth:`Session.exported`,
+:meth:`Session.publisher`). Import it after :func:`app.budget.apply.import_tensorflow`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app import __version__, logs
+from app.budget.apply import tensorflow_version
+from app.budget.plan import ThreadPlan
+from app.budget.usage import Throttling
+from app.config import TrainConfig
+from app.errors import Preempted
+from app.training import choose, identity
+from app.training.best import Best
+from app.training.budget_watch import BudgetWatch, warn_when_throttled
+from app.training.checkpointer import Checkpointer
+from app.training.controller import Controller, Meter, Schedule
+from app.training.inputs import Inputs
+from app.training.outcome import REPLAN_AT_ENV, Outcome
+from app.training.replicas import Replicas
+from app.training.trainer import Trainer
+from app.training.workspace import Workspace
+
+WARNING = 30
+
+
+@dataclass(frozen=True)
+class Session:
+    """A run ready to train from ``start``: its workspace, ``config`` with the chosen
+    formulation and precision, plan, inputs, replicas, stop request and the TensorFlow
+    parts (trainer, checkpoints, best validated step)."""
+
+    ws: Workspace
+    config: TrainConfig
+    plan: ThreadPlan
+    inputs: Inputs
+    reps: Replicas
+    stop: Callable[[], bool]
+    trainer: Trainer
+    checkpoints: Checkpointer
+    best: Best
+    start: int
+
+    @property
+    def samples_per_step(self) -> int:
+        """Samples of one global step (every worker's batch)."""
+        return self.config.batch_size * self.reps.count
+
+    def controller(self) -> Controller:
+        """The loop of the run (app/training/controller.py): its schedule, meter, progress
+        actions (the throttling warning, TensorBoard on the chief) and budget watch."""
+        config, plan, single = self.config, self.plan, self.reps.cluster is None
+        schedule = Schedule(
+            config.max_steps, config.eval_every, config.checkpoint_every,
+            config.steps_per_loop, config.target_loss,
+        )  # fmt: skip
+        meter = Meter(
+            plan.cpu_budget, self.samples_per_step, throttling=Throttling(plan.cpu_stat).read
+        )
+        watch = BudgetWatch(
+            plan,
+            enabled=config.replan == "on-change" and single,
+            why_not="--replan never" if single else "a multi-worker run",
+        )
+        validating = self.inputs.rows.validating
+        return Controller(
+            self.trainer, self.checkpoints, schedule, meter, self.stop,
+            self.inputs.reference.eval_mean,
+            agree=lambda k: float(self.reps.sum([k], "steps per loop")[0]) / self.reps.count,
+            actions=[warn_when_throttled(plan), *self._summaries()],
+            replan=watch,
+            metric="val_rmse" if validating else "test_rmse",
+            references=self.inputs.reference.fields(),
+            keep_best=self.best.offer if validating else lambda step, rmse: None,
+        )  # fmt: skip
+
+    def _summaries(self) -> list[Any]:
+        """The TensorBoard action (the chief only: one set of curves per run)."""
+        if not self.ws.is_chief:
+            return []
+        from app.training.summaries import Summaries
+
+        config, plan = self.config.to_json(), self.plan.to_json()
+        run = {"config": config, "plan": plan, "version": __version__}
+        directory = self.ws.open(self.ws.output / "tensorboard", "TensorBoard directory")
+        return [Summaries(directory, run, self.start)]
+
+    def exported(self, outcome: Outcome) -> dict[str, Any]:
+        """Put the exported step's weights in the model (the best validated step, else the
+        last) and evaluate them on the test set: ``exported_step``, ``val_rmse`` (None
+        without a validation split), ``test_rmse``, ``linear_rmse``, ``linear``,
+        ``validation_size``. Logs ``not_learning`` when the model ends no better than the
+        linear baseline."""
+        validating = self.inputs.rows.validating
+        step = self.best.restore() if validating else None
+        test_rmse = self.trainer.evaluate("test")
+        lin = self.inputs.reference.linear
+        fields: dict[str, Any] = {
+            "exported_step": step if step is not None else outcome.step,
+            "val_rmse": self.best.rmse if step is not None else None,
+            "test_rmse": test_rmse,
+            "linear_rmse": lin.test_rmse if lin else None,
+            "linear": lin.to_json() if lin else None,
+            "validation_size": len(self.inputs.rows.validation),
+        }
+        if lin is not None and test_rmse >= lin.test_rmse:
+            logs.event(
+                "not_learning",
+                f"test RMSE {test_rmse:.4g} is not below the linear baseline's {lin.test_rmse:.4g}",
+                level=WARNING,
+                step=fields["exported_step"],
+                test_rmse=test_rmse,
+                linear_rmse=lin.test_rmse,
+            )
+        return fields
+
+    def publisher(self, summary: dict[str, Any]) -> Callable[[Path], dict[str, Any]] | None:
+        """The publish step for the end of the run: the gate against ``--publish-dir``'s
+        newest version (app/training/publish.py); None without ``--publish-dir``."""
+        config, target = self.config, self.config.publish_dir
+        if target is None:
+            return None
+        from app.training import publish
+
+        def run(export_dir: Path) -> dict[str, Any]:
+            meta = {
+                "published_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                "metrics": {k: v for k, v in summary.items() if k != "plan"},
+                "data_key": self.inputs.data.path.name,
+                "config": config.to_json(),
+                "plan": self.plan.to_json(),
+                "versions": {"coretrain": __version__, "tensorflow": tensorflow_version()},
+            }
+            decision = publish.publish(
+                export_dir, target, self.inputs.data, meta,
+                tolerance=config.publish_tolerance, keep=config.publish_keep,
+            )  # fmt: skip
+            return decision.to_json()
+
+        return run
+
+
+def start(
+    ws: Workspace, config: TrainConfig, plan: ThreadPlan, inputs: Inputs, reps: Replicas,
+    stop: Callable[[], bool],
+) -> Session:  # fmt: skip
+    """The run set up to train (module docstring). Raises ConfigError (another run's
+    checkpoints, or a precision they were not trained in), StorageError (no readable
+    checkpoint), ClusterError (workers differ), Preempted (a stop agreed before the loop)."""
+    mine = _same_run(ws, config, inputs, reps)
+    picked = choose.choose(config, plan, inputs.data, reps, ws.own, ws.checkpoints)
+    logs.event(
+        "choice",
+        f"{picked.formulation} formulation in {picked.precision}: {picked.reason}",
+        **picked.to_json(),
+    )
+    config = dataclasses.replace(config, formulation=picked.formulation, precision=picked.precision)
+    trainer = Trainer(config, inputs.data, reps, inputs.rows, plan.tfdata_threads)
+    held = ws.open(ws.checkpoints, "checkpoint directory")  # open for the whole run
+    checkpoints = Checkpointer(trainer.train_step, held, config.keep_checkpoints, reps)
+    step = checkpoints.restore()
+    best = Best(trainer.model, held, reps)
+    best.resume(step)
+    identity.record(ws.checkpoints, picked.formulation, picked.precision, mine)
+    _log_replanned(plan)
+    if reps.sum([1.0 if stop() else 0.0], "restore")[0] > 0:  # agreed by all workers
+        raise Preempted(f"stopped by signal before training resumed at step {step}")
+    trainer.feed(_train_input(config, plan, inputs, reps, trainer.stats, step))
+    return Session(ws, config, plan, inputs, reps, stop, trainer, checkpoints, best, step)
+
+
+def _same_run(ws: Workspace, config: TrainConfig, inputs: Inputs, reps: Replicas) -> Any:
+    """This run's identity, checked against the checkpoints it would resume (on the chief)
+    and agreed by every worker (app/training/identity.py). Raises ConfigError (another
+    run's checkpoints), StorageError (an unreadable record), ClusterError (workers differ)."""
+    mine = identity.of_run(config, inputs.data, reps.count)
+    if reps.is_chief:
+        identity.check(ws.checkpoints, mine)
+    identity.agree(mine, reps)
+    return mine
+
+
+def _train_input(
+    config: TrainConfig, plan: ThreadPlan, inputs: Inputs, reps: Replicas, stats: Any,
+    start: int,
+) -> Any:  # fmt: skip
+    """The batches of the training rows from ``start`` on, resident or streamed as measured
+    (app/data/pipeline.py ``choose_input``): the ``input`` event."""
+    from app.data import order, pipeline
+
+    data, rows = inputs.data, inputs.rows.train
+    steps = config.max_steps - start
+    choice = pipeline.choose_input(data, plan.memory_limit, config.batch_size, steps, rows=rows)
+    logs.event(
+        "input",
+        ("training split held in memory: " if choice.resident else "training split streamed: ")
+        + choice.why,
+        resident=choice.resident,
+        split_bytes=pipeline.split_bytes(data, rows=rows),
+        resident_limit=pipeline.resident_limit(plan.memory_limit),
+        training_rows=len(rows),
+        load_s=choice.load_s,
+        stream_s=choice.stream_s,
+        block_rows=order.BLOCK_ROWS,
+        window_steps=order.WINDOW_STEPS,
+    )
+    return pipeline.train_input(
+        data, plan.tfdata_threads, seed=config.seed, batch_size=config.batch_size,
+        start_step=start, end_step=config.max_steps, workers=reps.count, index=reps.index,
+        resident=choice.resident, stats=stats, rows=rows,
+    )  # fmt: skip
+
+
+def _log_replanned(plan: ThreadPlan) -> None:
+    """After a restart for a new plan: how long from noticing the change to training again."""
+    at = os.environ.pop(REPLAN_AT_ENV, "")
+    if at:
+        seconds = round(time.time() - float(at), 2)
+        logs.event(
+            "replanned",
+            f"training again {seconds} s after the CPU budget change was noticed, with "
+            f"{plan.intra_op_threads} intra-op threads",
+            seconds=seconds,
+            intra_op_threads=plan.intra_op_threads,
+        )
