@@ -21,14 +21,14 @@ import pytest
 
 from app.budget.cgroups import (
     CpuBudget,
+    cgroup_mounts,
     detect_budget,
     parse_cpu_hint,
-    parse_mountinfo,
     parse_proc_cgroup,
     relative_to_mount_root,
-    unescape_mountinfo,
 )
 from app.budget.cpulist import format_cpulist, parse_cpulist
+from app.mountinfo import parse_mountinfo
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cgroup"
 CASES = sorted(os.listdir(FIXTURES))
@@ -150,7 +150,7 @@ def test_parse_cpu_hint_rejects(value: str) -> None:
         parse_cpu_hint(value)
 
 
-def test_mountinfo_parsing_skips_other_filesystems_and_decodes_escapes() -> None:
+def test_only_the_cgroup_mounts_are_kept_from_mountinfo() -> None:
     text = (
         "612 28 0:4 net:[4026532570] /run/netns/cni-1 rw shared:290 - nsfs nsfs rw\n"
         "31 23 0:28 /docker/ab /sys/fs/cgroup/cpu,cpuacct ro,nosuid master:16 shared:3 - "
@@ -158,14 +158,14 @@ def test_mountinfo_parsing_skips_other_filesystems_and_decodes_escapes() -> None
         "40 23 0:41 /a\\040b /mnt/with\\040space\\011tab rw - cgroup2 cgroup2 rw,nsdelegate\n"
         "41 23 0:41 / /broken\n"
     )
-    mounts, problems = parse_mountinfo(text)
+    all_mounts, problems = parse_mountinfo(text)
+    mounts = cgroup_mounts(all_mounts)
     assert [(m.root, m.mount_point, m.fs_type) for m in mounts] == [
         ("/docker/ab", "/sys/fs/cgroup/cpu,cpuacct", "cgroup"),
         ("/a b", "/mnt/with space\ttab", "cgroup2"),
     ]
     assert mounts[0].super_options == frozenset({"rw", "cpu", "cpuacct"})
     assert len(problems) == 1 and "line 4" in problems[0]
-    assert unescape_mountinfo("a\\134b\\012") == "a\\b\n"
 
 
 def test_proc_cgroup_parsing_keeps_colons_in_paths() -> None:

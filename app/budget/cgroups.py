@@ -45,12 +45,12 @@ from __future__ import annotations
 import math
 import os
 import posixpath
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from app.budget.cpulist import format_cpulist, parse_cpulist
 from app.budget.files import RootFiles
+from app.mountinfo import Mount, parse_mountinfo
 
 #: Period the kernel uses when ``cpu.max`` holds only a quota (sched-bwc.rst: default 100 ms).
 DEFAULT_CFS_PERIOD_US = 100_000
@@ -119,16 +119,6 @@ class CpuBudget:
 
 
 @dataclass(frozen=True)
-class Mount:
-    """One cgroup/cgroup2 line of ``/proc/self/mountinfo`` (escapes decoded)."""
-
-    root: str
-    mount_point: str
-    fs_type: str
-    super_options: frozenset[str]
-
-
-@dataclass(frozen=True)
 class CgroupEntry:
     """One line of ``/proc/self/cgroup``: hierarchy id, its controllers and the cgroup path."""
 
@@ -139,20 +129,24 @@ class CgroupEntry:
 
 @dataclass(frozen=True)
 class Hierarchy:
-    """Where one controller of this process lives: version, mount and the path below it."""
+    """Where one controller of this process lives: version, mount and the path below it.
+
+    ``mount_root`` is the mount's root inside the hierarchy (mountinfo field 4; ``"unknown"``
+    at a usual mount point found without mountinfo), ``relative`` the process's cgroup path
+    below it (``""``: the mount point itself).
+    """
 
     controller: str
     version: int
-    mount: Mount
+    mount_point: str
+    mount_root: str
     cgroup_path: str
     relative: str
 
     def directories(self) -> list[str]:
         """Cgroup directories from the process's own cgroup up to the mount point."""
         parts = self.relative.split("/") if self.relative else []
-        return [
-            posixpath.join(self.mount.mount_point, *parts[:n]) for n in range(len(parts), -1, -1)
-        ]
+        return [posixpath.join(self.mount_point, *parts[:n]) for n in range(len(parts), -1, -1)]
 
     @property
     def interface_file(self) -> str:
@@ -164,53 +158,9 @@ class Hierarchy:
         return any(probe.exists(f"{d}/{self.interface_file}") for d in self.directories())
 
 
-_ESCAPE = re.compile(r"\\([0-7]{3})")
-
-
-def unescape_mountinfo(text: str) -> str:
-    """Decode the kernel's octal escapes in mountinfo paths: ``\\040`` → space (show_path)."""
-    return _ESCAPE.sub(lambda match: chr(int(match.group(1), 8)), text)
-
-
-def parse_mountinfo(text: str) -> tuple[list[Mount], list[str]]:
-    """Parse ``/proc/self/mountinfo``, keeping only ``cgroup`` and ``cgroup2`` mounts.
-
-    Line format (proc_pid_mountinfo(5)): ``id parent major:minor root mount-point options
-    [optional fields...] - fstype source super-options``. Other filesystems (proc, nsfs whose
-    root is ``net:[4026532570]``, overlay, ...) are skipped.
-
-    Returns:
-        ``(mounts, problems)``: the cgroup mounts in file order, and one message per line
-        that could not be parsed (skipped, never fatal).
-    """
-    mounts: list[Mount] = []
-    problems: list[str] = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        fields = line.split()
-        separator = fields.index("-", 6) if "-" in fields[6:] else -1
-        if separator < 0 or len(fields) < separator + 3:
-            problems.append(f"mountinfo line {number} is malformed and was skipped: {line!r}")
-            continue
-        fs_type = fields[separator + 1]
-        if fs_type not in ("cgroup", "cgroup2"):
-            continue
-        options = fields[separator + 3] if len(fields) > separator + 3 else ""
-        mounts.append(
-            Mount(
-                root=unescape_mountinfo(fields[3]),
-                mount_point=unescape_mountinfo(fields[4]),
-                fs_type=fs_type,
-                super_options=frozenset(options.split(",")),
-            )
-        )
-    return mounts, problems
-
-
-def _is_cgroup_mount_line(line: str) -> bool:
-    fields = line.split()
-    return "-" in fields and fields[fields.index("-") + 1 :][:1] in (["cgroup"], ["cgroup2"])
+def cgroup_mounts(mounts: Iterable[Mount]) -> list[Mount]:
+    """The ``cgroup`` (v1) and ``cgroup2`` mounts among ``mounts``, in their order."""
+    return [mount for mount in mounts if mount.fs_type in ("cgroup", "cgroup2")]
 
 
 def parse_proc_cgroup(text: str) -> tuple[list[CgroupEntry], list[str]]:
@@ -297,7 +247,7 @@ def _locate_v1(
         probe.warn(
             f"{controller}: bound to cgroup v1 (hierarchy {entry.hierarchy_id} in"
             f" /proc/self/cgroup) but no v1 mount of it is visible; {v2.interface_file} exists"
-            f" on cgroup v2 at {v2.mount.mount_point}: read there"
+            f" on cgroup v2 at {v2.mount_point}: read there"
         )
         return v2
     probe.warn(f"{controller}: cgroup v1 path {entry.path} but no such hierarchy is mounted")
@@ -327,7 +277,9 @@ def _translate(
     for mount in candidates:
         relative = relative_to_mount_root(mount.root, cgroup_path)
         if relative is not None:
-            return Hierarchy(controller, version, mount, cgroup_path, relative)
+            return Hierarchy(
+                controller, version, mount.mount_point, mount.root, cgroup_path, relative
+            )
     roots = ", ".join(f"{m.mount_point} (root {m.root})" for m in candidates)
     if all(".." in m.root.split("/") for m in candidates):
         probe.warn(
@@ -350,7 +302,7 @@ def _mount_point_only(controller: str, version: int, mount: Mount, probe: RootFi
         f" mounted at {mount.mount_point}: only the mount point itself is read (the"
         " container's own cgroup when the runtime bind-mounts or namespaces it)"
     )
-    return Hierarchy(controller, version, mount, mount.root, "")
+    return Hierarchy(controller, version, mount.mount_point, mount.root, mount.root, "")
 
 
 def _usual_mounts(controller: str, version: int, entry: CgroupEntry | None) -> list[str]:
@@ -374,8 +326,7 @@ def _usual_mount(
         relative = _deepest_existing(mount_point, cgroup_path, probe)
         if relative is None:
             continue
-        mount = Mount("unknown", mount_point, "cgroup" if version == 1 else "cgroup2", frozenset())
-        hierarchy = Hierarchy(controller, version, mount, cgroup_path, relative)
+        hierarchy = Hierarchy(controller, version, mount_point, "unknown", cgroup_path, relative)
         if hierarchy.has_interface_file(probe):
             probe.warn(
                 f"{controller}: no cgroup v{version} mount of it in /proc/self/mountinfo;"
@@ -401,11 +352,10 @@ def _deepest_existing(mount_point: str, cgroup_path: str, probe: RootFiles) -> s
 
 def _announce(hierarchy: Hierarchy, probe: RootFiles) -> None:
     """Say where the controller's files are read; on v2 check the supporting listing."""
-    mount = hierarchy.mount
     levels = len(hierarchy.directories())
     probe.note(
-        f"{hierarchy.controller}: cgroup v{hierarchy.version} mounted at {mount.mount_point}"
-        f" (mount root {mount.root}), process cgroup {hierarchy.cgroup_path},"
+        f"{hierarchy.controller}: cgroup v{hierarchy.version} mounted at {hierarchy.mount_point}"
+        f" (mount root {hierarchy.mount_root}), process cgroup {hierarchy.cgroup_path},"
         f" {levels} level(s) visible"
     )
     if hierarchy.version == 2:
@@ -420,7 +370,7 @@ def _check_listing(hierarchy: Hierarchy, probe: RootFiles) -> None:
     that exist are read (cgroup-v2.rst, "Controlling Controllers").
     """
     controller = hierarchy.controller
-    listing = f"{hierarchy.mount.mount_point}/cgroup.controllers"
+    listing = f"{hierarchy.mount_point}/cgroup.controllers"
     available = probe.read(listing)
     if available is None:
         probe.warn(
@@ -708,11 +658,10 @@ def _read_proc_files(probe: RootFiles) -> tuple[list[CgroupEntry], list[Mount]]:
     cgroup_text = probe.read("/proc/self/cgroup")
     entries, problems = parse_proc_cgroup(cgroup_text or "")
     mountinfo = probe.read("/proc/self/mountinfo")
-    mounts, mount_problems = parse_mountinfo(mountinfo or "")
+    all_mounts, mount_problems = parse_mountinfo(mountinfo or "")
+    mounts = cgroup_mounts(all_mounts)
     if mountinfo is not None:  # record only the cgroup mounts: the rest is noise in the log
-        probe.inputs["/proc/self/mountinfo"] = "\n".join(
-            line for line in mountinfo.splitlines() if _is_cgroup_mount_line(line)
-        )
+        probe.inputs["/proc/self/mountinfo"] = "\n".join(mount.line for mount in mounts)
     for problem in problems + mount_problems:
         probe.warn(problem)
     if not entries:
