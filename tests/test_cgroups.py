@@ -19,14 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from app.budget.cgroups import (
-    CpuBudget,
-    cgroup_mounts,
-    detect_budget,
-    parse_cpu_hint,
-    parse_proc_cgroup,
-    relative_to_mount_root,
-)
+from app.budget.cgroups.detect import CpuBudget, detect_budget
+from app.budget.cgroups.hierarchy import relative_to_mount_root
+from app.budget.cgroups.hints import parse_cpu_hint
+from app.budget.cgroups.locate import cgroup_mounts
+from app.budget.cgroups.proc_cgroup import parse_proc_cgroup
 from app.budget.cpulist import format_cpulist, parse_cpulist
 from app.mountinfo import parse_mountinfo
 
@@ -306,7 +303,7 @@ def test_empty_root_never_crashes(tmp_path: Path) -> None:
 
 def test_detection_does_not_import_tensorflow() -> None:
     code = (
-        "import sys; from app.budget.cgroups import detect_budget;"
+        "import sys; from app.budget.cgroups.detect import detect_budget;"
         "from app.budget.topology import detect_topology;"
         "b = detect_budget(); detect_topology(cpus=b.cpuset);"
         "print('tensorflow' in sys.modules)"
@@ -319,7 +316,7 @@ def test_detection_does_not_import_tensorflow() -> None:
 
 def _live_cpu_dir() -> tuple[int, str, str] | None:
     """The process's cpu cgroup (version, directory, mount point), found with plain string
-    handling (a cross-check of app.budget.cgroups)."""
+    handling (a cross-check of app.budget.cgroups.locate)."""
     lines = Path("/proc/self/cgroup").read_text().splitlines()
     mounts = [line.split(" - ") for line in Path("/proc/self/mountinfo").read_text().splitlines()]
     for line in lines:
@@ -379,7 +376,7 @@ import json, os, sys
 sys.path.insert(0, {repo!r})
 with open({procs!r}, "w") as handle:
     handle.write(str(os.getpid()))
-from app.budget.cgroups import detect_budget
+from app.budget.cgroups.detect import detect_budget
 budget = detect_budget(env={{}})
 print(json.dumps({{"quota": budget.cpu_quota, "source": budget.quota_source,
                   "reasons": budget.reasons}}))

@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent(
     import numpy as np
     import tensorflow as tf
     from app.budget import plan as plan_lib
-    from app.budget.cgroups import CpuBudget
+    from app.budget.cgroups.detect import CpuBudget
     from app.config import TrainConfig
     from app.data import pipeline
     from tests.conftest import prepare_cache
@@ -131,7 +131,7 @@ def test_the_split_is_held_when_the_run_reads_it_more_than_once(
         import json, sys
         from pathlib import Path
         from app.budget import plan as plan_lib
-        from app.budget.cgroups import CpuBudget
+        from app.budget.cgroups.detect import CpuBudget
         from app.config import TrainConfig
         from app.data import pipeline
         from tests.conftest import prepare_cache
@@ -168,7 +168,7 @@ RESUME = textwrap.dedent(
     from pathlib import Path
     import numpy as np
     from app.budget import plan as plan_lib
-    from app.budget.cgroups import CpuBudget
+    from app.budget.cgroups.detect import CpuBudget
     from app.config import TrainConfig
     from app.data import pipeline, stream
     from tests.conftest import prepare_cache

@@ -15,7 +15,7 @@ from tests.conftest import FIXTURES, REPO
 
 SNIPPET = """
 import json, os
-from app.budget.cgroups import CpuBudget
+from app.budget.cgroups.detect import CpuBudget
 from app.budget.plan import Overrides, make_plan
 from app.budget import apply as runtime
 plan = make_plan(CpuBudget(cpu_quota=1.0, cpuset=(0,), memory_limit=None, quota_source="t"),
@@ -58,7 +58,7 @@ def _run(code: str, env: dict[str, str] | None = None, path: Path | None = None)
 
 IMPORT = """
 from app.budget import apply as runtime
-from app.budget.cgroups import CpuBudget
+from app.budget.cgroups.detect import CpuBudget
 from app.budget.plan import make_plan, overrides_from
 from app.budget.topology import detect_cpu
 import os
@@ -81,7 +81,7 @@ def test_importing_tensorflow_prints_nothing_on_stderr(onednn: str) -> None:
 
 
 def test_apply_sets_the_planned_onednn_switch() -> None:
-    from app.budget.cgroups import CpuBudget
+    from app.budget.cgroups.detect import CpuBudget
     from app.budget.plan import make_plan
     from app.budget.topology import detect_cpu
 
@@ -95,7 +95,7 @@ def test_apply_sets_the_planned_onednn_switch() -> None:
 def _apply_in_subprocess(onednn: bool | None) -> dict[str, str]:
     code = (
         "import json\nfrom app.budget import apply as runtime\n"
-        "from app.budget.cgroups import CpuBudget\n"
+        "from app.budget.cgroups.detect import CpuBudget\n"
         "from app.budget.plan import make_plan\nimport dataclasses\n"
         "b = CpuBudget(cpu_quota=None, cpuset=(0,), memory_limit=None, quota_source='t')\n"
         f"plan = dataclasses.replace(make_plan(b), onednn={onednn!r})\n"

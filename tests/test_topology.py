@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.budget.cgroups import detect_budget
+from app.budget.cgroups.detect import detect_budget
 from app.budget.cpulist import parse_cpulist
 from app.budget.topology import detect_topology
 

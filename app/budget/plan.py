@@ -16,7 +16,7 @@ from app.errors import ConfigError
 from app.options import check_bounds, option
 
 if TYPE_CHECKING:
-    from app.budget.cgroups import CpuBudget
+    from app.budget.cgroups.detect import CpuBudget
     from app.budget.topology import CpuModel, Topology
 
 ROUNDING_RULES = ("ceil", "floor", "tf-default")
