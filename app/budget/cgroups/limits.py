@@ -37,10 +37,7 @@ def _read_level(path: str, version: int, what: str, probe: RootFiles) -> str | N
     warned; on v1 every cgroup of the hierarchy has the file, so missing is a warning.
     Unreadable is always a warning: a limit may be hidden there.
     """
-    raw = probe.read(path)
-    if raw is None and (version == 1 or probe.status(path) != "missing"):
-        probe.warn(f"{path} {probe.status(path)}: no {what} from this level")
-    return raw
+    return probe.read_or_warn(path, f": no {what} from this level", missing_is_normal=version == 2)
 
 
 def _v1_period(directory: str, quota_path: str, quota: int, probe: RootFiles) -> int | None:
@@ -50,12 +47,9 @@ def _v1_period(directory: str, quota_path: str, quota: int, probe: RootFiles) ->
     defaults to 100 ms); a period that is there but not a positive integer voids the level.
     """
     path = f"{directory}/cpu.cfs_period_us"
-    raw = probe.read(path)
+    assumed = f": assuming the default period {DEFAULT_CFS_PERIOD_US} us"
+    raw = probe.read_or_warn(path, f" next to {quota_path}={quota}{assumed}")
     if raw is None:
-        probe.warn(
-            f"{path} {probe.status(path)} next to {quota_path}={quota}:"
-            f" assuming the default period {DEFAULT_CFS_PERIOD_US} us"
-        )
         return DEFAULT_CFS_PERIOD_US
     period = _parse_int(raw)
     if period is None or period <= 0:
@@ -182,10 +176,8 @@ def read_cgroup_cpuset(hierarchy: Hierarchy, probe: RootFiles) -> tuple[int, ...
     name = hierarchy.interface_file
     for directory in hierarchy.directories():
         path = f"{directory}/{name}"
-        raw = probe.read(path)
+        raw = probe.read_or_warn(path, ": trying the level above", missing_is_normal=True)
         if raw is None:
-            if probe.status(path) != "missing":
-                probe.warn(f"{path} {probe.status(path)}: trying the level above")
             continue
         try:
             cpus = parse_cpulist(raw)
