@@ -24,7 +24,7 @@ from app.budget.cgroups.hierarchy import relative_to_mount_root
 from app.budget.cgroups.hints import parse_cpu_hint
 from app.budget.cgroups.locate import cgroup_mounts
 from app.budget.cgroups.proc_cgroup import parse_proc_cgroup
-from app.budget.cpulist import format_cpulist, parse_cpulist
+from app.budget.cpulist import parse_cpulist
 from app.mountinfo import parse_mountinfo
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cgroup"
@@ -414,32 +414,6 @@ def test_real_v1_cgroup_parent_quota_is_found(tmp_path: Path) -> None:
     finally:
         child.rmdir()
         parent.rmdir()
-
-
-@pytest.mark.parametrize(
-    ("text", "cpus"),
-    [
-        ("0-3,8,10-11\n", (0, 1, 2, 3, 8, 10, 11)),
-        ("", ()),
-        ("\n", ()),
-        ("5", (5,)),
-        ("3,1,1-2", (1, 2, 3)),
-    ],
-)
-def test_parse_cpulist(text: str, cpus: tuple[int, ...]) -> None:
-    assert parse_cpulist(text) == cpus
-
-
-@pytest.mark.parametrize("text", ["a", "1-", "-1", "3-1", "0-7:2", "1,,2", "1 2"])
-def test_parse_cpulist_rejects(text: str) -> None:
-    with pytest.raises(ValueError):
-        parse_cpulist(text)
-
-
-def test_format_cpulist() -> None:
-    assert format_cpulist([11, 0, 1, 2, 3, 8, 10, 2]) == "0-3,8,10-11"
-    assert format_cpulist([]) == ""
-    assert format_cpulist([4]) == "4"
 
 
 def test_docs_table_matches_the_fixtures() -> None:
