@@ -6,7 +6,7 @@ How a controller's directory is found (proc_pid_cgroup(7), proc_pid_mountinfo(5)
    for v1 (named hierarchies appear as ``name=systemd``), ``0::/path`` for the v2 hierarchy.
 2. ``/proc/self/mountinfo`` gives, for each cgroup mount, its mount point (field 5), the
    path of the mount's root inside the hierarchy (field 4) and, for v1, the controllers in
-   the super options. Paths there escape space, tab, newline and backslash as ``\\ooo``.
+   the super options (:mod:`app.mountinfo` parses it and decodes its ``\\ooo`` escapes).
 3. The process's directory is ``mount point + (cgroup path - mount root)``. Without a cgroup
    namespace, docker on v1 bind-mounts ``/docker/<id>`` and the process's path is the same,
    so the directory is the mount point itself; with a namespace both are usually ``/``.

@@ -31,7 +31,7 @@ def _usual_mounts(controller: str, version: int, entry: CgroupEntry | None) -> l
 def usual_mount(
     controller: str, version: int, entry: CgroupEntry | None, probe: RootFiles
 ) -> Hierarchy | None:
-    """A hierarchy at a usual mount point, when mountinfo has no line for it (step 6).
+    """A hierarchy at a usual mount point, when mountinfo has no line for it (locate, step 6).
 
     Used only if the interface file exists there; the process's directory is the deepest
     directory of its cgroup path that exists (mount root unknown: bind mount or namespace).
