@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from app.errors import StorageError
+from app.mountinfo import read_mountinfo
 
 FILE_MODE = 0o660
 DIR_MODE = 0o770
@@ -100,20 +101,7 @@ def is_mount_point(path: Path) -> bool:
 def mounts() -> list[tuple[str, str]]:
     """(mount point, file system type) of every mount of this mount namespace, in
     /proc/self/mountinfo's order (proc_pid_mountinfo(5)); empty without it."""
-    from app.budget.cgroups import unescape_mountinfo
-
-    try:
-        text = Path("/proc/self/mountinfo").read_text(encoding="utf-8")
-    except OSError:
-        return []
-    found = []
-    for line in text.splitlines():
-        fields = line.split()
-        if "-" in fields[6:]:
-            separator = fields.index("-", 6)
-            if len(fields) > separator + 1:
-                found.append((unescape_mountinfo(fields[4]), fields[separator + 1]))
-    return found
+    return [(mount.mount_point, mount.fs_type) for mount in read_mountinfo()]
 
 
 def file_system(path: Path) -> str:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from app.budget.cgroups import parse_mountinfo
+from app.mountinfo import read_mountinfo
 
 G = TypeVar("G", bound="Cgroup")
 
@@ -45,13 +45,8 @@ def cpu_mount_point(mount: str = CPU_MOUNT, controller: str = "cpu") -> str | No
 
     ``mount`` may be a symlink (``/sys/fs/cgroup/cpu`` → ``cpu,cpuacct`` on many distros).
     """
-    try:
-        text = Path("/proc/self/mountinfo").read_text(encoding="utf-8")
-    except OSError:
-        return None
     real = os.path.realpath(mount)
-    mounts, _ = parse_mountinfo(text)
-    for m in mounts:
+    for m in read_mountinfo():
         if m.fs_type == "cgroup" and controller in m.super_options and m.mount_point == real:
             return m.mount_point
     return None

@@ -19,16 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from app.budget.cgroups import (
-    CpuBudget,
-    detect_budget,
-    parse_cpu_hint,
-    parse_mountinfo,
-    parse_proc_cgroup,
-    relative_to_mount_root,
-    unescape_mountinfo,
-)
-from app.budget.cpulist import format_cpulist, parse_cpulist
+from app.budget.cgroups.detect import CpuBudget, detect_budget
+from app.budget.cgroups.hierarchy import relative_to_mount_root
+from app.budget.cgroups.hints import parse_cpu_hint
+from app.budget.cgroups.locate import cgroup_mounts
+from app.budget.cgroups.proc_cgroup import parse_proc_cgroup
+from app.budget.cpulist import parse_cpulist
+from app.mountinfo import parse_mountinfo
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cgroup"
 CASES = sorted(os.listdir(FIXTURES))
@@ -150,7 +147,7 @@ def test_parse_cpu_hint_rejects(value: str) -> None:
         parse_cpu_hint(value)
 
 
-def test_mountinfo_parsing_skips_other_filesystems_and_decodes_escapes() -> None:
+def test_only_the_cgroup_mounts_are_kept_from_mountinfo() -> None:
     text = (
         "612 28 0:4 net:[4026532570] /run/netns/cni-1 rw shared:290 - nsfs nsfs rw\n"
         "31 23 0:28 /docker/ab /sys/fs/cgroup/cpu,cpuacct ro,nosuid master:16 shared:3 - "
@@ -158,14 +155,14 @@ def test_mountinfo_parsing_skips_other_filesystems_and_decodes_escapes() -> None
         "40 23 0:41 /a\\040b /mnt/with\\040space\\011tab rw - cgroup2 cgroup2 rw,nsdelegate\n"
         "41 23 0:41 / /broken\n"
     )
-    mounts, problems = parse_mountinfo(text)
+    all_mounts, problems = parse_mountinfo(text)
+    mounts = cgroup_mounts(all_mounts)
     assert [(m.root, m.mount_point, m.fs_type) for m in mounts] == [
         ("/docker/ab", "/sys/fs/cgroup/cpu,cpuacct", "cgroup"),
         ("/a b", "/mnt/with space\ttab", "cgroup2"),
     ]
     assert mounts[0].super_options == frozenset({"rw", "cpu", "cpuacct"})
     assert len(problems) == 1 and "line 4" in problems[0]
-    assert unescape_mountinfo("a\\134b\\012") == "a\\b\n"
 
 
 def test_proc_cgroup_parsing_keeps_colons_in_paths() -> None:
@@ -306,7 +303,7 @@ def test_empty_root_never_crashes(tmp_path: Path) -> None:
 
 def test_detection_does_not_import_tensorflow() -> None:
     code = (
-        "import sys; from app.budget.cgroups import detect_budget;"
+        "import sys; from app.budget.cgroups.detect import detect_budget;"
         "from app.budget.topology import detect_topology;"
         "b = detect_budget(); detect_topology(cpus=b.cpuset);"
         "print('tensorflow' in sys.modules)"
@@ -319,7 +316,7 @@ def test_detection_does_not_import_tensorflow() -> None:
 
 def _live_cpu_dir() -> tuple[int, str, str] | None:
     """The process's cpu cgroup (version, directory, mount point), found with plain string
-    handling (a cross-check of app.budget.cgroups)."""
+    handling (a cross-check of app.budget.cgroups.locate)."""
     lines = Path("/proc/self/cgroup").read_text().splitlines()
     mounts = [line.split(" - ") for line in Path("/proc/self/mountinfo").read_text().splitlines()]
     for line in lines:
@@ -379,7 +376,7 @@ import json, os, sys
 sys.path.insert(0, {repo!r})
 with open({procs!r}, "w") as handle:
     handle.write(str(os.getpid()))
-from app.budget.cgroups import detect_budget
+from app.budget.cgroups.detect import detect_budget
 budget = detect_budget(env={{}})
 print(json.dumps({{"quota": budget.cpu_quota, "source": budget.quota_source,
                   "reasons": budget.reasons}}))
@@ -417,32 +414,6 @@ def test_real_v1_cgroup_parent_quota_is_found(tmp_path: Path) -> None:
     finally:
         child.rmdir()
         parent.rmdir()
-
-
-@pytest.mark.parametrize(
-    ("text", "cpus"),
-    [
-        ("0-3,8,10-11\n", (0, 1, 2, 3, 8, 10, 11)),
-        ("", ()),
-        ("\n", ()),
-        ("5", (5,)),
-        ("3,1,1-2", (1, 2, 3)),
-    ],
-)
-def test_parse_cpulist(text: str, cpus: tuple[int, ...]) -> None:
-    assert parse_cpulist(text) == cpus
-
-
-@pytest.mark.parametrize("text", ["a", "1-", "-1", "3-1", "0-7:2", "1,,2", "1 2"])
-def test_parse_cpulist_rejects(text: str) -> None:
-    with pytest.raises(ValueError):
-        parse_cpulist(text)
-
-
-def test_format_cpulist() -> None:
-    assert format_cpulist([11, 0, 1, 2, 3, 8, 10, 2]) == "0-3,8,10-11"
-    assert format_cpulist([]) == ""
-    assert format_cpulist([4]) == "4"
 
 
 def test_docs_table_matches_the_fixtures() -> None:

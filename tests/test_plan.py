@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.budget.cgroups import CpuBudget
+from app.budget.cgroups.detect import CpuBudget
 from app.budget.cpulist import parse_cpulist
 from app.budget.plan import Overrides, PlanOptions, make_plan, overrides_from, round_threads
 from app.budget.topology import CpuModel, Topology, detect_cpu

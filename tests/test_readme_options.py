@@ -67,8 +67,8 @@ def test_the_table_generator_reads_the_real_defaults() -> None:
     rows = {row.split("`")[1].split()[0]: row for row in expected_rows("train")}
     assert "| 3300 |" in rows["--max-steps"]
     assert "| required |" in rows["--data"]
-    standardize = rows["--standardize/--no-standardize"]
-    assert "| `CORETRAIN_TRAIN_STANDARDIZE`, `CORETRAIN_STANDARDIZE` | --standardize |" in standardize
+    variables = "`CORETRAIN_TRAIN_STANDARDIZE`, `CORETRAIN_STANDARDIZE`"
+    assert f"| {variables} | --standardize |" in rows["--standardize/--no-standardize"]
 
 
 if __name__ == "__main__":

@@ -286,7 +286,7 @@ def test_a_quota_raised_mid_run_replans_and_finishes_at_the_same_step(
 # timing), at most ~10 s; prints the file read and the last interval's figures.
 THROTTLED_SNIPPET = r"""
 import json, time
-from app.budget.cgroups import detect_budget
+from app.budget.cgroups.detect import detect_budget
 from app.budget.usage import Throttling
 budget = detect_budget("/")
 meter = Throttling(budget.cpu_stat)

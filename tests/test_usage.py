@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from app.budget.cgroups import CpuBudget
+from app.budget.cgroups.detect import CpuBudget
 from app.budget.plan import Overrides, make_plan
 from app.budget.usage import Throttling, read_cpu_stat
 from app.training.budget_watch import BudgetWatch, warn_when_throttled
@@ -54,7 +54,7 @@ def test_unreadable_cpu_stat_gives_nulls(tmp_path: Path) -> None:
 
 
 def test_the_live_budget_names_the_cpu_stat_of_its_cgroup() -> None:
-    from app.budget.cgroups import detect_budget
+    from app.budget.cgroups.detect import detect_budget
 
     case = FIXTURES / "cgroup" / "docker-v1-cpus-1.5"
     budget = detect_budget(case, env={})
@@ -88,7 +88,7 @@ def test_throttling_is_read_from_the_level_that_holds_the_quota(
 ) -> None:
     """Every level has its own cpu.stat with its own counters; the kernel throttles the
     level whose quota runs out, so only that level's counters say the job was held back."""
-    from app.budget.cgroups import detect_budget
+    from app.budget.cgroups.detect import detect_budget
 
     root = tmp_path / "root"
     shutil.copytree(FIXTURES / "cgroup" / case, root)

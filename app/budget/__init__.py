@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from app.budget import cgroups, topology
+from app.budget import topology
+from app.budget.cgroups.detect import detect_budget
 from app.budget.plan import Overrides, PlanOptions, ThreadPlan, make_plan, overrides_from
 
 
@@ -32,6 +33,6 @@ def detect_plan(
 def plan_with(root: str, overrides: Overrides) -> ThreadPlan:
     """Detect the budget under ``root`` now and plan with ``overrides`` (e.g. a running
     plan's own, to see whether a changed budget changes the plan)."""
-    budget = cgroups.detect_budget(root)
+    budget = detect_budget(root)
     topo = topology.detect_topology(root, budget.cpuset)
     return make_plan(budget, topo, overrides, topology.detect_cpu(root))

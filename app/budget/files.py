@@ -44,6 +44,17 @@ class RootFiles:
         self.inputs[path] = text.strip()
         return text
 
+    def read_or_warn(self, path: str, rest: str, missing_is_normal: bool = False) -> str | None:
+        """:meth:`read`, and when that gives nothing the warning ``"<path> <why><rest>"``
+        (``why``: :meth:`status`; ``rest`` from its separator on, e.g. ``": not used"``).
+
+        A missing file is not warned when ``missing_is_normal``; an unreadable one always is.
+        """
+        text = self.read(path)
+        if text is None and not (missing_is_normal and self.status(path) == "missing"):
+            self.warn(f"{path} {self.status(path)}{rest}")
+        return text
+
     def exists(self, path: str) -> bool:
         """True when ``path`` (as seen from root) exists, readable or not; not an input."""
         return os.path.lexists(os.path.join(self.root, path.lstrip("/")))

@@ -16,7 +16,7 @@ from app.errors import ConfigError
 from app.options import check_bounds, option
 
 if TYPE_CHECKING:
-    from app.budget.cgroups import CpuBudget
+    from app.budget.cgroups.detect import CpuBudget
     from app.budget.topology import CpuModel, Topology
 
 ROUNDING_RULES = ("ceil", "floor", "tf-default")
@@ -120,6 +120,17 @@ def _bool_env(environ: Mapping[str, str], name: str) -> bool | None:
     raise ConfigError(f"{name}={raw!r}: must be 0, 1, true or false")
 
 
+def _thread_setting(
+    flag_value: int | None, flag: str, environ: Mapping[str, str], name: str
+) -> tuple[int | None, str | None]:
+    """A thread count and where it came from: the flag when given, else TensorFlow's
+    variable ``name`` (``(None, None)``: neither). Raises ConfigError for a bad variable."""
+    if flag_value is not None:
+        return flag_value, flag
+    value = _thread_env(environ, name)
+    return value, None if value is None else f"{name} env"
+
+
 def overrides_from(
     environ: Mapping[str, str], options: PlanOptions | None = None, bfloat16: bool = False
 ) -> Overrides:
@@ -130,31 +141,28 @@ def overrides_from(
     it. Raises ConfigError for a value TensorFlow would not accept.
     """
     opts = options or PlanOptions()
-    cpus, pin, rounding = opts.cpus, opts.pin, opts.rounding
-    intra_op_threads, inter_op_threads = opts.intra_op_threads, opts.inter_op_threads
-    sources: dict[str, str] = {}
-    if cpus is not None:
-        sources["cpus"] = "--cpus/CORETRAIN_CPUS"
-    if intra_op_threads is not None:
-        sources["intra_op_threads"] = "--intra-op-threads/CORETRAIN_INTRA_OP_THREADS"
-    elif (intra_op_threads := _thread_env(environ, INTRA_ENV)) is not None:
-        sources["intra_op_threads"] = f"{INTRA_ENV} env"
-    if inter_op_threads is not None:
-        sources["inter_op_threads"] = "--inter-op-threads/CORETRAIN_INTER_OP_THREADS"
-    elif (inter_op_threads := _thread_env(environ, INTER_ENV)) is not None:
-        sources["inter_op_threads"] = f"{INTER_ENV} env"
+    intra, intra_source = _thread_setting(
+        opts.intra_op_threads, "--intra-op-threads/CORETRAIN_INTRA_OP_THREADS", environ, INTRA_ENV
+    )
+    inter, inter_source = _thread_setting(
+        opts.inter_op_threads, "--inter-op-threads/CORETRAIN_INTER_OP_THREADS", environ, INTER_ENV
+    )
     onednn = _bool_env(environ, ONEDNN_ENV)
-    if onednn is not None:
-        sources["onednn"] = f"{ONEDNN_ENV}={environ[ONEDNN_ENV].strip()} env"
+    found = {
+        "cpus": None if opts.cpus is None else "--cpus/CORETRAIN_CPUS",
+        "intra_op_threads": intra_source,
+        "inter_op_threads": inter_source,
+        "onednn": None if onednn is None else f"{ONEDNN_ENV}={environ[ONEDNN_ENV].strip()} env",
+    }
     return Overrides(
-        cpus=cpus,
-        intra_op_threads=intra_op_threads,
-        inter_op_threads=inter_op_threads,
-        pin=pin,
-        rounding=rounding,
+        cpus=opts.cpus,
+        intra_op_threads=intra,
+        inter_op_threads=inter,
+        pin=opts.pin,
+        rounding=opts.rounding,
         onednn=onednn,
         bfloat16=bfloat16,
-        sources=sources,
+        sources={name: source for name, source in found.items() if source is not None},
     )
 
 
@@ -299,6 +307,74 @@ def _onednn(cpu: CpuModel | None, ov: Overrides) -> tuple[bool | None, str]:
     )
 
 
+def _cpu_budget(budget: CpuBudget, ov: Overrides) -> tuple[float, str, str]:
+    """(CPUs, what set them, reason): ``--cpus`` if given, else ``min(CFS quota, |cpuset|)``,
+    or ``|cpuset|`` without a quota. Raises ConfigError for ``--cpus`` <= 0."""
+    visible = len(budget.cpuset)
+    if ov.cpus is not None:
+        if not ov.cpus > 0:
+            raise ConfigError(f"--cpus must be > 0, got {ov.cpus}")
+        cpus, source = float(ov.cpus), ov.sources.get("cpus", "--cpus")
+        return cpus, source, f"cpu budget {cpus:g} from {source} (detected {budget.cpu_budget:g})"
+    cpus = float(budget.cpu_budget)
+    if budget.cpu_quota is None:
+        why = f"cpu budget {cpus:g}: no CPU quota, {visible} CPUs in cpuset"
+        return cpus, "cpuset", why + _request_note(budget.cpu_request)
+    why = f"cpu budget {cpus:g} = min(quota {budget.cpu_quota:g}, cpuset {visible})"
+    return cpus, f"cpu quota ({budget.quota_source})", why
+
+
+def _explicit_threads(ov: Overrides, name: str, flag: str) -> tuple[int, str] | None:
+    """(threads, reason) of the thread count ``name`` the user set; None when unset."""
+    threads = getattr(ov, name)
+    if threads is None:
+        return None
+    what = name.replace("_op_threads", "-op threads")  # intra_op_threads: "intra-op threads"
+    return threads, f"{what} {threads} from {ov.sources.get(name, flag)} (explicit setting wins)"
+
+
+def _intra_op_threads(cpu_budget: float, visible: int, ov: Overrides) -> tuple[int, str]:
+    """(threads, reason): the explicit setting, else the budget rounded by ``ov.rounding``."""
+    explicit = _explicit_threads(ov, "intra_op_threads", "--intra-op-threads")
+    if explicit is not None:
+        return explicit
+    intra = round_threads(cpu_budget, ov.rounding, visible)
+    return intra, f"intra-op threads {intra} = {ov.rounding}(budget {cpu_budget:g})"
+
+
+def _inter_op_threads(cpu_budget: float, ov: Overrides) -> tuple[int, str]:
+    """(threads, reason): the explicit setting, else :func:`inter_op_threads_for` the budget."""
+    explicit = _explicit_threads(ov, "inter_op_threads", "--inter-op-threads")
+    if explicit is not None:
+        return explicit
+    inter = inter_op_threads_for(cpu_budget)
+    why = (
+        "under 2 CPUs one op at a time"
+        if inter == 1
+        else "two ops at a time fill the intra-op pool where the backward pass branches "
+        "(docs/cpu-budget.md)"
+    )
+    return inter, f"inter-op threads {inter} (budget {cpu_budget:g}: {why})"
+
+
+def _tfdata_ram_budget(memory_limit: int | None) -> tuple[int | None, list[str]]:
+    """(bytes, reasons): :data:`TFDATA_RAM_SHARE` of the memory limit; None without one."""
+    if memory_limit is None:
+        return None, []
+    ram = int(memory_limit * TFDATA_RAM_SHARE)
+    return ram, [f"tf.data RAM budget {ram} bytes = 25% of memory limit"]
+
+
+def _inputs(budget: CpuBudget, topology: Topology | None, cpu: CpuModel | None) -> dict[str, str]:
+    """Every input read: the budget's, then the topology's and the CPU model's."""
+    inputs = dict(budget.inputs)
+    if topology is not None:
+        inputs.update(topology.inputs)
+    if cpu is not None:
+        inputs.update(cpu.inputs)
+    return inputs
+
+
 def make_plan(
     budget: CpuBudget,
     topology: Topology | None = None,
@@ -318,70 +394,18 @@ def make_plan(
     of this. Raises ConfigError for bad overrides.
     """
     ov = overrides or Overrides()
-    reasons = list(budget.reasons)
     cpuset = tuple(budget.cpuset)
-    visible = len(cpuset)
-    if ov.cpus is not None:
-        if not ov.cpus > 0:
-            raise ConfigError(f"--cpus must be > 0, got {ov.cpus}")
-        cpu_budget = float(ov.cpus)
-        source = ov.sources.get("cpus", "--cpus")
-        reasons.append(f"cpu budget {cpu_budget:g} from {source} (detected {budget.cpu_budget:g})")
-    else:
-        cpu_budget = float(budget.cpu_budget)
-        if budget.cpu_quota is None:
-            source = "cpuset"
-            reasons.append(
-                f"cpu budget {cpu_budget:g}: no CPU quota, {visible} CPUs in cpuset"
-                + _request_note(budget.cpu_request)
-            )
-        else:
-            source = f"cpu quota ({budget.quota_source})"
-            reasons.append(
-                f"cpu budget {cpu_budget:g} = min(quota {budget.cpu_quota:g}, cpuset {visible})"
-            )
-
-    if ov.intra_op_threads is not None:
-        intra = ov.intra_op_threads
-        src = ov.sources.get("intra_op_threads", "--intra-op-threads")
-        reasons.append(f"intra-op threads {intra} from {src} (explicit setting wins)")
-    else:
-        intra = round_threads(cpu_budget, ov.rounding, visible)
-        reasons.append(f"intra-op threads {intra} = {ov.rounding}(budget {cpu_budget:g})")
-    if ov.inter_op_threads is not None:
-        inter = ov.inter_op_threads
-        src = ov.sources.get("inter_op_threads", "--inter-op-threads")
-        reasons.append(f"inter-op threads {inter} from {src} (explicit setting wins)")
-    else:
-        inter = inter_op_threads_for(cpu_budget)
-        reasons.append(
-            f"inter-op threads {inter} (budget {cpu_budget:g}: "
-            + (
-                "under 2 CPUs one op at a time"
-                if inter == 1
-                else "two ops at a time fill the intra-op pool where the backward pass "
-                "branches (docs/cpu-budget.md)"
-            )
-            + ")"
-        )
+    cpu_budget, source, budget_why = _cpu_budget(budget, ov)
+    intra, intra_why = _intra_op_threads(cpu_budget, len(cpuset), ov)
+    inter, inter_why = _inter_op_threads(cpu_budget, ov)
     if intra < 1 or inter < 1:
         raise ConfigError("thread counts must be at least 1")
     tfdata = max(1, intra)
-    reasons.append(f"tf.data threads {tfdata} = intra-op threads (private threadpool, autotune)")
-
-    pin_cpus, why = _pin(ov.pin, intra, cpuset, topology)
-    reasons.append(why)
-    ram = None
-    if budget.memory_limit is not None:
-        ram = int(budget.memory_limit * TFDATA_RAM_SHARE)
-        reasons.append(f"tf.data RAM budget {ram} bytes = 25% of memory limit")
-    onednn, why = _onednn(cpu, ov)
-    reasons.append(why)
-    inputs = dict(budget.inputs)
-    if topology is not None:
-        inputs.update(topology.inputs)
-    if cpu is not None:
-        inputs.update(cpu.inputs)
+    tfdata_why = f"tf.data threads {tfdata} = intra-op threads (private threadpool, autotune)"
+    pin_cpus, pin_why = _pin(ov.pin, intra, cpuset, topology)
+    ram, ram_why = _tfdata_ram_budget(budget.memory_limit)
+    onednn, onednn_why = _onednn(cpu, ov)
+    steps = (budget_why, intra_why, inter_why, tfdata_why, pin_why, *ram_why, onednn_why)
     return ThreadPlan(
         cpu_quota=budget.cpu_quota,
         cpuset=cpuset,
@@ -393,8 +417,8 @@ def make_plan(
         memory_limit=budget.memory_limit,
         tfdata_ram_budget=ram,
         rounding=ov.rounding,
-        reasons=tuple(reasons),
-        inputs=inputs,
+        reasons=(*budget.reasons, *steps),
+        inputs=_inputs(budget, topology, cpu),
         onednn=onednn,
         cpu_model=cpu.name if cpu is not None else "unknown",
         budget_source=source,

@@ -72,16 +72,24 @@ def detect_topology(
         form one extra node. Never raises for missing files.
     """
     files = RootFiles(root)
-    reasons = files.reasons
-    if cpus is None:
-        wanted = _cpu_list(files, "/sys/devices/system/cpu/online")
-        if wanted is None:
-            wanted = tuple(_numbered_dirs(files, "/sys/devices/system/cpu", _CPU_DIR))
-            reasons.append("online CPU list unreadable: using the cpuN directories")
-    else:
-        wanted = tuple(sorted(set(cpus)))
-    wanted_set = set(wanted)
+    wanted = _online_cpus(files) if cpus is None else tuple(sorted(set(cpus)))
+    cores = _cores(files, wanted)
+    numa_nodes = _numa_nodes(files, wanted)
+    return Topology(cores, numa_nodes, inputs=files.inputs, reasons=tuple(files.reasons))
 
+
+def _online_cpus(files: RootFiles) -> tuple[int, ...]:
+    """``/sys/devices/system/cpu/online``, else the CPU ids of the ``cpuN`` directories."""
+    online = _cpu_list(files, "/sys/devices/system/cpu/online")
+    if online is not None:
+        return online
+    files.reasons.append("online CPU list unreadable: using the cpuN directories")
+    return tuple(_numbered_dirs(files, "/sys/devices/system/cpu", _CPU_DIR))
+
+
+def _cores(files: RootFiles, wanted: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """Sibling groups of ``wanted`` (``thread_siblings_list``); a CPU without one is alone."""
+    wanted_set = set(wanted)
     cores: set[tuple[int, ...]] = set()
     alone: list[int] = []
     for cpu in wanted:
@@ -93,8 +101,15 @@ def detect_topology(
         else:
             cores.add(tuple(c for c in siblings if c in wanted_set))
     if alone:
-        reasons.append(f"no thread_siblings_list for CPUs {alone}: each counted as its own core")
+        files.reasons.append(
+            f"no thread_siblings_list for CPUs {alone}: each counted as its own core"
+        )
+    return tuple(sorted(cores))
 
+
+def _numa_nodes(files: RootFiles, wanted: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """CPUs of ``wanted`` per ``nodeN/cpulist``; the CPUs no node lists form one more node."""
+    wanted_set = set(wanted)
     nodes: list[tuple[int, ...]] = []
     for node in _numbered_dirs(files, "/sys/devices/system/node", _NODE_DIR):
         listed = _cpu_list(files, f"/sys/devices/system/node/node{node}/cpulist")
@@ -104,17 +119,13 @@ def detect_topology(
     unplaced = tuple(sorted(wanted_set.difference(*nodes)))
     if unplaced:
         if nodes:
-            reasons.append(f"CPUs {list(unplaced)} are in no node cpulist: grouped as one node")
+            files.reasons.append(
+                f"CPUs {list(unplaced)} are in no node cpulist: grouped as one node"
+            )
         else:
-            reasons.append("no NUMA node cpulist readable: all CPUs form one node")
+            files.reasons.append("no NUMA node cpulist readable: all CPUs form one node")
         nodes.append(unplaced)
-
-    return Topology(
-        cores=tuple(sorted(cores)),
-        numa_nodes=tuple(nodes),
-        inputs=files.inputs,
-        reasons=tuple(reasons),
-    )
+    return tuple(nodes)
 
 
 #: CPU flags (``/proc/cpuinfo`` names) for which TensorFlow turns oneDNN on by default on

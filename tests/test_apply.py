@@ -1,4 +1,4 @@
-"""The runtime step sets TF's env vars before import and refuses to run after it."""
+"""The apply step (app/budget/apply.py) sets TF's env vars before import and refuses after it."""
 
 from __future__ import annotations
 
@@ -15,16 +15,16 @@ from tests.conftest import FIXTURES, REPO
 
 SNIPPET = """
 import json, os
-from app.budget.cgroups import CpuBudget
+from app.budget.cgroups.detect import CpuBudget
 from app.budget.plan import Overrides, make_plan
-from app.budget import apply as runtime
+from app.budget import apply
 plan = make_plan(CpuBudget(cpu_quota=1.0, cpuset=(0,), memory_limit=None, quota_source="t"),
                  overrides=Overrides(inter_op_threads=3))
 env = {"TF_CPP_MIN_LOG_LEVEL": "0"}
-done = runtime.apply(plan, env)
+done = apply.apply(plan, env)
 import tensorflow
 try:
-    runtime.apply(plan, {})
+    apply.apply(plan, {})
     late = "applied"
 except RuntimeError as exc:
     late = str(exc)
@@ -57,15 +57,15 @@ def _run(code: str, env: dict[str, str] | None = None, path: Path | None = None)
 
 
 IMPORT = """
-from app.budget import apply as runtime
-from app.budget.cgroups import CpuBudget
+from app.budget import apply
+from app.budget.cgroups.detect import CpuBudget
 from app.budget.plan import make_plan, overrides_from
 from app.budget.topology import detect_cpu
 import os
 plan = make_plan(CpuBudget(cpu_quota=None, cpuset=(0,), memory_limit=None, quota_source="t"),
                  overrides=overrides_from(os.environ), cpu=detect_cpu("/"))
-runtime.apply(plan)
-tf = runtime.import_tensorflow()
+apply.apply(plan)
+tf = apply.import_tensorflow()
 print(tf.constant(2.0).numpy(), os.environ.get("TF_ENABLE_ONEDNN_OPTS"))
 """
 
@@ -81,7 +81,7 @@ def test_importing_tensorflow_prints_nothing_on_stderr(onednn: str) -> None:
 
 
 def test_apply_sets_the_planned_onednn_switch() -> None:
-    from app.budget.cgroups import CpuBudget
+    from app.budget.cgroups.detect import CpuBudget
     from app.budget.plan import make_plan
     from app.budget.topology import detect_cpu
 
@@ -94,12 +94,12 @@ def test_apply_sets_the_planned_onednn_switch() -> None:
 
 def _apply_in_subprocess(onednn: bool | None) -> dict[str, str]:
     code = (
-        "import json\nfrom app.budget import apply as runtime\n"
-        "from app.budget.cgroups import CpuBudget\n"
+        "import json\nfrom app.budget import apply\n"
+        "from app.budget.cgroups.detect import CpuBudget\n"
         "from app.budget.plan import make_plan\nimport dataclasses\n"
         "b = CpuBudget(cpu_quota=None, cpuset=(0,), memory_limit=None, quota_source='t')\n"
         f"plan = dataclasses.replace(make_plan(b), onednn={onednn!r})\n"
-        "env = {}\nruntime.apply(plan, env)\nprint(json.dumps(env))\n"
+        "env = {}\napply.apply(plan, env)\nprint(json.dumps(env))\n"
     )
     proc = _run(code)
     assert proc.returncode == 0, proc.stderr
@@ -123,9 +123,7 @@ def test_real_messages_during_the_import_reach_stderr(tmp_path: Path, abort: boo
     for name in ("tensorflow", "keras"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "__init__.py").write_text(FAKE_TF if name == "tensorflow" else "")
-    code = (
-        "from app.budget import apply as runtime\nruntime.import_tensorflow()\nprint('imported')\n"
-    )
+    code = "from app.budget import apply\napply.import_tensorflow()\nprint('imported')\n"
     proc = _run(code, {"FAKE_TF_ABORT": "1"} if abort else {}, path=tmp_path)
     expected = ["E0000 a real error from TensorFlow"]
     if abort:  # the parent died inside the import; the filter process still delivered
@@ -139,8 +137,8 @@ def test_real_messages_during_the_import_reach_stderr(tmp_path: Path, abort: boo
 AFTER_IMPORT = """
 import os
 before = os.fstat(2)
-from app.budget import apply as runtime
-runtime.import_tensorflow()
+from app.budget import apply
+apply.import_tensorflow()
 after = os.fstat(2)
 print((before.st_dev, before.st_ino) == (after.st_dev, after.st_ino))
 os.write(2, b"I0000 00:00:2.0  1 port.cc:153] oneDNN custom operations are on. (later)\\n")
