@@ -29,6 +29,8 @@ FORMULATIONS = ("plain", "fast")
 #: interface (Keras' "mixed_bfloat16" policy on every layer).
 PRECISIONS = ("float32", "bfloat16")
 _POLICY = {"float32": "float32", "bfloat16": "mixed_bfloat16"}
+#: The constructor's arguments, as ``.keras`` files record them (``get_config``).
+_ARGUMENTS = ("num_outputs", "height", "width", "seed", "formulation", "precision")
 
 
 def _check_choices(num_outputs: int, formulation: str, precision: str) -> None:
@@ -146,46 +148,26 @@ class SeedCNN(keras.Model):
     def get_config(self) -> dict[str, Any]:
         """Constructor arguments (``.keras`` serialisation)."""
         config = super().get_config()
-        config.update(
-            num_outputs=self.num_outputs,
-            height=self.height,
-            width=self.width,
-            seed=self.seed,
-            formulation=self.formulation,
-            precision=self.precision,
-        )
+        config.update({name: getattr(self, name) for name in _ARGUMENTS})
         return config
 
 
-def build_model(
-    num_outputs: int,
-    *,
-    height: int = 20,
-    width: int = 195,
-    seed: int = 0,
-    formulation: str = "fast",
-    precision: str = "float32",
-) -> SeedCNN:
+def build_model(num_outputs: int, **arguments: Any) -> SeedCNN:
     """The built inference model: x (N, H, W, 1) float32 → y (N, K); no dropout inside.
 
-    ``formulation`` is "plain" (Keras layers) or "fast" (matrix products, same
-    function and variables; see the module docstring); ``precision`` "float32" or
-    "bfloat16" (computation only: variables and outputs stay float32). The initial
-    weights depend only on ``seed``. Raises ConfigError for an unknown formulation or
-    precision, K < 1 or an input too small for the network.
+    ``arguments``: :class:`SeedCNN`'s (``height``, ``width``, ``seed``, ``formulation``,
+    ``precision``; by default 20, 195, 0, "fast", "float32"). ``formulation`` is "plain"
+    (Keras layers) or "fast" (matrix products, same function and variables:
+    app/model/fast.py); ``precision`` "float32" or "bfloat16" (computation only: variables
+    and outputs stay float32). The initial weights depend only on ``seed``. Raises
+    ConfigError for an unknown formulation or precision, K < 1 or an input too small for
+    the network.
     """
-    model = SeedCNN(
-        num_outputs,
-        height=height,
-        width=width,
-        seed=seed,
-        formulation=formulation,
-        precision=precision,
-        name="seed_cnn",
-    )
-    model.build((None, height, width, 1))
+    model = SeedCNN(num_outputs, name="seed_cnn", **arguments)
+    shape = (model.height, model.width, 1)
+    model.build((None, *shape))
     # One call on a single zero sample marks the model as called, which Keras'
     # ``model.export`` requires of subclassed models (it then reads the input
     # signature from the build shape).
-    model(tf.zeros((1, height, width, 1)))
+    model(tf.zeros((1, *shape)))
     return model
