@@ -22,6 +22,8 @@ _GROUP_BYTES = 256 << 10  # lines decoded together (temporaries stay in cache)
 _ONE_WORD_BYTES = 10  # bytes per field (with separator) below which one word is tried first
 _FEW = 32  # up to this many undecoded fields in a block go straight to float()
 _SCAN_PER_CALL = 1024  # bytes scanned for 'e' in about the time of one float() call
+#: Fields a first pass left undecoded: (starts, ends, index in the block's flat rows).
+Left = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 def parse_block(
@@ -46,43 +48,16 @@ def parse_block(
     width = state.infer_width(u[begin : ends[0]], first_line)
     if width is None:  # a blank first line
         return slowly()
-    words = u.view(U64)
     out = np.empty((len(ends), width), np.float32)
-    flat = out.reshape(-1)
-    left: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # undecoded: s, e, flat index
-    rows = 0
-    lo = 0  # first line of the group
-    start = begin  # where it starts in u
-    while lo < len(ends):
-        hi = max(int(np.searchsorted(ends, start + _GROUP_BYTES, "right")), lo + 1)
-        fields_ = _split(u, start, ends[lo:hi], width)
-        if fields_ is None:
-            return slowly()
-        counts, s, e = fields_
-        full = counts == width
-        lines = len(counts)
-        if not full.all():  # full lines, then blank lines: fine if only blank lines follow
-            lines = int(np.argmin(full))  # the first blank line
-            if (counts[lines:] != 0).any() or (lines > 0 and state.blank_line is not None):
-                return slowly()
-        if lines and state.blank_line is not None:
-            raise state.blank_error(first_line + lo)
-        if lines < len(counts) and state.blank_line is None:
-            state.blank_line = first_line + lo + lines
-        if lines and state.style != "bulk":
-            values, slow = _decode_group(words, u, s, e, int(ends[lo + lines - 1]) - start, state)
-            flat[rows * width : (rows + lines) * width] = values
-            idx = np.flatnonzero(slow)
-            if len(idx):
-                left.append((s[idx], e[idx], idx + rows * width))
-        rows += lines
-        lo = hi
-        start = int(ends[lo - 1])
+    found = _first_pass(state, u, begin, first_line, ends, out)
+    if found is None:
+        return slowly()
+    rows, left = found
     done: bool | None = True
     if state.style == "bulk":
         done = None
     elif left:
-        done = _decode_rest(words, u, flat, left, state.allow_nonfinite)
+        done = _decode_rest(u.view(U64), u, out.reshape(-1), left, state.allow_nonfinite)
     if done is None and rows:  # too many fields for float() one by one: numpy's parser
         state.style = "bulk"  # and for the rest of the file
         bulk = _loadtxt(u[begin : ends[rows - 1]].tobytes(), width, state.allow_nonfinite)
@@ -92,6 +67,64 @@ def parse_block(
     elif done is False:
         return slowly()
     return out[:rows]
+
+
+def _first_pass(
+    state: State, u: np.ndarray, begin: int, first_line: int, ends: np.ndarray, out: np.ndarray
+) -> tuple[int, list[Left]] | None:
+    """Split the block's lines into fields, group by group (~_GROUP_BYTES of lines), and
+    decode each group's fields into ``out`` (rows, width) as far as :func:`_decode_group`
+    can.
+
+    Returns (rows: the full lines, before a trailing run of blank lines; per group, the
+    fields left undecoded); None asks for the precise path. Raises the DataError of data
+    after a blank line that ended an earlier block.
+    """
+    width = out.shape[1]
+    flat = out.reshape(-1)
+    words = u.view(U64)
+    left: list[Left] = []
+    rows = 0
+    lo = 0  # first line of the group
+    start = begin  # where it starts in u
+    while lo < len(ends):
+        hi = max(int(np.searchsorted(ends, start + _GROUP_BYTES, "right")), lo + 1)
+        fields_ = _split(u, start, ends[lo:hi], width)
+        if fields_ is None:
+            return None
+        counts, s, e = fields_
+        lines = _data_lines(state, counts, first_line + lo)
+        if lines is None:
+            return None
+        if lines and state.style != "bulk":
+            values, slow = _decode_group(words, u, s, e, int(ends[lo + lines - 1]) - start, state)
+            flat[rows * width : (rows + lines) * width] = values
+            idx = np.flatnonzero(slow)
+            if len(idx):
+                left.append((s[idx], e[idx], idx + rows * width))
+        rows += lines
+        lo = hi
+        start = int(ends[lo - 1])
+    return rows, left
+
+
+def _data_lines(state: State, counts: np.ndarray, first: int) -> int | None:
+    """How many of a group's lines hold data: ``counts``, the fields on each line (the
+    width or 0, as :func:`_split` leaves them), line ``first`` first. Data lines, then
+    blank lines to the group's end are fine: the first of those is recorded in ``state``.
+    None asks for the precise path (data after a blank line in this block); raises the
+    DataError of data after a blank line that ended an earlier block."""
+    full = counts == state.width
+    lines = len(counts)
+    if not full.all():  # full lines, then blank lines: fine if only blank lines follow
+        lines = int(np.argmin(full))  # the first blank line
+        if (counts[lines:] != 0).any() or (lines > 0 and state.blank_line is not None):
+            return None
+    if lines and state.blank_line is not None:
+        raise state.blank_error(first)
+    if lines < len(counts) and state.blank_line is None:
+        state.blank_line = first + lines
+    return lines
 
 
 def _decode_group(
@@ -154,7 +187,7 @@ def _decode_rest(
     words: np.ndarray,
     u: np.ndarray,
     flat: np.ndarray,
-    left: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+    left: list[Left],
     allow_nonfinite: bool,
 ) -> bool | None:
     """Decode the fields the first pass left, into ``flat``.

@@ -102,12 +102,31 @@ def decode(
     neg = first == 45  # '-'
     n = me - s  # mantissa bytes, point included
     n -= neg | (first == 43)  # '+'
-    nc = np.minimum(n, size)
     x = _load(words, me - size, nwords)  # x[0] holds the most significant digits
     slow = n > size
-    points = np.zeros(len(s), np.uint8)
+    point, points = _digits(x, np.minimum(n, size), slow)
+    slow |= (points > 1) | (n <= points)  # two points, or no digit
+    m, shift = _squeeze_point(x, point, points)
+    if nwords > 1:
+        slow |= m > _MAX_EXACT
+    v = m.astype(np.float64)
+    if k is None:  # value = m / 10**shift, the sign carried by the divisor
+        v /= _SCALE[shift + neg.view(np.uint8) * np.uint8(len(_SCALE) // 2)]
+    else:  # value = m * 10**(k - shift)
+        slow |= _times_power_of_ten(v, k - shift, neg)
+    return v.astype(np.float32), slow
+
+
+def _digits(
+    x: list[np.ndarray], nc: np.ndarray, slow: np.ndarray
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """Make the words ``x`` (each mantissa's last ``nc`` bytes at their end) digits 0..9,
+    in place: the bytes before the mantissa and a '.' become 0. Sets ``slow`` where a
+    byte is neither a digit nor a point. Returns (per word, 0x80 in the byte that was the
+    point; per field, the number of points)."""
+    points = np.zeros(len(nc), np.uint8)
     point = []
-    for j, keep in enumerate(_KEEP[nwords]):
+    for j, keep in enumerate(_KEEP[len(x)]):
         x[j] ^= _B30  # digits become 0..9, '.' becomes 0x1E
         x[j] &= keep[nc]  # bytes before the mantissa become 0
         y = x[j] ^ _B1E
@@ -116,9 +135,16 @@ def decode(
         slow |= _non_digits(x[j]) != 0
         points += np.bitwise_count(p)
         point.append(p)
-    slow |= (points > 1) | (n <= points)  # two points, or no digit
-    # Squeeze the point out: the bytes after it move one byte down, over it. The point
-    # and each digit after it are a division by ten.
+    return point, points
+
+
+def _squeeze_point(
+    x: list[np.ndarray], point: list[np.ndarray], points: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The mantissas of the digit words ``x`` (in place: the bytes after the point move one
+    byte down, over it) as (integers uint64, the power of ten to divide them by: the
+    point and each digit after it, uint8)."""
+    nwords = len(x)
     shift = points
     moved = []
     seen = None  # the point was in an earlier word
@@ -132,25 +158,26 @@ def decode(
         shift = shift + (np.bitwise_count(after) >> 3)
         moved.append(x[j] & after)
         x[j] ^= moved[j]
-    m = np.zeros(len(s), np.uint64)
+    m = np.zeros(len(points), np.uint64)
     for j in range(nwords):
         x[j] |= moved[j] >> np.uint64(8)
         if j + 1 < nwords:
             x[j] |= moved[j + 1] << np.uint64(56)
         m = m * np.uint64(100_000_000) + _eight_digits(x[j])
-    if nwords > 1:
-        slow |= m > _MAX_EXACT
-    v = m.astype(np.float64)
-    if k is None:  # value = m / 10**shift, the sign carried by the divisor
-        v /= _SCALE[shift + neg.view(np.uint8) * np.uint8(len(_SCALE) // 2)]
-    else:  # value = m * 10**(k - shift)
-        row = (k - shift + _MAX_POW).view(np.uint64)  # 0..44 when in range, else huge
-        slow |= row > 2 * _MAX_POW
-        np.minimum(row, 2 * _MAX_POW, out=row)
-        row += neg.view(np.uint8) * np.uint8(len(_MUL) // 2)
-        v *= _MUL[row]
-        v /= _DIV[row]
-    return v.astype(np.float32), slow
+    return m, shift
+
+
+def _times_power_of_ten(v: np.ndarray, exponent: np.ndarray, neg: np.ndarray) -> np.ndarray:
+    """Multiply the float64 ``v`` by ``10**exponent`` in place, negated where ``neg``; one
+    correctly rounded operation (both factors exact) while ``|exponent| <= 22``. Returns
+    where the exponent is out of that range (those values are garbage)."""
+    row = (exponent + _MAX_POW).view(np.uint64)  # 0..44 when in range, else huge
+    out_of_range = row > 2 * _MAX_POW
+    np.minimum(row, 2 * _MAX_POW, out=row)
+    row += neg.view(np.uint8) * np.uint8(len(_MUL) // 2)
+    v *= _MUL[row]
+    v /= _DIV[row]
+    return out_of_range
 
 
 def decode_slices(
