@@ -23,7 +23,7 @@ import pytest
 from app.atomic import open_dir
 from app.budget import memory as memory_rule
 from app.config import TrainConfig
-from app.data import bounds, cache, textfile
+from app.data import bounds, cache, cache_store, textfile
 from app.errors import DataError
 from app.training.run import sources
 from benchmarks.cgroup_run import MEMORY_MOUNT, MemoryCgroup, memory_cgroup, unavailable_reason
@@ -69,7 +69,7 @@ def _one_line(proc: subprocess.CompletedProcess[str]) -> str:
 
 def _digest(path: Path) -> str:
     with open_dir(path.parent) as directory:
-        return cache.digest(directory, path.name)
+        return cache_store.digest(directory, path.name)
 
 
 def _arrays(out: Path) -> list[str]:
@@ -277,7 +277,7 @@ def test_the_manifest_records_a_digest_of_every_array(tiny_data: Path, tmp_path:
 
     c = prepare_cache(TrainConfig(data_dir=tiny_data, output_dir=tmp_path / "out"))
     manifest = json.loads((c.path / "manifest.json").read_text())
-    assert manifest["checksum"] == cache.CHECKSUM
+    assert manifest["checksum"] == cache_store.CHECKSUM
     names = {"train_x.f32", "train_y.f32", "test_x.f32", "test_y.f32", "stats.npz"}
     assert set(manifest["checksums"]) == names
     for name in names:
