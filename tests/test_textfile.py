@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.data.textfile import fast, files, iter_chunks, numpy_path, parse_field, precise
+from app.data.textfile import fast, files, is_gzip, iter_chunks, numpy_path, parse_field, precise
 from app.errors import DataError
 
 DATA = Path(__file__).parent / "fixtures" / "data"
@@ -182,6 +183,15 @@ def test_truncated_gzip(tmp_path: Path) -> None:
         f"{path}: truncated gzip data: "
         "Compressed file ended before the end-of-stream marker was reached"
     )
+
+
+def test_a_gzip_file_is_read_as_gzip_whatever_its_name(tiny_data: Path, tmp_path: Path) -> None:
+    odd = tmp_path / "labels.dat"
+    with open(tiny_data / "train_labels.txt", "rb") as f, gzip.open(odd, "wb") as g:
+        shutil.copyfileobj(f, g)
+    assert is_gzip(odd)
+    rows = sum(len(c) for c in iter_chunks(odd))
+    assert rows == len((tiny_data / "train_labels.txt").read_text().splitlines())
 
 
 def test_corrupt_gzip(tmp_path: Path) -> None:
