@@ -49,7 +49,7 @@ import numpy as np
 
 from app.atomic import FILE_MODE
 from app.data import textfile
-from app.data.textfile import fast
+from app.data.textfile import fast, files
 from app.errors import DataError, InputTooLarge, Preempted
 
 __all__ = [
@@ -115,7 +115,7 @@ def split_lines(
     except FileNotFoundError:
         raise DataError(f"{name}: no such file") from None
     except OSError as exc:
-        raise DataError(f"{name}: cannot read: {exc.strerror or exc}") from None
+        raise files.cannot_read(name, exc) from None
     return list(zip(cuts, [*cuts[1:], size], strict=True))
 
 
