@@ -3,11 +3,11 @@ the rest.
 
 The compiled parser (:mod:`app.data._fastparse`, built from ``app/data/_fastparse.c`` by
 setup.py where a C compiler is present) parses whole lines of plain decimals straight into
-float32 rows and stops at the first line it can't take (a wrong field count, an exponent
-beyond its exact range, nan/inf, a blank line); the numpy path
-(:mod:`app.data.textfile.numpy_path`) parses the block from that line on. Both give the
-same values, and the errors are the precise path's. Without the compiled module the numpy
-path parses every block.
+float32 rows and stops at the first line it can't take (another number of fields, a blank
+line, a field that is not a plain decimal, nan/inf, a value outside its exact range); the
+numpy path (:mod:`app.data.textfile.numpy_path`) parses the block from that line on. Both
+give the same values, and the errors are the precise path's. Without the compiled module
+the numpy path parses every block.
 """
 
 from __future__ import annotations
