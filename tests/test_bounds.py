@@ -1,5 +1,5 @@
 """Bounds from the budget: the cache's size against the free space and --max-cache-bytes,
-label columns, the peak memory against a real cgroup memory limit, and the cache's digests.
+label columns, and the peak memory against a real cgroup memory limit.
 
 The CLI runs here stop before TensorFlow is imported (the bounds are checked first), in
 a second or two; the one run that trains inside a memory limit is marked slow.
@@ -8,26 +8,20 @@ a second or two; the one run that trains inside a memory limit is marked slow.
 from __future__ import annotations
 
 import gzip
-import logging
 import os
 import re
-import shutil
 import subprocess
 import sys
 import zlib
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from app.atomic import open_dir
 from app.budget import memory as memory_rule
-from app.config import TrainConfig
-from app.data import bounds, cache, textfile
+from app.data import bounds, textfile
 from app.errors import DataError
-from app.training.inputs import sources
 from benchmarks.cgroup_run import MEMORY_MOUNT, MemoryCgroup, memory_cgroup, unavailable_reason
-from tests.conftest import REPO, TINY_TRAIN_ARGS, events, json_lines, prepare_cache, run_cli
+from tests.conftest import REPO, TINY_TRAIN_ARGS, events, json_lines, run_cli
 from tests.test_resilience import mount_tmpfs, umount
 
 LINE = b"0.5 -1.25 3 4.0 -0 100\n"  # six fields: features of --height 2 --width 3
@@ -65,11 +59,6 @@ def _one_line(proc: subprocess.CompletedProcess[str]) -> str:
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     return lines[0]
-
-
-def _digest(path: Path) -> str:
-    with open_dir(path.parent) as directory:
-        return cache.digest(directory, path.name)
 
 
 def _arrays(out: Path) -> list[str]:
@@ -222,66 +211,6 @@ def _run_in(group: MemoryCgroup, args: list[str]) -> subprocess.CompletedProcess
         env=env,
         timeout=600,
     )
-
-
-# --- cache digests ------------------------------------------------------------------------
-
-
-def test_a_tampered_cache_array_is_detected_and_converted_again(
-    tiny_data: Path, tmp_path: Path, logged: list[logging.LogRecord]
-) -> None:
-    config = TrainConfig(data_dir=tiny_data, output_dir=tmp_path / "out")
-    first = prepare_cache(config)
-    original = (first.path / "train_x.f32").read_bytes()
-    manifest = (first.path / "manifest.json").read_text()
-    tampered = bytearray(original)
-    tampered[1000] ^= 0x40  # one bit of one value: same size, same manifest
-    (first.path / "train_x.f32").write_bytes(bytes(tampered))
-    logged.clear()
-    second = prepare_cache(config)
-    corrupt = [r for r in logged if getattr(r, "event", "") == "cache_corrupt"]
-    assert len(corrupt) == 1 and corrupt[0].levelno == logging.WARNING
-    assert corrupt[0].path == str(first.path / "train_x.f32")
-    assert next(r for r in logged if getattr(r, "event", "") == "cache").reused is False
-    assert (second.path / "train_x.f32").read_bytes() == original
-    assert (second.path / "manifest.json").read_text() == manifest
-
-
-def test_a_swapped_finished_file_of_a_stopped_conversion_is_converted_again(
-    tiny_data: Path, tmp_path: Path, logged: list[logging.LogRecord]
-) -> None:
-    data = shutil.copytree(tiny_data, tmp_path / "data")
-    config = TrainConfig(data_dir=data, output_dir=tmp_path / "out")
-    done = prepare_cache(config)
-    reference = (done.path / "train_x.f32").read_bytes()
-    # What a conversion stopped after its first file leaves, with that file swapped.
-    key = cache.source_key(sources(config))
-    partial = config.resolved_cache_dir / f"{cache.PARTIAL}{key}"
-    shutil.copytree(done.path, partial)
-    shutil.rmtree(done.path)
-    (partial / "train_features.json").write_text(
-        f'{{"rows": 240, "threads": 1, "checksum": "{_digest(partial / "train_x.f32")}"}}'
-    )
-    np.savez(partial / "train_features.npz", sums=np.zeros(3900), sums_sq=np.zeros(3900))
-    (partial / "train_x.f32").write_bytes(bytes(len(reference)))  # zeros, the same size
-    logged.clear()
-    again = prepare_cache(config)
-    assert [r.path for r in logged if getattr(r, "event", "") == "cache_corrupt"] == [
-        str(partial / "train_x.f32")
-    ]
-    assert (again.path / "train_x.f32").read_bytes() == reference
-
-
-def test_the_manifest_records_a_digest_of_every_array(tiny_data: Path, tmp_path: Path) -> None:
-    import json
-
-    c = prepare_cache(TrainConfig(data_dir=tiny_data, output_dir=tmp_path / "out"))
-    manifest = json.loads((c.path / "manifest.json").read_text())
-    assert manifest["checksum"] == cache.CHECKSUM
-    names = {"train_x.f32", "train_y.f32", "test_x.f32", "test_y.f32", "stats.npz"}
-    assert set(manifest["checksums"]) == names
-    for name in names:
-        assert manifest["checksums"][name] == _digest(c.path / name)
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""The binary cache: converted once, reused while sources are unchanged, never partial."""
+"""The binary cache: converted once, reused while sources are unchanged, never partial, its
+arrays checked against their digests."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from app.atomic import open_dir
 from app.config import TrainConfig
-from app.data import cache
+from app.data import cache, cache_store
 from app.errors import DataError, Preempted
 from app.training.inputs import sources
 from tests.conftest import prepare_cache
@@ -129,3 +131,68 @@ def test_read_rows_matches_the_memory_map(tiny_data: Path, tmp_path: Path) -> No
     assert np.array_equal(c.read_rows("train", "features", idx), c.features("train")[idx])
     assert np.array_equal(c.read_rows("train", "labels", idx), c.labels("train")[idx])
     assert c.read_rows("test", "labels", np.arange(0)).shape == (0, 3)
+
+
+# --- digests ------------------------------------------------------------------------------
+
+
+def _digest(path: Path) -> str:
+    with open_dir(path.parent) as directory:
+        return cache_store.digest(directory, path.name)
+
+
+def test_a_tampered_cache_array_is_detected_and_converted_again(
+    tiny_data: Path, tmp_path: Path, logged: list[logging.LogRecord]
+) -> None:
+    config = TrainConfig(data_dir=tiny_data, output_dir=tmp_path / "out")
+    first = prepare_cache(config)
+    original = (first.path / "train_x.f32").read_bytes()
+    manifest = (first.path / "manifest.json").read_text()
+    tampered = bytearray(original)
+    tampered[1000] ^= 0x40  # one bit of one value: same size, same manifest
+    (first.path / "train_x.f32").write_bytes(bytes(tampered))
+    logged.clear()
+    second = prepare_cache(config)
+    corrupt = [r for r in logged if getattr(r, "event", "") == "cache_corrupt"]
+    assert len(corrupt) == 1 and corrupt[0].levelno == logging.WARNING
+    assert corrupt[0].path == str(first.path / "train_x.f32")
+    assert next(r for r in logged if getattr(r, "event", "") == "cache").reused is False
+    assert (second.path / "train_x.f32").read_bytes() == original
+    assert (second.path / "manifest.json").read_text() == manifest
+
+
+def test_a_swapped_finished_file_of_a_stopped_conversion_is_converted_again(
+    tiny_data: Path, tmp_path: Path, logged: list[logging.LogRecord]
+) -> None:
+    data = shutil.copytree(tiny_data, tmp_path / "data")
+    config = TrainConfig(data_dir=data, output_dir=tmp_path / "out")
+    done = prepare_cache(config)
+    reference = (done.path / "train_x.f32").read_bytes()
+    # What a conversion stopped after its first file leaves, with that file swapped.
+    key = cache.source_key(sources(config))
+    partial = config.resolved_cache_dir / f"{cache.PARTIAL}{key}"
+    shutil.copytree(done.path, partial)
+    shutil.rmtree(done.path)
+    (partial / "train_features.json").write_text(
+        f'{{"rows": 240, "threads": 1, "checksum": "{_digest(partial / "train_x.f32")}"}}'
+    )
+    np.savez(partial / "train_features.npz", sums=np.zeros(3900), sums_sq=np.zeros(3900))
+    (partial / "train_x.f32").write_bytes(bytes(len(reference)))  # zeros, the same size
+    logged.clear()
+    again = prepare_cache(config)
+    assert [r.path for r in logged if getattr(r, "event", "") == "cache_corrupt"] == [
+        str(partial / "train_x.f32")
+    ]
+    assert (again.path / "train_x.f32").read_bytes() == reference
+
+
+def test_the_manifest_records_a_digest_of_every_array(tiny_data: Path, tmp_path: Path) -> None:
+    import json
+
+    c = prepare_cache(TrainConfig(data_dir=tiny_data, output_dir=tmp_path / "out"))
+    manifest = json.loads((c.path / "manifest.json").read_text())
+    assert manifest["checksum"] == cache_store.CHECKSUM
+    names = {"train_x.f32", "train_y.f32", "test_x.f32", "test_y.f32", "stats.npz"}
+    assert set(manifest["checksums"]) == names
+    for name in names:
+        assert manifest["checksums"][name] == _digest(c.path / name)

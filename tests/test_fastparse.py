@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from app.data import textfile
+from app.data.textfile import fast as fast_path
 
 fast = pytest.importorskip(
     "app.data._fastparse", reason="app.data._fastparse is not built (no C compiler at install)"
@@ -20,7 +21,7 @@ def test_built_wherever_a_compiler_is_present() -> None:
     cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(cc) is None:
         pytest.skip(f"no C compiler ({cc}) on this machine")
-    assert textfile.compiled is fast
+    assert fast_path.compiled is fast
 
 
 def _parse(text: bytes, width: int) -> tuple[int, np.ndarray]:
@@ -92,7 +93,7 @@ def test_random_decimals_match_float_and_the_numpy_path(
     with np.errstate(over="ignore"):
         expected = np.array([float(t) for t in tokens], np.float64).astype(np.float32)
     assert np.array_equal(compiled.reshape(-1).view(np.uint32), expected.view(np.uint32))
-    monkeypatch.setattr(textfile, "compiled", None)
+    monkeypatch.setattr(fast_path, "compiled", None)
     numpy_path = np.concatenate(
         list(textfile.iter_chunks(path, chunk_rows=50, allow_nonfinite=True))
     )

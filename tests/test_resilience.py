@@ -35,7 +35,7 @@ import numpy as np
 import pytest
 
 from app.config import TrainConfig
-from app.data import cache
+from app.data import cache, cache_convert
 from app.errors import DataError
 from tests import kill_harness
 from tests.conftest import REPO, events, json_lines, prepare_cache, run_cli
@@ -930,17 +930,17 @@ def test_two_conversions_of_the_same_data_into_one_cache_dir_both_succeed(
     shared = tmp_path / "shared-cache"
     config_a = TrainConfig(data_dir=tiny_data, output_dir=tmp_path / "a", cache_dir=shared)
     config_b = TrainConfig(data_dir=tiny_data, output_dir=tmp_path / "b", cache_dir=shared)
-    real = cache._convert
+    real = cache_convert.convert
     finished_b: list[cache.DataCache] = []
 
     def convert_while_b_finishes(run: Any) -> dict:
         manifest = real(run)
         if not finished_b:
-            monkeypatch.setattr(cache, "_convert", real)
+            monkeypatch.setattr(cache_convert, "convert", real)
             finished_b.append(prepare_cache(config_b))
         return manifest
 
-    monkeypatch.setattr(cache, "_convert", convert_while_b_finishes)
+    monkeypatch.setattr(cache_convert, "convert", convert_while_b_finishes)
     a = prepare_cache(config_a)
     assert a.path == finished_b[0].path
     assert sorted(p.name for p in shared.iterdir()) == [a.path.name]  # A's temp dir is gone

@@ -57,17 +57,6 @@ def test_the_cli_reports_two_candidates_in_one_line_exit_2(tiny_data: Path, tmp_
     assert "test_features.txt and test_features.txt.gz" in line and "--test-features" in line
 
 
-def test_a_gzip_file_is_read_as_gzip_whatever_its_name(tiny_data: Path, tmp_path: Path) -> None:
-    from app.data import textfile
-
-    odd = tmp_path / "labels.dat"
-    with open(tiny_data / "train_labels.txt", "rb") as f, gzip.open(odd, "wb") as g:
-        shutil.copyfileobj(f, g)
-    assert textfile.is_gzip(odd)
-    rows = sum(len(c) for c in textfile.iter_chunks(odd))
-    assert rows == len((tiny_data / "train_labels.txt").read_text().splitlines())
-
-
 def test_the_fingerprint_follows_content_and_modification_time(tmp_path: Path) -> None:
     path = tmp_path / "x.txt"
     path.write_bytes(b"1 2 3\n" * 100_000)

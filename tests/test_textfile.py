@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,8 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.data import textfile
-from app.data.textfile import iter_chunks, parse_field
+from app.data.textfile import fast, files, is_gzip, iter_chunks, numpy_path, parse_field, precise
 from app.errors import DataError
 
 DATA = Path(__file__).parent / "fixtures" / "data"
@@ -68,10 +68,10 @@ BAD: dict[str, tuple[str, dict]] = {
 @pytest.fixture(autouse=True, params=["compiled", "numpy"])
 def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every test runs with the compiled fast path (when built) and with the numpy path alone."""
-    if request.param == "compiled" and textfile.compiled is None:
+    if request.param == "compiled" and fast.compiled is None:
         pytest.skip("app.data._fastparse is not built (no C compiler at install time)")
     if request.param == "numpy":
-        monkeypatch.setattr(textfile, "compiled", None)
+        monkeypatch.setattr(fast, "compiled", None)
     return request.param
 
 
@@ -185,6 +185,15 @@ def test_truncated_gzip(tmp_path: Path) -> None:
     )
 
 
+def test_a_gzip_file_is_read_as_gzip_whatever_its_name(tiny_data: Path, tmp_path: Path) -> None:
+    odd = tmp_path / "labels.dat"
+    with open(tiny_data / "train_labels.txt", "rb") as f, gzip.open(odd, "wb") as g:
+        shutil.copyfileobj(f, g)
+    assert is_gzip(odd)
+    rows = sum(len(c) for c in iter_chunks(odd))
+    assert rows == len((tiny_data / "train_labels.txt").read_text().splitlines())
+
+
 def test_corrupt_gzip(tmp_path: Path) -> None:
     packed = bytearray(gzip.compress(lines_of(3000, 4)))
     packed[100:140] = bytes(40)
@@ -197,7 +206,7 @@ def test_corrupt_gzip(tmp_path: Path) -> None:
 
 
 def test_line_longer_than_the_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(textfile, "MAX_LINE_BYTES", 100)
+    monkeypatch.setattr(files, "MAX_LINE_BYTES", 100)
     path = tmp_path / "long.txt"
     path.write_bytes(b"1 2\n" + b"3 " * 60 + b"\n")
     with pytest.raises(DataError) as caught:
@@ -296,14 +305,18 @@ def test_which_path_decodes(
 ) -> None:
     """%g and %e text is decoded without a float() call per field; %.18e goes to np.loadtxt."""
     calls = {"parse_field": 0, "_loadtxt": 0}
-    for name in calls:
-        real = getattr(textfile, name)
+    for module, name in (
+        (numpy_path, "parse_field"),
+        (precise, "parse_field"),
+        (numpy_path, "_loadtxt"),
+    ):
+        real = getattr(module, name)
 
         def counted(*args, _real=real, _name=name):
             calls[_name] += 1
             return _real(*args)
 
-        monkeypatch.setattr(textfile, name, counted)
+        monkeypatch.setattr(module, name, counted)
     values = np.random.default_rng(2).standard_normal((64, 500)) * 3
     path = tmp_path / "data.txt"
     np.savetxt(path, values, fmt=fmt)

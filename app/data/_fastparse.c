@@ -1,5 +1,5 @@
 /*
- * app.data._fastparse: the compiled fast path of app/data/textfile.py.
+ * app.data._fastparse: the compiled fast path of app/data/textfile/ (fast.py).
  *
  * parse_lines(buffer, begin, stop, width, out) -> rows
  *
@@ -12,7 +12,7 @@
  * the whitespace set, or a value outside the exact range below. The caller
  * parses the rest with the general (numpy) path, which raises the precise error.
  *
- * Values are those of textfile.py's numpy path and np.loadtxt: the decimal
+ * Values are those of textfile/numpy_path.py and np.loadtxt: the decimal
  * rounded once to float64, that double rounded to float32. A mantissa m of at
  * most 19 significant digits and m <= 2**53 times or divided by 10**k with
  * k <= 22 is one correctly rounded IEEE operation on exact operands (Clinger's

@@ -49,6 +49,7 @@ import numpy as np
 
 from app.atomic import FILE_MODE
 from app.data import textfile
+from app.data.textfile import fast, files
 from app.errors import DataError, InputTooLarge, Preempted
 
 __all__ = [
@@ -114,7 +115,7 @@ def split_lines(
     except FileNotFoundError:
         raise DataError(f"{name}: no such file") from None
     except OSError as exc:
-        raise DataError(f"{name}: cannot read: {exc.strerror or exc}") from None
+        raise files.cannot_read(name, exc) from None
     return list(zip(cuts, [*cuts[1:], size], strict=True))
 
 
@@ -237,8 +238,8 @@ def _write_rows(
             if job.written is not None:
                 job.written(chunk.nbytes)
             f.write(chunk.data)
-            if textfile.compiled is not None:  # the same sums, without holding the GIL
-                textfile.compiled.add_column_sums(chunk, width, total, total_sq)
+            if fast.compiled is not None:  # the same sums, without holding the GIL
+                fast.compiled.add_column_sums(chunk, width, total, total_sq)
             else:  # float64 sums without a float64 copy of the chunk
                 total += chunk.sum(axis=0, dtype=np.float64)
                 total_sq += np.einsum("ij,ij->j", chunk, chunk, dtype=np.float64)
@@ -343,8 +344,8 @@ def _count_lines(src: str, start: int, stop: int, last: bool, buf: memoryview) -
     """Lines in bytes [start, stop) of ``src``: newlines, plus an unterminated last line.
     ``buf``: where to read, _COUNT_BYTES long."""
     count_newlines = (
-        textfile.compiled.count_newlines
-        if textfile.compiled is not None
+        fast.compiled.count_newlines
+        if fast.compiled is not None
         else lambda b: int(np.count_nonzero(np.frombuffer(b, np.uint8) == 10))
     )
     lines, pos, tail = 0, start, b"\n"

@@ -18,6 +18,7 @@ import pytest
 
 from app.config import TrainConfig
 from app.data import parallel, synthetic, textfile
+from app.data.textfile import fast
 from app.errors import DataError, Preempted
 from tests.conftest import prepare_cache
 
@@ -282,7 +283,7 @@ def test_written_bytes_are_reported_and_can_stop_the_conversion(tmp_path: Path) 
 def test_without_the_compiled_parser_threads_give_the_same(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(textfile, "compiled", None)
+    monkeypatch.setattr(fast, "compiled", None)
     src = tmp_path / "f.txt"
     src.write_bytes(lines_of(2000, 6) + b"\n\n")
     one = parallel.convert_file(src, tmp_path / "one.f32", width=6)

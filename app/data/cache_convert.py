@@ -1,0 +1,217 @@
+"""Converting the four text files into a cache's arrays, statistics and manifest.
+
+Each file is parsed (:func:`app.data.parallel.convert_file`, in several threads when it
+pays) into the work directory (app/data/cache_workdir.py), and its result is kept there as
+soon as that file is done (its array, then ``<role>.json`` with its row count and digest,
+``<role>.npz`` with its column sums), so a conversion stopped by SIGTERM, or killed, goes
+on at the next run with the files not yet done; a kept array that does not match its
+recorded digest is logged (``cache_corrupt``) and converted again. The statistics come
+from the column sums; the manifest is written last. Progress (bytes, rate, ETA) is logged
+every :data:`PROGRESS_EVERY_S` seconds. Bounds (app/data/bounds.py): the bytes written
+while converting. Never imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from app import logs
+from app.atomic import Dir
+from app.data import bounds, parallel
+from app.data.cache_store import (
+    CHECKSUM,
+    FILES,
+    FORMAT_VERSION,
+    MANIFEST,
+    STATS,
+    corrupt_event,
+    digest,
+    npz,
+    read_npz,
+)
+from app.data.sources import ROLES, Sources, fingerprint
+from app.errors import DataError
+
+#: Seconds between two ``cache_progress`` events while a file converts.
+PROGRESS_EVERY_S = 5.0
+
+
+class Progress:
+    """``cache_progress`` events while converting: bytes parsed of the whole data set, the
+    rate and the time left, at most every :data:`PROGRESS_EVERY_S` seconds (thread-safe)."""
+
+    def __init__(self, total_bytes: int, clock: Callable[[], float] = time.monotonic):
+        self.total, self.done, self.clock = total_bytes, 0, clock
+        self.start = self.last = clock()
+        self._lock = threading.Lock()
+
+    def add(self, count: int) -> None:
+        with self._lock:
+            self.done += count
+            now = self.clock()
+            if now - self.last < PROGRESS_EVERY_S:
+                return
+            self.last = now
+            rate = self.done / max(now - self.start, 1e-9)
+        logs.event(
+            "cache_progress",
+            f"converted {self.done / 1e6:,.0f} of {self.total / 1e6:,.0f} MB "
+            f"({100 * self.done / max(self.total, 1):.0f} %), {rate / 1e6:,.0f} MB/s",
+            bytes_done=self.done,
+            bytes_total=self.total,
+            mb_per_s=round(rate / 1e6, 1),
+            eta_s=round((self.total - self.done) / max(rate, 1e-9), 1),
+        )
+
+
+def _std(total: np.ndarray, total_sq: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, standard deviation) float32 of ``n`` rows from their float64 column sums and
+    sums of squares; a constant column's deviation is 1 (left unscaled)."""
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf data (--allow-nonfinite)
+        mean = total / n
+        var = np.maximum(total_sq / n - np.square(mean), 0.0)
+    std = np.sqrt(var)
+    std[std < 1e-6] = 1.0  # constant columns: leave them unscaled
+    return mean.astype(np.float32), std.astype(np.float32)
+
+
+@dataclass
+class Run:
+    """One conversion: where it writes, how, and what bounds it."""
+
+    sources: Sources
+    work: Dir
+    k: int
+    threads: int
+    stop: Callable[[], bool]
+    progress: Progress
+    guard: bounds.Guard
+
+
+def _finished(run: Run, role: str, width: int) -> tuple[int, np.ndarray, np.ndarray, str] | None:
+    """A file converted by an earlier, stopped run: (rows, sums, sums², digest), or None
+    when it is not done, or its array does not match the digest recorded with it (logged
+    as ``cache_corrupt``: converted again)."""
+    work, final = run.work, FILES[role]
+    if not all(work.is_file(n) for n in (f"{role}.json", f"{role}.npz", final)):
+        return None
+    record = json.loads(work.read_bytes(f"{role}.json"))
+    rows, recorded = record["rows"], record.get("checksum")
+    size = work.lstat(final)
+    if size is None or size.st_size != 4 * rows * width or digest(work, final) != recorded:
+        corrupt_event(work.path / final, "a finished file of a stopped conversion")
+        return None
+    sums = read_npz(work, f"{role}.npz")
+    return rows, sums["sums"], sums["sums_sq"], recorded
+
+
+def _convert_role(run: Run, role: str) -> tuple[int, np.ndarray, np.ndarray, str]:
+    """Convert one file into ``run.work`` unless a finished result is there; (rows, sums,
+    sums², digest).
+
+    The array is written as ``<name>.part`` (a new file) and renamed when complete;
+    ``<role>.json`` (rows, digest) and ``<role>.npz`` (float64 column sums) are written
+    after it: together they mark the file done.
+    """
+    sources, work, final = run.sources, run.work, FILES[role]
+    hw = sources.height * sources.width
+    width, hint = (
+        (hw, f"H×W = {sources.height}×{sources.width}")
+        if "features" in role
+        else (run.k, f"K = {run.k} labels")
+    )
+    done_before = _finished(run, role, width)
+    if done_before is not None:
+        run.progress.add(sources.path(role).stat().st_size)
+        return done_before
+    part = final + ".part"
+    work.check(part, "cache file")
+    work.remove(part)  # what a killed conversion left
+    run.guard.path = sources.path(role)
+    done = parallel.convert_file(
+        sources.path(role), work.path / part, width=width, width_hint=hint,
+        allow_nonfinite=sources.allow_nonfinite, threads=run.threads, stop=run.stop,
+        progress=run.progress.add, written=run.guard.add, dir_fd=work.fd,
+    )  # fmt: skip
+    work.rename(part, final)
+    checksum = digest(work, final)
+    work.write_bytes(f"{role}.npz", npz({"sums": done.sums, "sums_sq": done.sums_sq}))
+    work.write_json(
+        f"{role}.json", {"rows": done.rows, "threads": done.threads, "checksum": checksum}
+    )
+    logs.event(
+        "cache_progress",
+        f"converted {sources.path(role)}",
+        file=role,
+        rows=done.rows,
+        threads=done.threads,
+    )
+    return done.rows, done.sums, done.sums_sq, checksum
+
+
+def convert(run: Run) -> dict[str, Any]:
+    """Convert the four files of ``run.sources`` into ``run.work`` (those a stopped run
+    finished are kept), then write ``stats.npz`` and the manifest; return the manifest.
+
+    Raises DataError (bad data; the feature and label files of a split differ in lines),
+    Preempted (``run.stop``), InputTooLarge (``run.guard``), OSError, StorageError.
+    """
+    sources, work, k = run.sources, run.work, run.k
+    sizes: dict[str, int] = {}
+    sums: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    checksums: dict[str, str] = {}
+    for role in ROLES:
+        rows, total, total_sq, checksums[FILES[role]] = _convert_role(run, role)
+        sizes[role], sums[role] = rows, (total, total_sq)
+    for split in ("train", "test"):
+        nf, nl = sizes[f"{split}_features"], sizes[f"{split}_labels"]
+        if nf != nl:
+            raise DataError(
+                f"{sources.path(f'{split}_labels')}: {nl} label lines but "
+                f"{sources.path(f'{split}_features')} has {nf} feature lines"
+            )
+    n_train = sizes["train_features"]
+    f_mean, f_std = _std(*sums["train_features"], n_train)
+    l_mean, l_std = _std(*sums["train_labels"], n_train)
+    # Baseline: predict the training-label mean on the test set.
+    t_sum, t_sq = sums["test_labels"]
+    n_test = sizes["test_features"]
+    lm = l_mean.astype(np.float64)
+    sq_err = t_sq - 2 * lm * t_sum + n_test * np.square(lm)
+    baseline = float(np.sqrt(max(sq_err.sum(), 0.0) / (n_test * k)))
+    stats = npz(
+        {
+            "feature_mean": f_mean.reshape(sources.height, sources.width),
+            "feature_std": f_std.reshape(sources.height, sources.width),
+            "label_mean": l_mean,
+            "label_std": l_std,
+        }
+    )
+    work.write_bytes(STATS, stats)
+    checksums[STATS] = hashlib.blake2b(stats, digest_size=32).hexdigest()
+    for role in ROLES:  # the per-file records are only for resuming
+        work.remove(f"{role}.json")
+        work.remove(f"{role}.npz")
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "height": sources.height,
+        "width": sources.width,
+        "num_outputs": k,
+        "train_size": n_train,
+        "test_size": n_test,
+        "baseline_rmse": baseline,
+        "sources": {role: str(sources.path(role)) for role in ROLES},
+        "fingerprints": {role: fingerprint(sources.path(role)) for role in ROLES},
+        "checksum": CHECKSUM,
+        "checksums": checksums,
+    }
+    work.write_json(MANIFEST, manifest)
+    return manifest

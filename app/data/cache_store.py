@@ -1,0 +1,187 @@
+"""The binary data cache on disk: its layout, its digests, and reading it back verified.
+
+Layout: ``<cache_dir>/<key>/`` holds ``train_x.f32`` (N×H×W), ``train_y.f32``
+(N×K), ``test_x.f32``, ``test_y.f32`` (row-major float32, native byte order),
+``stats.npz`` (training-set mean and standard deviation of features (H×W) and
+labels (K,)) and ``manifest.json``; ``key``: :func:`app.data.cache.source_key`.
+
+Integrity: ``manifest.json`` records a BLAKE2b digest of each array and of ``stats.npz``
+(:data:`CHECKSUM`); a reader verifies them before using the cache (:func:`load`), and a
+mismatch is logged as a ``cache_corrupt`` warning (:func:`corrupt_event`) and converted
+again. Every file here is opened through the cache directory's descriptor without
+following symlinks (app/atomic.py). Never imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from app import logs
+from app.atomic import Dir
+from app.errors import StorageError
+
+FORMAT_VERSION = 3
+#: How the arrays' digests in the manifest are made: BLAKE2b (256 bits) of the whole file,
+#: read in :data:`HASH_CHUNK` pieces (cost: docs/security.md, "Cache integrity").
+CHECKSUM = "blake2b-256"
+HASH_CHUNK = 8 << 20
+MANIFEST = "manifest.json"
+STATS = "stats.npz"
+#: The array file of each source role.
+FILES = {
+    "train_features": "train_x.f32",
+    "train_labels": "train_y.f32",
+    "test_features": "test_x.f32",
+    "test_labels": "test_y.f32",
+}
+
+
+@dataclass(frozen=True)
+class DataCache:
+    """A converted data set on disk and its statistics.
+
+    Shapes: ``feature_mean``/``feature_std`` (H, W); ``label_mean``/``label_std``
+    (K,). ``baseline_rmse`` is the test RMSE of predicting the training-label
+    mean, in raw label units.
+    """
+
+    path: Path
+    height: int
+    width: int
+    num_outputs: int
+    train_size: int
+    test_size: int
+    feature_mean: np.ndarray
+    feature_std: np.ndarray
+    label_mean: np.ndarray
+    label_std: np.ndarray
+    baseline_rmse: float
+    #: The manifest's :data:`CHECKSUM` digest of each array file (name → hex).
+    checksums: dict[str, str] = field(default_factory=dict)
+
+    def fingerprint(self, split: str) -> str:
+        """What identifies the converted samples of ``split`` ("train"/"test"): a SHA-256
+        (16 hex digits) of its features' and labels' digests. It depends only on the values
+        (not on file names, compression or modification times)."""
+        parts = [self.checksums.get(f"{split}_{a}.f32", "") for a in ("x", "y")]
+        return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+
+    def features(self, split: str) -> np.memmap:
+        """Memory-mapped raw features of ``split`` ("train"/"test"), shape (N, H, W)."""
+        n = self.train_size if split == "train" else self.test_size
+        return _map(self.path / f"{split}_x.f32", (n, self.height, self.width))
+
+    def read_rows(self, split: str, what: str, idx: np.ndarray) -> np.ndarray:
+        """Rows ``idx`` (sorted int array) of ``what`` ("features" → (len, H, W), "labels" →
+        (len, K)) read with ``preadv``, one call per run of consecutive rows.
+
+        Unlike slicing the memory map, the pages read are not left mapped in the
+        process, so its RSS stays bounded by a batch however large the data set.
+        Raises StorageError if the cache file is shorter than the manifest says.
+        """
+        shape = (self.height, self.width) if what == "features" else (self.num_outputs,)
+        path = self.path / f"{split}_{'x' if what == 'features' else 'y'}.f32"
+        row_bytes = 4 * int(np.prod(shape))
+        out = np.empty((len(idx), *shape), np.float32)
+        if len(idx) == 0:
+            return out
+        buf = memoryview(out.reshape(-1).view(np.uint8).data)
+        starts = np.flatnonzero(np.diff(idx, prepend=idx[0] - 2) != 1)
+        ends = [*starts[1:].tolist(), len(idx)]
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            for a, b in zip(starts.tolist(), ends, strict=True):
+                got = os.preadv(fd, [buf[a * row_bytes : b * row_bytes]], int(idx[a]) * row_bytes)
+                if got != (b - a) * row_bytes:
+                    raise StorageError(f"{path}: cache file is truncated; delete {self.path}")
+        finally:
+            os.close(fd)
+        return out
+
+    def labels(self, split: str) -> np.memmap:
+        """Memory-mapped raw labels of ``split``, shape (N, K)."""
+        n = self.train_size if split == "train" else self.test_size
+        return _map(self.path / f"{split}_y.f32", (n, self.num_outputs))
+
+
+def _map(path: Path, shape: tuple[int, ...]) -> np.memmap:
+    """A read-only float32 memory map of ``path`` (a symlink is not followed)."""
+    with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
+        return np.memmap(f, np.float32, "r", shape=shape)
+
+
+def digest(directory: Dir, name: str) -> str:
+    """The :data:`CHECKSUM` of the file ``name`` in ``directory`` (hex). Raises OSError,
+    StorageError (a symlink)."""
+    h = hashlib.blake2b(digest_size=32)
+    buf = bytearray(HASH_CHUNK)
+    view = memoryview(buf)
+    with open(directory.open(name, os.O_RDONLY), "rb", buffering=0) as f:
+        while got := f.readinto(buf):
+            h.update(view[:got])
+    return h.hexdigest()
+
+
+def npz(arrays: dict[str, np.ndarray]) -> bytes:
+    """``arrays`` as the bytes of an .npz file."""
+    out = io.BytesIO()
+    np.savez(out, allow_pickle=False, **arrays)
+    return out.getvalue()
+
+
+def read_npz(directory: Dir, name: str) -> dict[str, np.ndarray]:
+    """The arrays of the .npz file ``name`` in ``directory``, by name."""
+    with np.load(io.BytesIO(directory.read_bytes(name))) as found:
+        return {k: found[k] for k in found.files}
+
+
+class Corrupt(Exception):
+    """A cache file does not match its recorded digest (or is missing or unreadable)."""
+
+
+def load(root: Dir, key: str, verify: bool = True) -> DataCache:
+    """The cache ``root/key``, its files checked against the manifest's digests first
+    (``verify``). Raises Corrupt naming what does not match; StorageError (a symlink, not
+    ours)."""
+    with root.sub(key, "data cache", create=False) as d:
+        try:
+            manifest = json.loads(d.read_bytes(MANIFEST))
+            checksums = manifest["checksums"]
+            for name in [*FILES.values(), STATS] if verify else ():
+                if digest(d, name) != checksums.get(name):
+                    raise Corrupt(name)
+            stats = read_npz(d, STATS)
+        except (OSError, ValueError, KeyError) as exc:
+            raise Corrupt(getattr(exc, "filename", None) or MANIFEST) from exc
+    return DataCache(
+        path=root.path / key,
+        height=manifest["height"],
+        width=manifest["width"],
+        num_outputs=manifest["num_outputs"],
+        train_size=manifest["train_size"],
+        test_size=manifest["test_size"],
+        feature_mean=stats["feature_mean"],
+        feature_std=stats["feature_std"],
+        label_mean=stats["label_mean"],
+        label_std=stats["label_std"],
+        baseline_rmse=manifest["baseline_rmse"],
+        checksums=dict(manifest["checksums"]),
+    )
+
+
+def corrupt_event(path: Path, what: str) -> None:
+    """Log ``cache_corrupt`` (a warning): ``what`` at ``path`` does not match its digest."""
+    logs.event(
+        "cache_corrupt",
+        f"{path}: {what} does not match its recorded {CHECKSUM} digest; converting again",
+        level=logging.WARNING,
+        path=str(path),
+    )

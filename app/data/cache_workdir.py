@@ -1,0 +1,127 @@
+"""The work directory of a cache conversion: claimed, published, left after a failure, and
+removed once its conversion is dead.
+
+A conversion is built in ``<cache_dir>/.partial-<key>/`` (:data:`PARTIAL`) and renamed
+into place (:func:`swap_in`), so a reader never sees a partial cache; what a stopped
+conversion finished stays there for the next run (:func:`leave`). The converting process
+holds an flock on the directory's ``.owner`` file (:data:`OWNER`): a second run converting
+the same data at once works in a private ``.<key>.<pid>.<random>`` directory instead
+(:func:`claim`), and a directory nobody holds is a dead conversion's, removed
+(:func:`remove_stale`). Never imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from typing import IO
+
+from app import logs
+from app.atomic import Dir
+from app.data.cache_store import MANIFEST
+from app.errors import StorageError
+
+OWNER = ".owner"  # flock-ed by the process converting into a work directory
+PARTIAL = ".partial-"  # the resumable work directory of a key: <cache_dir>/.partial-<key>
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie does not: killed, not yet reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+def _in_use(root: Dir, name: str) -> bool:
+    """Whether a live conversion owns the temporary directory ``name`` in ``root``.
+
+    The converting process holds an flock on ``<name>/.owner``; the kernel drops it when
+    that process dies however it dies, and flock works across PID namespaces (two
+    containers sharing a cache volume, both pid 7). Without ``.owner`` (the moment
+    after its directory was made) the pid in the name decides.
+    """
+    try:
+        with root.sub(name, create=False) as tmp:
+            handle = open(tmp.open(OWNER, os.O_RDONLY), "rb")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        fields = name.split(".")  # ".<key>.<pid>.<random>"
+        return len(fields) > 2 and fields[2].isdigit() and _pid_alive(int(fields[2]))
+    except (OSError, StorageError):
+        return True  # can't tell (or not ours): leave it
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        return False
+
+
+def remove_stale(root: Dir, keep: str, temporary_only: bool = False) -> None:
+    """Remove temporary directories left by killed conversions and (unless
+    ``temporary_only``) older caches other than ``keep``; only real directories."""
+    for name in root.names():
+        if name == keep or not root.is_dir(name):
+            continue
+        if name.startswith("."):
+            if not _in_use(root, name):
+                root.remove(name)
+        elif not temporary_only and root.is_file(f"{name}/{MANIFEST}"):
+            root.remove(name)
+
+
+def claim(root: Dir, key: str) -> tuple[Dir, IO[bytes]]:
+    """The work directory of ``key`` and its held ``.owner`` lock: ``.partial-<key>``
+    (resumable) unless another live run converts the same data there; then a private one.
+    Raises OSError, StorageError (a symlink or another owner's directory)."""
+    partial = root.sub(f"{PARTIAL}{key}", "cache work directory")
+    owner = open(partial.open(OWNER, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab")  # noqa: SIM115
+    try:
+        fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return partial, owner
+    except BlockingIOError:
+        owner.close()
+        partial.close()
+    private = root.temp_dir(f".{key}.{os.getpid()}.")
+    owner = open(private.create(OWNER, "cache owner lock"), "wb")  # noqa: SIM115 - held
+    fcntl.flock(owner, fcntl.LOCK_EX)
+    return private, owner
+
+
+def leave(root: Dir, work: Dir, keep: str) -> None:
+    """After a conversion that did not finish: keep everything in ``work`` ("all"), only
+    its finished files ("finished": ``.part`` files go), or nothing ("")."""
+    if keep == "all":
+        return
+    if keep == "finished":
+        for name in work.names():
+            if name.endswith(".part"):
+                work.remove(name)
+        return
+    root.remove(work.path.name)
+
+
+def swap_in(root: Dir, work: Dir, key: str) -> None:
+    """Rename the finished ``work`` to ``key``; when another run sharing the directory
+    finished the same data set first (ENOTEMPTY/EEXIST), its complete, identical cache is
+    used. Raises OSError."""
+    try:
+        root.publish(work, key)
+    except OSError:
+        if not root.is_file(f"{key}/{MANIFEST}"):
+            raise
+        logs.event(
+            "cache", f"using the same cache built by another run: {root.path / key}",
+            path=str(root.path / key),
+        )  # fmt: skip
+        return
+    os.unlink(OWNER, dir_fd=work.fd)

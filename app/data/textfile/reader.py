@@ -1,0 +1,194 @@
+"""Reading a data file's whole lines, in blocks, into one padded, 8-aligned buffer.
+
+A block is up to ``chunk_rows`` lines and about :data:`_CHUNK_BYTES` of them, read 1 MiB at
+a time from the (possibly gzip) stream straight into a numpy buffer that has :data:`PAD`
+whitespace bytes in front of the data and at least 8 readable bytes after it, so the
+parsers can load 8- and 16-byte windows ending anywhere in a line. Line ends are found with
+one numpy pass per read; a line over MAX_LINE_BYTES is an error as soon as it is seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import BinaryIO
+
+import numpy as np
+
+from app.data.textfile import files
+
+_READ_BYTES = 1 << 20  # one readinto() from the (possibly gzip) stream
+_CHUNK_BYTES = 64 << 20  # a chunk ends early once its lines hold this many bytes
+#: Whitespace bytes in front of the data, so 16-byte windows stay in the buffer.
+PAD = 16
+#: One block of whole lines: (number of its first line, buffer, begin, line ends); see
+#: :func:`read_blocks`.
+Block = tuple[int, np.ndarray, int, np.ndarray]
+
+
+class Buffers:
+    """Memory :func:`app.data.textfile.iter_chunks` keeps between chunks and calls: the
+    text read buffer and the rows of the compiled path. Reusing them spares a fresh
+    allocation, and the page faults of first touching it, per chunk and per call (their
+    kernel time grows when threads fault in the same process at once). One per thread."""
+
+    def __init__(self) -> None:
+        self.text: np.ndarray | None = None
+        self.rows: np.ndarray | None = None
+
+
+def read_blocks(
+    path: str,
+    chunk_rows: int,
+    start: int = 0,
+    stop: int | None = None,
+    first_line: int = 1,
+    buffers: Buffers | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> Iterator[Block]:
+    """Yield (first line number, buffer, begin, line ends) for up to chunk_rows whole lines.
+
+    ``buffer``: uint8, 8-aligned; the lines are ``buffer[begin:ends[-1]]``, with at least
+    PAD bytes in front ending in whitespace and at least 8 readable bytes after; valid
+    until the next item is requested. ``ends``: int64 offsets just past each line's newline
+    (one is added to a last line without it). A UTF-8 BOM at offset 0 becomes whitespace.
+    Only bytes ``[start, stop)`` are read (``stop`` None: to the end), lines numbered from
+    ``first_line``. ``buffers``: the text buffer to reuse (and keep). ``progress``: called
+    with the file's bytes (compressed bytes for gzip) read since its last call, after every
+    read. Raises DataError; ValueError for a range of a gzip file other than the whole file.
+    """
+    raw, stream = files.open_data(path)
+    with raw, stream:
+        if start or stop is not None:
+            if stream is not raw:
+                raise ValueError(f"{path}: a gzip file can only be read as a whole")
+            files.seek(raw, start, path)
+        left = None if stop is None else max(0, stop - start)
+        lines = _Lines(path, raw, stream, left, first_line, start == 0, buffers, progress)
+        yield from lines.blocks(chunk_rows)
+
+
+class _Lines:
+    """One file's lines as they are read: the buffer and what in it is not handed out yet.
+
+    ``buf[begin:end]``: the data read and not yet handed out, the line numbered ``line``
+    at ``begin``; ``nls``: offsets just past the newlines in there. Each read appends up
+    to _READ_BYTES at ``end``, after moving the data to the front of the buffer (or to a
+    larger one) when they would not fit.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        raw: BinaryIO,
+        stream: BinaryIO,
+        left: int | None,
+        first_line: int,
+        bom: bool,
+        buffers: Buffers | None,
+        progress: Callable[[int], None] | None,
+    ) -> None:
+        self.path, self.raw, self.stream = path, raw, stream
+        self.left = left  # bytes still to read; None: to the end of the file
+        self.bom = bom  # the next read is the file's first: a BOM there becomes blanks
+        self.buffers, self.progress = buffers, progress
+        self.buf = self._first_buffer()
+        self.begin = self.end = PAD
+        self.nls = np.empty(0, np.int64)
+        self.eof = False
+        self.line = first_line
+        self.position = raw.tell()  # for progress: where the last read ended
+
+    def blocks(self, chunk_rows: int) -> Iterator[Block]:
+        """The items of :func:`read_blocks`, read until each block is full or the file ends."""
+        while True:
+            while not self.eof and self._wants_more(chunk_rows):
+                self._read()
+            if self.eof and len(self.nls) < chunk_rows and self.end > self._last_end():
+                self._end_last_line()
+            if not len(self.nls):
+                return
+            yield self._take(chunk_rows)
+
+    def _first_buffer(self) -> np.ndarray:
+        """The kept buffer if it is large enough, else a new one; its padding blanked."""
+        buf = self.buffers.text if self.buffers is not None else None
+        if buf is None or len(buf) < PAD + 2 * _READ_BYTES + 8:
+            buf = np.full(PAD + 2 * _READ_BYTES + 8, 32, np.uint8)
+        buf[:PAD] = 32  # (a reused buffer holds old text)
+        if self.buffers is not None:
+            self.buffers.text = buf
+        return buf
+
+    def _last_end(self) -> int:
+        """Where the last whole line read ends (``begin`` when there is none)."""
+        return int(self.nls[-1]) if len(self.nls) else self.begin
+
+    def _wants_more(self, chunk_rows: int) -> bool:
+        """Whether the next block is short of ``chunk_rows`` lines and of _CHUNK_BYTES."""
+        nls = self.nls
+        return len(nls) < chunk_rows and (not len(nls) or nls[-1] - self.begin < _CHUNK_BYTES)
+
+    def _read(self) -> None:
+        """One read after the data, its newlines found; at the end of the file, ``eof``."""
+        if self.end - self._last_end() > files.MAX_LINE_BYTES:
+            raise files.line_too_long(self.path, self.line + len(self.nls))
+        if self.end + _READ_BYTES + 9 > len(self.buf):
+            self._make_room()
+        got = self._read_into_buffer()
+        if self.bom and self.buf[PAD : PAD + 3].tobytes() == files.BOM:
+            self.buf[PAD : PAD + 3] = 32
+        self.bom = False
+        self._find_newlines(got)
+        self.end += got
+        self.eof = got == 0
+
+    def _make_room(self) -> None:
+        """Move the data to the front of the buffer, or into a larger one."""
+        buf, begin, end = self.buf, self.begin, self.end
+        size = max(len(buf), (end - begin + PAD + _READ_BYTES + 16) // 8 * 16)
+        moved = np.full(size, 32, np.uint8) if size > len(buf) else buf
+        if self.buffers is not None:
+            self.buffers.text = moved
+        moved[PAD : PAD + end - begin] = buf[begin:end].copy()
+        self.nls = self.nls - (begin - PAD)
+        self.buf, self.begin, self.end = moved, PAD, PAD + end - begin
+
+    def _read_into_buffer(self) -> int:
+        """Read up to _READ_BYTES (and no more than is left) at ``end``; the bytes read."""
+        want = _READ_BYTES if self.left is None else min(_READ_BYTES, self.left)
+        view = self.buf.data[self.end : self.end + want]
+        got = files.read_into(self.stream, view, self.path) if want else 0
+        if self.left is not None:
+            self.left -= got
+        if self.progress is not None:
+            now = self.raw.tell()
+            self.progress(now - self.position)
+            self.position = now
+        return got
+
+    def _find_newlines(self, got: int) -> None:
+        """Add the newlines of the ``got`` bytes just read; raise for a line too long."""
+        found = np.flatnonzero(self.buf[self.end : self.end + got] == 10) + (self.end + 1)
+        if len(found):
+            lengths = np.diff(found, prepend=self._last_end()) - 1
+            if lengths.max() > files.MAX_LINE_BYTES:
+                where = self.line + len(self.nls) + int(np.argmax(lengths > files.MAX_LINE_BYTES))
+                raise files.line_too_long(self.path, where)
+            self.nls = np.concatenate([self.nls, found])
+
+    def _end_last_line(self) -> None:
+        """Give the last line, which has no newline, one."""
+        self.buf[self.end] = 10
+        self.end += 1
+        self.nls = np.append(self.nls, self.end)
+
+    def _take(self, chunk_rows: int) -> Block:
+        """Hand out the next block: up to ``chunk_rows`` lines, about _CHUNK_BYTES at most."""
+        take = min(chunk_rows, len(self.nls))
+        take = max(1, min(take, int(np.searchsorted(self.nls, self.begin + _CHUNK_BYTES, "right"))))
+        ends = self.nls[:take]
+        block = (self.line, self.buf, self.begin, ends)
+        self.line += take
+        self.begin = int(ends[-1])
+        self.nls = self.nls[take:]
+        return block
