@@ -23,6 +23,7 @@ from app.training.controller import (
     Meter,
     Schedule,
 )
+from app.training.outcome import Completed, Replan, Stopped, TargetReached
 
 
 @dataclass
@@ -102,6 +103,7 @@ def run(
     k: int = 5,
     target: float = 0.0,
     agree: object = None,
+    replan: object = None,
     **trainer: object,
 ) -> tuple[object, FakeTrainer, FakeCheckpoints]:
     clock = Clock()
@@ -115,6 +117,7 @@ def run(
         stop=lambda: False,
         baseline_rmse=2.0,
         **({"agree": agree} if agree else {}),  # type: ignore[arg-type]
+        **({"replan": replan} if replan else {}),  # type: ignore[arg-type]
     )
     return controller.run(start), fake, saves
 
@@ -128,7 +131,8 @@ def test_calls_are_cut_at_every_evaluation_checkpoint_and_the_last_step() -> Non
     outcome, fake, _ = run()
     # From 0 with K = 5: to 3 (eval), 4 (checkpoint), 6 (eval), 8 (ckpt), 9 (eval), 10 (last).
     assert fake.calls == [3, 1, 2, 2, 1, 1]
-    assert outcome.status == "completed" and outcome.step == 10  # type: ignore[attr-defined]
+    assert isinstance(outcome, Completed) and outcome.status == "completed"
+    assert outcome.step == 10
 
 
 def test_evaluation_every_n_steps_and_at_the_last_step() -> None:
@@ -145,14 +149,16 @@ def test_a_stop_request_evaluates_checkpoints_and_ends_preempted() -> None:
     outcome, fake, saves = run(stop_after=5, checkpoint_every=100, eval_every=100, k=5)
     assert fake.calls == [5]
     assert (fake.evaluated, saves.saved) == ([5], [5])
-    assert outcome.status == "preempted" and outcome.step == 5  # type: ignore[attr-defined]
+    assert isinstance(outcome, Stopped) and outcome.status == "preempted"
+    assert outcome.step == 5
 
 
 def test_reaching_the_target_checkpoints_that_step_and_stops() -> None:
     outcome, fake, saves = run(target=0.5, rmse_at={6: 0.4}, checkpoint_every=100, k=1)
     assert fake.evaluated == [3, 6]
     assert saves.saved == [6]
-    assert outcome.status == "target_reached" and outcome.eval_rmse == 0.4  # type: ignore[attr-defined]
+    assert isinstance(outcome, TargetReached) and outcome.status == "target_reached"
+    assert outcome.eval_rmse == 0.4
 
 
 def test_a_non_finite_loss_raises_before_anything_is_saved_at_that_step() -> None:
@@ -227,3 +233,23 @@ def test_progress_rate_leaves_out_the_tracing_call() -> None:
     # 7 steps after the first call (3 steps), 0.07 s: 10,000 samples/s, not 1000/5.1 s.
     assert progress["examples_per_sec"] == pytest.approx(100 * 7 / 0.07)
     assert progress["step"] == 10 and progress["loss"] == pytest.approx(0.1)
+
+
+def test_a_budget_that_needs_a_new_plan_checkpoints_and_ends_in_a_replan() -> None:
+    asked: list[int] = []
+
+    def replan() -> bool:  # asked after each evaluation that the loop would go on from
+        asked.append(len(asked))
+        return len(asked) == 2
+
+    outcome, fake, saves = run(replan=replan, checkpoint_every=100, k=1)
+    assert fake.evaluated == [3, 6] and saves.saved == [6]  # checkpointed where it stopped
+    assert isinstance(outcome, Replan) and outcome.status == "replan" and outcome.step == 6
+    assert outcome.at > 0  # when the change was noticed
+
+
+def test_the_budget_is_not_asked_after_the_last_evaluation() -> None:
+    asked: list[bool] = []
+    outcome, fake, _ = run(replan=lambda: asked.append(True) or True, eval_every=10, k=10)
+    assert fake.evaluated == [10] and asked == []
+    assert isinstance(outcome, Completed)

@@ -1,4 +1,5 @@
-"""End to end: the real CLI trains a tiny data set, checkpoints, resumes and exports."""
+"""``coretrain train`` (app/commands/train.py): end to end, the real CLI trains a tiny data
+set, checkpoints, resumes and exports; and the one place an outcome becomes an exit."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ import numpy as np
 import pytest
 
 from tests.conftest import TINY_TRAIN_ARGS, events, json_lines, run_cli
-
-pytestmark = pytest.mark.slow
 
 
 def train_tiny(data: Path, out: Path, steps: int, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -32,6 +31,7 @@ def first_run(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory):
     return out, proc
 
 
+@pytest.mark.slow
 def test_train_writes_json_logs_checkpoints_export_and_metrics(first_run) -> None:
     out, proc = first_run
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -63,6 +63,7 @@ def test_train_writes_json_logs_checkpoints_export_and_metrics(first_run) -> Non
     assert [r["event"] for r in file_records if r["event"] in ("start", "end")] == ["start", "end"]
 
 
+@pytest.mark.slow
 def test_baseline_rmse_is_the_mean_predictor(first_run, tiny_data: Path) -> None:
     out, _ = first_run
     train_y = np.loadtxt(tiny_data / "train_labels.txt", dtype=np.float64)
@@ -72,6 +73,7 @@ def test_baseline_rmse_is_the_mean_predictor(first_run, tiny_data: Path) -> None
     assert metrics["baseline_rmse"] == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_export_takes_raw_lines_and_predicts_n_by_k(first_run, tiny_data: Path) -> None:
     out, _ = first_run
     script = f"""
@@ -93,6 +95,7 @@ print(a.shape, b.shape, float(np.max(np.abs(a - b))))
     assert float(line.split()[-1]) < 1e-4
 
 
+@pytest.mark.slow
 def test_rerun_resumes_from_saved_step_and_reuses_cache(first_run, tiny_data: Path) -> None:
     out, _ = first_run
     proc = train_tiny(tiny_data, out, 9)
@@ -105,6 +108,7 @@ def test_rerun_resumes_from_saved_step_and_reuses_cache(first_run, tiny_data: Pa
     assert metrics["start_step"] == 6 and metrics["final_step"] == 9
 
 
+@pytest.mark.slow
 def test_env_variables_set_options(tiny_data: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = run_cli(
@@ -132,6 +136,7 @@ def _fmt(values: np.ndarray, i: int) -> str:
     return seps[i % 4].join(styles[(i + j) % 4].format(v) for j, v in enumerate(values))
 
 
+@pytest.mark.slow
 def test_hand_written_seed_format_with_crlf_tabs_exponents_and_gzip(tmp_path: Path) -> None:
     """A data set not made by `coretrain generate`: CRLF, tabs, exponents, .gz, no final EOL."""
     rng = np.random.default_rng(7)
@@ -211,6 +216,7 @@ def test_allowed_nan_with_standardisation_is_a_data_error_naming_the_way_out(
     assert "RuntimeWarning" not in proc.stdout
 
 
+@pytest.mark.slow
 def test_divergence_before_any_checkpoint_says_so(tiny_data: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = train_tiny(tiny_data, out, 3, "--learning-rate", "1e30")
@@ -218,3 +224,48 @@ def test_divergence_before_any_checkpoint_says_so(tiny_data: Path, tmp_path: Pat
     (line,) = proc.stderr.strip().splitlines()
     assert "no checkpoint had been saved yet" in line and "lower --learning-rate" in line
     assert list(out.glob("checkpoints/ckpt-*")) == []
+
+
+def _result(outcome_type: type, summary: dict | None = None) -> object:
+    from app.training.outcome import Result
+
+    return Result(outcome_type(0, 5, 0.1, 1.0, 2), summary or {})
+
+
+def test_an_outcome_becomes_its_exit_in_one_place(tmp_path: Path) -> None:
+    from app.commands.train import conclude
+    from app.training import outcome
+
+    def held() -> object:
+        return (tmp_path / "lock").open("w")
+
+    done = conclude(_result(outcome.Completed), held())  # type: ignore[arg-type]
+    assert (done.code, done.message) == (0, None)
+    assert conclude(_result(outcome.TargetReached), held()).code == 0  # type: ignore[arg-type]
+    stopped = conclude(_result(outcome.Stopped), held())  # type: ignore[arg-type]
+    assert stopped.code == 143
+    assert stopped.message == "stopped by signal at step 5; checkpoint saved, rerun to resume"
+    refused = {"publish": {"published": False, "reason": "worse than version 2"}}
+    kept_out = conclude(_result(outcome.Completed, refused), held())  # type: ignore[arg-type]
+    assert (kept_out.code, kept_out.message) == (7, "model not published: worse than version 2")
+    published = {"publish": {"published": True, "reason": "better"}}
+    assert conclude(_result(outcome.Completed, published), held()).code == 0  # type: ignore[arg-type]
+
+
+def test_a_replan_restarts_the_process_with_the_lock_and_when_it_was_noticed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app import lock
+    from app.budget import apply
+    from app.commands.train import conclude
+    from app.training import outcome
+
+    restarts: list[tuple[dict, tuple]] = []
+    monkeypatch.setattr(apply, "restart", lambda env, keep_fds: restarts.append((env, keep_fds)))
+    held = (tmp_path / "lock").open("w")
+    fd = held.fileno()
+    replan = outcome.Replan(0, 5, 0.1, 1.0, 2, at=1234.5)
+    conclude(outcome.Result(replan, {}), held)  # the real restart execs: it never returns
+    ((env, keep),) = restarts
+    assert env == {outcome.REPLAN_AT_ENV: "1234.5", lock.HELD_FD_ENV: str(fd)}
+    assert keep == (fd,)

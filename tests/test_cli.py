@@ -1,5 +1,6 @@
-"""Every error path of ``coretrain train`` prints exactly one line on stderr, with oneDNN
-forced on and forced off, so the contract is checked on either kind of CPU.
+"""The command line (app/cli.py): every error path of ``coretrain train`` prints exactly one
+line on stderr, with oneDNN forced on and forced off, so the contract is checked on either
+kind of CPU; and the environment variables a command reads.
 
 TensorFlow writes start-up notices to stderr when oneDNN is on (absl's pre-init warning,
 "oneDNN custom operations are on"), which only some CPUs turn on by default;
@@ -16,8 +17,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SEED_RECIPE_ARGS, TINY_TRAIN_ARGS, run_cli
-
-pytestmark = pytest.mark.slow
 
 Case = Callable[[Path, Path], tuple[list[str], int, str]]
 
@@ -78,6 +77,7 @@ CASES: dict[str, Case] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("onednn", ["0", "1"])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_one_line_on_stderr(case: str, onednn: str, tiny_data: Path, tmp_path: Path) -> None:
@@ -89,6 +89,7 @@ def test_one_line_on_stderr(case: str, onednn: str, tiny_data: Path, tmp_path: P
     assert line.startswith("coretrain: ") and needle in line, line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("onednn", ["0", "1"])
 def test_locked_output_is_one_line(onednn: str, tiny_data: Path, tmp_path: Path) -> None:
     out = tmp_path / "o"
@@ -104,6 +105,7 @@ def test_locked_output_is_one_line(onednn: str, tiny_data: Path, tmp_path: Path)
     assert "another coretrain run" in line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("onednn", ["0", "1"])
 def test_a_successful_run_prints_nothing_on_stderr(
     onednn: str, tiny_data: Path, tmp_path: Path
@@ -114,6 +116,7 @@ def test_a_successful_run_prints_nothing_on_stderr(
     assert proc.stderr == ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["inf", "nan", "1e309"])
 @pytest.mark.parametrize("command", ["plan", "train"])
 def test_a_non_finite_number_is_a_one_line_usage_error(
@@ -124,3 +127,77 @@ def test_a_non_finite_number_is_a_one_line_usage_error(
     assert proc.returncode == 2, proc.stderr[-3000:]
     (line,) = proc.stderr.splitlines()
     assert line.startswith("coretrain: --cpus must be a finite number, got "), line
+
+
+# Environment variables: CORETRAIN_<COMMAND>_<OPTION>, and CORETRAIN_<OPTION> where it can't
+# mean another command's option (app/cli.py's module docstring).
+
+
+def _readers() -> dict[str, set[int]]:
+    """Every variable any command reads → the declarations (fields) that read it."""
+    import dataclasses
+
+    from app import cli
+
+    readers: dict[str, set[int]] = {}
+    for command, classes in cli.COMMANDS.items():
+        for cls in classes:
+            for field in dataclasses.fields(cls):
+                for name in cli.envvars(command, field):
+                    readers.setdefault(name, set()).add(id(field))
+    return readers
+
+
+def test_no_variable_is_read_by_two_different_options() -> None:
+    shared = {name: ids for name, ids in _readers().items() if len(ids) > 1}
+    assert shared == {}
+
+
+def test_train_reads_the_short_names_its_deployments_set_and_its_own_first() -> None:
+    from app.cli import cli
+
+    params = {p.name: p.envvar for p in cli.commands["train"].params}
+    assert params["max_steps"] == ["CORETRAIN_TRAIN_MAX_STEPS", "CORETRAIN_MAX_STEPS"]
+    assert params["seed"] == ["CORETRAIN_TRAIN_SEED", "CORETRAIN_SEED"]
+    generate = {p.name: p.envvar for p in cli.commands["generate"].params}
+    assert generate["seed"] == ["CORETRAIN_GENERATE_SEED"]  # train's CORETRAIN_SEED is not read
+    assert generate["kind"] == ["CORETRAIN_GENERATE_KIND", "CORETRAIN_KIND"]  # unique: both
+    plan = {p.name: p.envvar for p in cli.commands["plan"].params}
+    assert plan["intra_op_threads"] == [  # one declaration shared with train: both
+        "CORETRAIN_PLAN_INTRA_OP_THREADS",
+        "CORETRAIN_INTRA_OP_THREADS",
+    ]
+    assert plan["format"] == ["CORETRAIN_PLAN_FORMAT"]  # models has --format too
+
+
+def test_a_short_variable_meant_for_another_command_is_named_not_read(tmp_path: Path) -> None:
+    proc = run_cli("models", str(tmp_path), env={"CORETRAIN_FORMAT": "text"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"no published versions in {tmp_path}\n"
+    (line,) = proc.stderr.splitlines()
+    assert "CORETRAIN_FORMAT is not read" in line and "CORETRAIN_MODELS_FORMAT" in line
+    own = run_cli("models", str(tmp_path), env={"CORETRAIN_MODELS_FORMAT": "json"})
+    assert (own.returncode, own.stdout, own.stderr) == (0, "[]\n", "")
+
+
+def test_each_command_reads_its_own_variables() -> None:
+    import json
+
+    text = run_cli("plan", env={"CORETRAIN_PLAN_FORMAT": "text", "CORETRAIN_FORMAT": "json"})
+    assert text.returncode == 0 and text.stdout.startswith("cpu_quota"), text.stdout[:200]
+    shared = run_cli("plan", env={"CORETRAIN_INTRA_OP_THREADS": "1"})
+    assert json.loads(shared.stdout)["intra_op_threads"] == 1
+    both = {"CORETRAIN_INTRA_OP_THREADS": "1", "CORETRAIN_PLAN_INTRA_OP_THREADS": "2"}
+    assert json.loads(run_cli("plan", env=both).stdout)["intra_op_threads"] == 2
+
+
+def test_train_s_own_variable_wins_over_the_short_one(tmp_path: Path) -> None:
+    env = {
+        "CORETRAIN_DATA": str(tmp_path / "short"),
+        "CORETRAIN_TRAIN_DATA": str(tmp_path / "own"),
+        "CORETRAIN_OUTPUT": str(tmp_path / "out"),
+    }
+    proc = run_cli("train", env=env)
+    assert proc.returncode == 3
+    (line,) = proc.stderr.splitlines()
+    assert f"{tmp_path / 'own'}/train_features.txt: missing data file" in line
