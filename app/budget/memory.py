@@ -50,10 +50,10 @@ RESIDENT_COPIES = 1
 #: WINDOW_STEPS), and 5 batches in flight (prefetch 2, 2 parallel gathers, the step's).
 STREAMED_BATCHES = 2 * 8 + 5
 #: Bytes per sample of a batch, per feature value and per output: activations, their
-#: gradients and the fast formulation's patch matrices (app/model.py).
+#: gradients and the fast formulation's patch matrices (app/model/fast.py).
 PER_FEATURE = 44
 PER_OUTPUT = 40
-DENSE_UNITS = 20  # app/model.py's hidden layer feeding the K outputs
+DENSE_UNITS = 20  # app/model/geometry.py's hidden layer feeding the K outputs
 #: Room for what the rule does not see (allocator slack, page cache of written files).
 MARGIN = 0.10
 

@@ -1,4 +1,4 @@
-"""``coretrain predict``: use an exported model where it was made, on the CPUs planned for it.
+"""Prediction with an exported model, on the CPUs planned for this process (``coretrain predict``).
 
 The model is a run's ``model/`` (its ``saved_model/``), one published version (a
 directory with ``saved_model.pb``) or a publish directory (its newest version). The
