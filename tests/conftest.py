@@ -8,10 +8,14 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.runs import Done
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -63,6 +67,35 @@ def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny-data")
     synthetic.generate(out, train=TINY["train"], test=TINY["test"], seed=1)
     return out
+
+
+# Background training runs (tests/runs.py, which imports this module: the fixtures below
+# import it where they use it).
+
+
+@pytest.fixture(scope="session")
+def pool() -> Iterator[ThreadPoolExecutor]:
+    """The workers of the background training runs (tests/runs.py), two: the machine has 2
+    cores."""
+    from tests.runs import WORKERS
+
+    with ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="train-run") as executor:
+        yield executor
+
+
+@pytest.fixture(scope="session")
+def reference(
+    pool: ThreadPoolExecutor, tiny_data: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Future[Done]:
+    """The reference run, in the background: ``--max-steps 10 --batch-size 40 --eval-every 1
+    --checkpoint-every 2 --keep-checkpoints 5 --seed 3`` (and a constant learning rate:
+    tests/runs.py, ARGS) on the 240/60-sample tiny data set, so every step has a
+    ``progress`` event with its loss and checkpoints 2, 4, 6, 8, 10 are on disk. Runs that
+    need a finished training copy its output directory."""
+    from tests.runs import train
+
+    out = tmp_path_factory.mktemp("reference") / "out"
+    return pool.submit(train, tiny_data, out)
 
 
 def prepare_cache(config: Any, **kwargs: Any) -> Any:

@@ -22,7 +22,7 @@ from app.data import bounds, textfile
 from app.errors import DataError
 from benchmarks.cgroup_run import MEMORY_MOUNT, MemoryCgroup, memory_cgroup, unavailable_reason
 from tests.conftest import REPO, TINY_TRAIN_ARGS, events, json_lines, run_cli
-from tests.test_resilience import mount_tmpfs, umount
+from tests.runs import mount_tmpfs, umount
 
 LINE = b"0.5 -1.25 3 4.0 -0 100\n"  # six fields: features of --height 2 --width 3
 SMALL = ["--height", "2", "--width", "3"]

@@ -4,18 +4,14 @@ Every scenario runs the real ``coretrain train`` in a subprocess on real files. 
 TensorFlow runs are independent of each other, so the module starts them all at once
 in a pool of two workers (the machine has 2 cores; TensorFlow's import alone is ~6 CPU
 seconds) and each test waits for the result it asserts on. Runs that need a finished
-reference run (fallback, all-unreadable, diverged, disk full) copy its output directory.
-
-Reference: ``--max-steps 10 --batch-size 40 --eval-every 1 --checkpoint-every 2
---keep-checkpoints 5 --seed 3`` on the 240/60-sample tiny data set, so every step has a
-``progress`` event with its loss and checkpoints 2, 4, 6, 8, 10 are on disk.
+reference run (fallback, all-unreadable, diverged, disk full) copy its output directory
+(the ``reference`` fixture of tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gzip
-import hashlib
 import json
 import os
 import re
@@ -24,7 +20,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -39,111 +34,33 @@ from app.data import cache, cache_convert
 from app.errors import DataError
 from tests import kill_harness
 from tests.conftest import REPO, events, json_lines, prepare_cache, run_cli
+from tests.runs import (
+    FAR_STEPS,
+    IS_ROOT,
+    LOSS_TOLERANCE,
+    STEPS,
+    WAIT,
+    Done,
+    Signalled,
+    copy_output,
+    digest,
+    losses,
+    mount_tmpfs,
+    no_partial_cache,
+    ref_data,
+    reference_ok,
+    run_and_signal,
+    start_in_background,
+    train,
+    train_args,
+    truncate,
+    umount,
+)
 
 pytestmark = pytest.mark.slow
 
-STEPS = 10
-#: A step a signalled run can't reach before its signal lands, however slow the machine.
-FAR_STEPS = 100_000
-# A constant learning rate: a stopped run (--max-steps FAR_STEPS) and its rerun to step 10
-# then train with the same rates as the uninterrupted run to 10 (under the cosine default
-# the rate depends on --max-steps: tests/test_identity.py).
-ARGS = [
-    "--batch-size", "40", "--eval-every", "1", "--checkpoint-every", "2",
-    "--keep-checkpoints", "5", "--seed", "3", "--lr-schedule", "constant",
-]  # fmt: skip
-WORKERS = 2
-WAIT = 1200.0  # seconds a test waits for its background run (a hang, not a slow machine)
-# Resumed vs uninterrupted per-step losses on one machine: identical to the bit (the
-# batches and dropout masks depend only on (seed, step), the restored state is the saved
-# state, and the CPU kernels, Eigen's or oneDNN's, are deterministic for a fixed thread
-# count on one CPU).
-LOSS_TOLERANCE = 0.0
 CORPUS = Path(__file__).parent / "fixtures" / "data"
-IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 NON_ROOT_UID = 10001  # the image's user (Dockerfile)
-
-
-@dataclass
-class Done:
-    """A finished ``coretrain train`` run."""
-
-    out: Path
-    returncode: int
-    stdout: str
-    stderr: str
-
-    @property
-    def records(self) -> list[dict]:
-        return json_lines(self.stdout)
-
-    def why(self) -> str:
-        return (
-            f"exit {self.returncode}\nstderr: {self.stderr[-2000:]}\nstdout: {self.stdout[-2000:]}"
-        )
-
-
-def train_args(data: Path, out: Path, steps: int = STEPS, *extra: str) -> list[str]:
-    return ["--data", str(data), "--output", str(out), "--max-steps", str(steps), *ARGS, *extra]
-
-
-def train(data: Path, out: Path, steps: int = STEPS, *extra: str, env: dict | None = None) -> Done:
-    proc = run_cli("train", *train_args(data, out, steps, *extra), env=env, timeout=WAIT)
-    return Done(out, proc.returncode, proc.stdout, proc.stderr)
-
-
-def losses(records: list[dict]) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in events(records, "progress")}
-
-
-def digest(directory: Path) -> dict[str, str]:
-    """File name -> sha256 of every file directly in ``directory``."""
-    return {
-        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(directory.iterdir())
-        if p.is_file()
-    }
-
-
-def truncate(path: Path, keep: float = 0.5) -> None:
-    data = path.read_bytes()
-    path.write_bytes(data[: int(len(data) * keep)])
-
-
-def copy_output(src: Path, dst: Path, with_cache: bool = True) -> Path:
-    ignore = None if with_cache else shutil.ignore_patterns("cache")
-    shutil.copytree(src, dst, ignore=ignore)
-    return dst
-
-
-def no_partial_cache(out: Path) -> list[str]:
-    """What a failed or stopped conversion left in OUTPUT/cache but its resumable work
-    directory (``.partial-<key>``, finished files only): nothing else is allowed."""
-    root = out / "cache"
-    if not root.exists():
-        return []
-    left = [p.name for p in root.iterdir() if not p.name.startswith(".partial-")]
-    left += [f"{w.name}/{p.name}" for w in root.glob(".partial-*") for p in w.glob("*.part")]
-    return sorted(left)
-
-
-def mount_tmpfs(target: Path, options: str) -> str | None:
-    """Mount a tmpfs at ``target``; None, or why it can't be done here (a skip reason)."""
-    if not IS_ROOT:
-        return "mounting a tmpfs needs root"
-    target.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)],
-        capture_output=True,
-        text=True,
-    )
-    return None if done.returncode == 0 else f"mount -t tmpfs not permitted: {done.stderr.strip()}"
-
-
-def umount(target: Path) -> None:
-    subprocess.run(["umount", str(target)], capture_output=True)
-    if os.path.ismount(target):
-        subprocess.run(["umount", "-l", str(target)], capture_output=True)
 
 
 # --------------------------------------------------------------------------------------
@@ -152,62 +69,13 @@ def umount(target: Path) -> None:
 # workers stay busy while earlier tests assert.
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[ThreadPoolExecutor]:
-    with ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="train-run") as executor:
-        yield executor
-
-
 INDEPENDENT = ("reference", "preempted", "conversion_stopped", "bad_runs", "non_root_run")
 DEPENDENT = ("fallback_run", "unreadable_run", "diverged_run", "disk_full_run")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _start_in_background(request: pytest.FixtureRequest) -> None:
-    wanted: set[str] = set()
-    for item in request.session.items:
-        if getattr(item, "module", None) is request.module:
-            wanted.update(getattr(item, "fixturenames", ()))
-    for name in (*INDEPENDENT, *DEPENDENT):
-        if name in wanted:
-            request.getfixturevalue(name)
-
-
-@pytest.fixture(scope="module")
-def reference(
-    pool: ThreadPoolExecutor, tiny_data: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Future[Done]:
-    out = tmp_path_factory.mktemp("reference") / "out"
-    return pool.submit(train, tiny_data, out)
-
-
-def _reference_ok(reference: Future[Done]) -> Done:
-    ref = reference.result(timeout=WAIT)
-    assert ref.returncode == 0, "the reference run failed: " + ref.why()
-    return ref
-
-
-@dataclass
-class Signalled:
-    stopped: Done
-    seconds_to_exit: float  # from sending the signal to the exit, measured by the parent
-    rerun: Done | None
-    left: list[str] = dataclasses.field(default_factory=list)  # OUTPUT after the stop
-    checkpoints: list[str] = dataclasses.field(default_factory=list)  # its checkpoints/
-    log_file: str = ""  # its logs/train.jsonl
-
-
-def _run_and_signal(
-    args: list[str], out: Path, sig: signal.Signals, when: Callable[[dict], bool], workdir: Path
-) -> tuple[Done, float]:
-    child = kill_harness.Child(args, workdir / "stderr.txt")
-    seen = child.wait_for(when)
-    sent = time.monotonic()
-    if seen is not None and child.proc.poll() is None:
-        child.proc.send_signal(sig)
-    rc, stdout = child.finish(timeout=WAIT)
-    seconds = time.monotonic() - sent
-    return Done(out, rc, stdout, (workdir / "stderr.txt").read_text()), seconds
+    start_in_background(request, *INDEPENDENT, *DEPENDENT)
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +88,7 @@ def preempted(
     out = workdir / "out"
 
     def job() -> Signalled:
-        stopped, seconds = _run_and_signal(
+        stopped, seconds = run_and_signal(
             train_args(tiny_data, out, FAR_STEPS),
             out,
             signal.SIGTERM,
@@ -258,7 +126,7 @@ def conversion_stopped(
     args = ["--data", str(data), "--output", str(out), "--height", "2", "--width", "3"]
 
     def job() -> Signalled:
-        stopped, seconds = _run_and_signal(
+        stopped, seconds = run_and_signal(
             args,
             out,
             signal.SIGINT,
@@ -304,7 +172,7 @@ def test_resumed_run_reproduces_the_uninterrupted_losses(
     record_property: Callable[[str, Any], None],
 ) -> None:
     """Interrupted at step k and resumed == uninterrupted, step by step ."""
-    ref = _reference_ok(reference)
+    ref = reference_ok(reference)
     result = preempted.result(timeout=WAIT)
     assert result.stopped.returncode == 143, result.stopped.why()
     if result.rerun is None:  # an event, not a speed: the stop left nothing before STEPS
@@ -353,7 +221,7 @@ def fallback_run(
     workdir = tmp_path_factory.mktemp("fallback")
 
     def job() -> tuple[Done, list[str]]:
-        ref = _reference_ok(reference)
+        ref = reference_ok(reference)
         out = copy_output(ref.out, workdir / "out")
         ckpt = out / "checkpoints"
         for f in ckpt.glob("ckpt-10.*"):
@@ -377,11 +245,6 @@ def fallback_run(
     return pool.submit(job)
 
 
-def ref_data(ref: Done) -> Path:
-    start = events(ref.records, "start")[0]
-    return Path(start["config"]["data_dir"])
-
-
 def test_resume_falls_back_past_missing_and_truncated_checkpoints(
     fallback_run: Future[tuple[Done, list[str]]], reference: Future[Done]
 ) -> None:
@@ -399,7 +262,7 @@ def test_resume_falls_back_past_missing_and_truncated_checkpoints(
     end = events(records, "end")[-1]
     assert (end["status"], end["final_step"]) == ("completed", STEPS)
     # Steps 5..10 retrained from checkpoint 4 give the reference losses again.
-    ref_losses = losses(_reference_ok(reference).records)
+    ref_losses = losses(reference_ok(reference).records)
     got = losses(records)
     assert sorted(got) == list(range(5, STEPS + 1))
     assert max(abs(got[s] - ref_losses[s]) for s in got) <= LOSS_TOLERANCE
@@ -442,7 +305,7 @@ def _rerun_on_a_copy(
     the digest of the copy's checkpoints before it."""
 
     def job() -> tuple[Done, dict[str, str]]:
-        ref = _reference_ok(reference)
+        ref = reference_ok(reference)
         out = copy_output(ref.out, workdir / "out")
         damage(out)
         before = digest(out / "checkpoints")
@@ -812,7 +675,7 @@ def disk_full_run(
     mnt = workdir / "tmpfs"
 
     def job() -> DiskFull:
-        ref = _reference_ok(reference)
+        ref = reference_ok(reference)
         used = sum(p.stat().st_size for p in ref.out.rglob("*") if p.is_file())
         used -= sum(p.stat().st_size for p in (ref.out / "cache").rglob("*") if p.is_file())
         size_kib = used // 1024 + 3 * 1024  # room for the new export next to the old one

@@ -24,7 +24,7 @@ from app.data import cache
 from app.errors import StorageError
 from app.training.inputs import sources
 from tests.conftest import REPO, TINY_TRAIN_ARGS, events, json_lines, run_cli
-from tests.test_resilience import IS_ROOT, mount_tmpfs, umount
+from tests.runs import IS_ROOT, mount_tmpfs, umount
 
 SECRET = b"do not touch\n"
 
