@@ -1,21 +1,16 @@
-"""The training loop end to end: several steps per call change nothing, and a checkpoint
-written by an earlier version restores (its layout is a contract)."""
+"""The training loop end to end: several steps per call change nothing."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import FIXTURES, SEED_RECIPE_ARGS, events, json_lines, run_cli
+from tests.conftest import SEED_RECIPE_ARGS, events, json_lines, run_cli
 
 pytestmark = pytest.mark.slow
 
-OLD = FIXTURES / "checkpoints" / "v0.1.0-step3"
-# Checkpoints of 0.1.0 were trained with the seed's recipe: a resume must give it.
 ARGS = ["--batch-size", "40", "--eval-every", "6", "--checkpoint-every", "6", *SEED_RECIPE_ARGS]
 
 
@@ -51,27 +46,3 @@ def test_steps_per_call_do_not_change_the_trajectory(tiny_data: Path, tmp_path: 
     assert chosen["steps_per_loop"] >= 1
     ends = {k: events(r, "end")[-1] for k, r in runs.items()}
     assert ends["4"]["steps_per_loop"] == 4 and ends["1"]["steps_per_loop"] == 1
-
-
-def test_a_checkpoint_of_version_0_1_0_restores_and_training_continues(
-    tiny_data: Path, tmp_path: Path
-) -> None:
-    expected = json.loads((OLD / "expected.json").read_text())
-    out = tmp_path / "out"
-    shutil.copytree(OLD, out / "checkpoints", ignore=shutil.ignore_patterns("expected.json"))
-    # Nothing left to train: the restored model itself is evaluated and exported.
-    same = _train(tiny_data, out, expected["step"], "--seed", str(expected["seed"]))
-    (resume,) = events(same, "resume")
-    assert resume["step"] == expected["step"]
-    end = events(same, "end")[-1]
-    assert end["steps_trained"] == 0
-    # The weights are the old run's: its test RMSE, up to the CPU's float32 rounding.
-    assert end["test_rmse"] == pytest.approx(expected["test_rmse"], rel=1e-5)
-    # The optimizer state came with them (the restore checks iterations == step), and
-    # training goes on to the new absolute end.
-    more = _train(tiny_data, out, 6, "--seed", str(expected["seed"]))
-    assert events(more, "resume")[0]["step"] == expected["step"]
-    end = events(more, "end")[-1]
-    assert (end["status"], end["start_step"], end["final_step"]) == ("completed", 3, 6)
-    restored = _tensors(out / "checkpoints" / "ckpt-6")
-    assert int(restored["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"]) == 6

@@ -1,25 +1,21 @@
-"""Lose nothing: kill -9, bad data, full disks, diverging loss, overlap.
+"""Lose nothing: bad data, the output directory, overlapping conversions.
 
 Every scenario runs the real ``coretrain train`` in a subprocess on real files. The
 TensorFlow runs are independent of each other, so the module starts them all at once
 in a pool of two workers (the machine has 2 cores; TensorFlow's import alone is ~6 CPU
-seconds) and each test waits for the result it asserts on. Runs that need a finished
-reference run (fallback, all-unreadable, diverged, disk full) copy its output directory
-(the ``reference`` fixture of tests/conftest.py).
+seconds) and each test waits for the result it asserts on.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gzip
-import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,20 +31,11 @@ from tests import kill_harness
 from tests.conftest import REPO, events, json_lines, prepare_cache, run_cli
 from tests.runs import (
     IS_ROOT,
-    LOSS_TOLERANCE,
-    STEPS,
     WAIT,
     Done,
-    copy_output,
-    digest,
-    losses,
     mount_tmpfs,
     no_partial_cache,
-    ref_data,
-    reference_ok,
     start_in_background,
-    train,
-    truncate,
     umount,
 )
 
@@ -64,164 +51,16 @@ NON_ROOT_UID = 10001  # the image's user (Dockerfile)
 # workers stay busy while earlier tests assert.
 
 
-INDEPENDENT = ("reference", "bad_runs", "non_root_run")
-DEPENDENT = ("fallback_run", "unreadable_run", "diverged_run", "disk_full_run")
+INDEPENDENT = ("bad_runs", "non_root_run")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _start_in_background(request: pytest.FixtureRequest) -> None:
-    start_in_background(request, *INDEPENDENT, *DEPENDENT)
+    start_in_background(request, *INDEPENDENT)
 
 
 # --------------------------------------------------------------------------------------
-# 2. kill -9: checkpoint fallback, all unreadable, the random-kill harness
-
-
-@pytest.fixture(scope="module")
-def fallback_run(
-    pool: ThreadPoolExecutor, reference: Future[Done], tmp_path_factory: pytest.TempPathFactory
-) -> Future[tuple[Done, list[str]]]:
-    """The reference output after: ckpt-10 deleted while the state file still names it,
-    ckpt-8.index and ckpt-6.data truncated, and leftovers of killed writes planted."""
-    workdir = tmp_path_factory.mktemp("fallback")
-
-    def job() -> tuple[Done, list[str]]:
-        ref = reference_ok(reference)
-        out = copy_output(ref.out, workdir / "out")
-        ckpt = out / "checkpoints"
-        for f in ckpt.glob("ckpt-10.*"):
-            f.unlink()
-        truncate(ckpt / "ckpt-8.index")
-        truncate(ckpt / "ckpt-6.data-00000-of-00001")
-        planted = [
-            ckpt / "ckpt-12_temp" / "part-00000-of-00001.data-00000-of-00001.tempstate123",
-            ckpt / "ckpt-4.index.tempstate987654321",
-            ckpt / "checkpoint.tmp0123456789abcdef0123456789abcdef",
-            out / ".model.k1ll3d" / "model.keras",
-            out / "cache" / f".{next((out / 'cache').iterdir()).name}.999999999.x" / "train_x.f32",
-        ]
-        for p in planted:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_bytes(b"partial")
-        with open(out / "logs" / "train.jsonl", "ab") as log:
-            log.write(b'{"level": "INFO", "event": "progr')  # a record cut by the kill
-        return train(ref_data(ref), out), [str(p) for p in planted]
-
-    return pool.submit(job)
-
-
-def test_resume_falls_back_past_missing_and_truncated_checkpoints(
-    fallback_run: Future[tuple[Done, list[str]]], reference: Future[Done]
-) -> None:
-    run, _ = fallback_run.result(timeout=WAIT)
-    assert run.returncode == 0, run.why()
-    records = run.records
-    skipped = [Path(r["path"]).name for r in events(records, "checkpoint_unreadable")]
-    assert skipped == ["ckpt-10", "ckpt-8", "ckpt-6"]
-    for r in events(records, "checkpoint_unreadable"):
-        assert r["level"] == "WARNING" and r["message"].startswith("skipping unreadable")
-    fallback = events(records, "checkpoint_fallback")
-    assert len(fallback) == 1 and fallback[0]["skipped"] == 3
-    assert Path(fallback[0]["path"]).name == "ckpt-4"
-    assert events(records, "resume")[0]["step"] == 4
-    end = events(records, "end")[-1]
-    assert (end["status"], end["final_step"]) == ("completed", STEPS)
-    # Steps 5..10 retrained from checkpoint 4 give the reference losses again.
-    ref_losses = losses(reference_ok(reference).records)
-    got = losses(records)
-    assert sorted(got) == list(range(5, STEPS + 1))
-    assert max(abs(got[s] - ref_losses[s]) for s in got) <= LOSS_TOLERANCE
-    ckpt = run.out / "checkpoints"
-    assert {f"ckpt-{s}.index" for s in (4, 6, 8, 10)} <= {p.name for p in ckpt.iterdir()}
-
-
-def test_leftovers_of_killed_writes_are_removed_and_the_log_stays_json_lines(
-    fallback_run: Future[tuple[Done, list[str]]],
-) -> None:
-    run, planted = fallback_run.result(timeout=WAIT)
-    assert run.returncode == 0, run.why()
-    assert [p for p in planted if Path(p).exists()] == []
-    assert not (run.out / "checkpoints" / "ckpt-12_temp").exists()
-    assert not (run.out / ".model.k1ll3d").exists()
-    cleanup = events(run.records, "checkpoint_cleanup")
-    assert sorted(cleanup[0]["removed"]) == sorted(
-        [
-            "checkpoint.tmp0123456789abcdef0123456789abcdef",
-            "ckpt-12_temp",
-            "ckpt-4.index.tempstate987654321",
-        ]
-    )
-    text = (run.out / "logs" / "train.jsonl").read_text()
-    assert "progr\n" not in text and '"progr{' not in text
-    file_records = json_lines(text)  # fails on any line that is not JSON
-    assert [r["status"] for r in file_records if r["event"] == "end"] == ["completed"] * 2
-    assert kill_harness.leftovers(run.out) == []
-
-
-def _rerun_on_a_copy(
-    pool: ThreadPoolExecutor,
-    reference: Future[Done],
-    workdir: Path,
-    damage: Callable[[Path], None],
-    steps: int = STEPS,
-    *extra: str,
-) -> Future[tuple[Done, dict[str, str]]]:
-    """Train again on a copy of the reference output, after ``damage(copy)``: the run and
-    the digest of the copy's checkpoints before it."""
-
-    def job() -> tuple[Done, dict[str, str]]:
-        ref = reference_ok(reference)
-        out = copy_output(ref.out, workdir / "out")
-        damage(out)
-        before = digest(out / "checkpoints")
-        return train(ref_data(ref), out, steps, *extra), before
-
-    return pool.submit(job)
-
-
-@pytest.fixture(scope="module")
-def unreadable_run(
-    pool: ThreadPoolExecutor, reference: Future[Done], tmp_path_factory: pytest.TempPathFactory
-) -> Future[tuple[Done, dict[str, str]]]:
-    def damage(out: Path) -> None:
-        for index in (out / "checkpoints").glob("*.index"):
-            truncate(index, keep=0.1)
-
-    return _rerun_on_a_copy(pool, reference, tmp_path_factory.mktemp("unreadable"), damage)
-
-
-def test_all_checkpoints_unreadable_exits_4_and_touches_nothing(
-    unreadable_run: Future[tuple[Done, dict[str, str]]],
-) -> None:
-    run, before = unreadable_run.result(timeout=WAIT)
-    assert run.returncode == 4, run.why()
-    lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1, run.stderr
-    assert lines[0].startswith(f"coretrain: {run.out / 'checkpoints'}: none of 5 checkpoints")
-    assert "move the directory away to start from scratch" in lines[0]
-    assert events(run.records, "progress") == [] and events(run.records, "resume") == []
-    assert len(events(run.records, "checkpoint_unreadable")) == 5
-    assert digest(run.out / "checkpoints") == before  # nothing deleted, nothing overwritten
-
-
-def test_random_kill_9_never_blocks_the_next_run(tiny_data: Path, tmp_path: Path) -> None:
-    """tests/kill_harness.py with a small N (CORETRAIN_KILL_ROUNDS, default 3)."""
-    n = int(os.environ.get("CORETRAIN_KILL_ROUNDS", "3"))
-    summary = kill_harness.run(n, tmp_path, tiny_data, seed=1, log=print)
-    assert summary["problems"] == [], json.dumps(summary, indent=2)
-    assert len(summary["models"]) == n
-    rounds = summary["rounds"]
-    assert summary["killed"] == n, json.dumps(rounds, indent=2)
-    # The first cache, checkpoint and export rounds kill at once when the operation's
-    # temporary file appears: each kill must land inside that operation, or the rerun's
-    # clean-up and restore were not exercised.
-    first = [r for r in rounds[: len(kill_harness.TRIGGERS)] if r["trigger"] != "anytime"]
-    assert first and all(r["inside"] for r in first), json.dumps(rounds, indent=2)
-
-
-# --------------------------------------------------------------------------------------
-# 3. (exact resume: test_resumed_run_reproduces_the_uninterrupted_losses above)
-# 4. Bad input data: exit 3, one line naming file:line, no partial cache
+# Bad input data: exit 3, one line naming file:line, no partial cache
 
 # case -> (role the corpus file plays, location after the path, what the line says)
 BAD_CORPUS: dict[str, tuple[str, str, str]] = {
@@ -519,131 +358,6 @@ def test_output_not_writable_exits_4_before_training(how: str, tmp_path: Path) -
     assert lines == [f"coretrain: {out}: output directory not writable: {reason}"]
     names = [r["event"] for r in json_lines(proc.stdout)]
     assert "start" not in names and "progress" not in names  # refused before TensorFlow
-
-
-@dataclass
-class DiskFull:
-    failed: Done
-    before: dict[str, str]
-    after: dict[str, str]
-    rerun: Done | None
-    skip: str | None = None
-
-
-@pytest.fixture(scope="module")
-def disk_full_run(
-    pool: ThreadPoolExecutor, reference: Future[Done], tmp_path_factory: pytest.TempPathFactory
-) -> Future[DiskFull]:
-    """The reference output on a small tmpfs filled to 16 KiB free; --max-steps 12 must save
-    checkpoint 12 (~34 KB). Then the filler goes and the run is repeated."""
-    workdir = tmp_path_factory.mktemp("disk-full")
-    mnt = workdir / "tmpfs"
-
-    def job() -> DiskFull:
-        ref = reference_ok(reference)
-        used = sum(p.stat().st_size for p in ref.out.rglob("*") if p.is_file())
-        used -= sum(p.stat().st_size for p in (ref.out / "cache").rglob("*") if p.is_file())
-        size_kib = used // 1024 + 3 * 1024  # room for the new export next to the old one
-        skip = mount_tmpfs(mnt, f"size={size_kib}k")
-        if skip:
-            empty = Done(mnt, -1, "", "")
-            return DiskFull(empty, {}, {}, None, skip)
-        try:
-            out = copy_output(ref.out, mnt / "out", with_cache=False)
-            st = os.statvfs(mnt)
-            free = st.f_bavail * st.f_frsize
-            (mnt / "filler").write_bytes(b"\0" * (free - 16 * 1024))
-            extra = ("--cache-dir", str(ref.out / "cache"))
-            before = digest(out / "checkpoints")
-            failed = train(ref_data(ref), out, 12, *extra)
-            after = digest(out / "checkpoints")
-            (mnt / "filler").unlink()
-            rerun = train(ref_data(ref), out, 12, *extra) if failed.returncode == 4 else None
-            return DiskFull(failed, before, after, rerun)
-        finally:
-            umount(mnt)
-
-    return pool.submit(job)
-
-
-def test_disk_full_while_saving_exits_4_and_keeps_the_previous_checkpoint(
-    disk_full_run: Future[DiskFull],
-) -> None:
-    result = disk_full_run.result(timeout=WAIT)
-    if result.skip:
-        pytest.skip(result.skip)
-    run = result.failed
-    assert run.returncode == 4, run.why()
-    last = run.stderr.strip().splitlines()[-1]
-    # The first save past 10: a best validated checkpoint (an evaluation every step: 11 or
-    # 12, whichever improves on the validation rows first), or checkpoint 12.
-    assert re.match(
-        rf"coretrain: {re.escape(str(run.out / 'checkpoints'))}: cannot save (checkpoint 12|"
-        r"the best checkpoint 1[12]): ",
-        last,
-    ), last
-    assert last.endswith("No space left on device"), last
-    assert "{{" not in last and "[Op:" not in last  # TF's noise is cut
-    assert events(run.records, "resume")[0]["step"] == STEPS
-    assert events(run.records, "end")[-1]["exit_code"] == 4
-    # Checkpoint 10 and the state file naming it: byte for byte as before.
-    assert result.after == result.before
-
-
-def test_after_a_full_disk_the_previous_checkpoint_restores(
-    disk_full_run: Future[DiskFull],
-) -> None:
-    result = disk_full_run.result(timeout=WAIT)
-    if result.skip:
-        pytest.skip(result.skip)
-    assert result.rerun is not None, result.failed.why()
-    rerun = result.rerun
-    assert rerun.returncode == 0, rerun.why()
-    assert events(rerun.records, "resume")[0]["step"] == STEPS
-    assert events(rerun.records, "checkpoint_unreadable") == []
-    removed = events(rerun.records, "checkpoint_cleanup")[0]["removed"]
-    assert set(removed) & {"ckpt-12_temp", "best-11_temp", "best-12_temp"}, removed
-    end = events(rerun.records, "end")[-1]
-    assert (end["status"], end["final_step"]) == ("completed", 12)
-
-
-@pytest.fixture(scope="module")
-def diverged_run(
-    pool: ThreadPoolExecutor, reference: Future[Done], tmp_path_factory: pytest.TempPathFactory
-) -> Future[tuple[Done, dict[str, str]]]:
-    """--learning-rate 1e30 from checkpoint 10, checkpointing every step. Another learning
-    rate than the recorded one is refused (the run identity: tests/test_identity.py), so
-    the copy's record is made to say 1e30 (a run that was always going to diverge)."""
-    args = ("--learning-rate", "1e30", "--checkpoint-every", "1")
-    workdir = tmp_path_factory.mktemp("diverged")
-
-    def recorded_at_1e30(out: Path) -> None:
-        record = out / "checkpoints" / "run.json"
-        kept = json.loads(record.read_text())
-        kept["options"]["learning_rate"] = 1e30
-        record.write_text(json.dumps(kept))
-
-    return _rerun_on_a_copy(pool, reference, workdir, recorded_at_1e30, 14, *args)
-
-
-def test_diverging_loss_exits_5_and_keeps_the_last_good_checkpoint(
-    diverged_run: Future[tuple[Done, dict[str, str]]],
-) -> None:
-    """The first step at lr 1e30 still has a finite loss but leaves ~1e30 weights; they
-    must not be checkpointed (their test RMSE is not finite)."""
-    run, before = diverged_run.result(timeout=WAIT)
-    assert run.returncode == 5, run.why()
-    lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1, run.stderr
-    assert "lower --learning-rate" in lines[0]
-    assert f"the last good checkpoint is kept in {run.out / 'checkpoints'}" in lines[0]
-    assert events(run.records, "resume")[0]["step"] == STEPS
-    assert events(run.records, "checkpoint") == []
-    assert events(run.records, "identity_unchecked") == []  # the record says 1e30
-    after = {k: v for k, v in digest(run.out / "checkpoints").items() if k != "run.json"}
-    assert after == {k: v for k, v in before.items() if k != "run.json"}  # 10 still the newest
-    end = events(run.records, "end")[-1]
-    assert (end["status"], end["exit_code"]) == ("failed", 5)
 
 
 # --------------------------------------------------------------------------------------
