@@ -1,4 +1,5 @@
-"""The training loop end to end: several steps per call change nothing."""
+"""The training step (app/training/step.py) end to end: several steps per call change
+nothing."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import numpy as np
 import pytest
 
 from tests.conftest import SEED_RECIPE_ARGS, events, json_lines, run_cli
+from tests.runs import checkpoint_tensors
 
 pytestmark = pytest.mark.slow
 
+# A progress event and a checkpoint every 6 steps: calls of 4 steps are cut there.
 ARGS = ["--batch-size", "40", "--eval-every", "6", "--checkpoint-every", "6", *SEED_RECIPE_ARGS]
 
 
@@ -21,24 +24,13 @@ def _train(data: Path, out: Path, steps: int, *extra: str) -> list[dict]:
     return json_lines(proc.stdout)
 
 
-def _tensors(prefix: Path) -> dict[str, np.ndarray]:
-    import tensorflow as tf
-
-    reader = tf.train.load_checkpoint(str(prefix))
-    return {
-        name: reader.get_tensor(name)
-        for name in reader.get_variable_to_shape_map()
-        if name not in ("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter/.ATTRIBUTES/VARIABLE_VALUE")
-    }
-
-
 def test_steps_per_call_do_not_change_the_trajectory(tiny_data: Path, tmp_path: Path) -> None:
     # One step per call, four (cut at 6 and 12), and auto: the same ops on the same batches.
     runs = {k: _train(tiny_data, tmp_path / k, 12, "--steps-per-loop", k) for k in ("1", "4", "0")}
     losses = {k: [p["loss"] for p in events(r, "progress")] for k, r in runs.items()}
     assert len(losses["1"]) == 2
     assert losses["4"] == losses["1"] and losses["0"] == losses["1"]
-    ckpt = {k: _tensors(tmp_path / k / "checkpoints" / "ckpt-12") for k in runs}
+    ckpt = {k: checkpoint_tensors(tmp_path / k / "checkpoints" / "ckpt-12") for k in runs}
     for name, value in ckpt["1"].items():
         assert np.array_equal(ckpt["4"][name], value), name
         assert np.array_equal(ckpt["0"][name], value), name
