@@ -119,7 +119,9 @@ def _knee(rows: list[dict[str, Any]]) -> int | None:
 
 
 def _pin_to(cpus: list[int]) -> Any:
-    """A preexec_fn pinning the child to ``cpus`` before it starts (its plan then sees them)."""
+    """A preexec_fn giving a worker process its own ``cpus`` before it starts, as a
+    container's cpuset would (``taskset``): the worker's own plan then sees them and
+    app/budget/apply.py sets its threads; this process is not changed."""
 
     def pin() -> None:
         os.sched_setaffinity(0, cpus)

@@ -185,7 +185,9 @@ def start(
     return Session(ws, config, plan, inputs, reps, stop, trainer, checkpoints, best, step)
 
 
-def _same_run(ws: Workspace, config: TrainConfig, inputs: Inputs, reps: Replicas) -> Any:
+def _same_run(
+    ws: Workspace, config: TrainConfig, inputs: Inputs, reps: Replicas
+) -> identity.Identity:
     """This run's identity, checked against the checkpoints it would resume (on the chief)
     and agreed by every worker (app/training/identity.py). Raises ConfigError (another
     run's checkpoints), StorageError (an unreadable record), ClusterError (workers differ)."""
