@@ -22,7 +22,7 @@ from app import __version__, logs
 from app.atomic import write_json
 from app.data.cache import DataCache
 from app.training.export import export
-from app.training.outcome import FINISHED, Outcome, Replan, Result
+from app.training.outcome import Outcome, Replan, Result, Stopped
 from app.training.workspace import Workspace
 
 
@@ -67,20 +67,21 @@ def finish(
     ``replan`` event. Raises StorageError when the export or metrics can't be written.
     """
     step = outcome.step
-    if isinstance(outcome, Replan):
-        logs.event("replan", f"checkpoint saved at step {step}; restarting with the new plan")
-    elif not isinstance(outcome, FINISHED):
-        logs.event("end", f"preempted at step {step}; rerun to resume", **summary)
-    elif not ws.is_chief:  # the chief exports and writes metrics.json
-        logs.event("end", _finished(summary), **summary)
-    else:
-        export_dir = _export(ws, model, data, standardize)
-        summary["export"] = str(export_dir)
-        if publish is not None:
-            summary["publish"] = _published(publish(export_dir))
-        write_json(ws.metrics, summary, "output directory")
-        message = f"{_finished(summary)} (mean predictor {data.baseline_rmse:.4g})"
-        logs.event("end", message, **summary)
+    match outcome:
+        case Replan():
+            logs.event("replan", f"checkpoint saved at step {step}; restarting with the new plan")
+        case Stopped():
+            logs.event("end", f"preempted at step {step}; rerun to resume", **summary)
+        case _ if not ws.is_chief:  # the chief exports and writes metrics.json
+            logs.event("end", _finished(summary), **summary)
+        case _:
+            export_dir = _export(ws, model, data, standardize)
+            summary["export"] = str(export_dir)
+            if publish is not None:
+                summary["publish"] = _published(publish(export_dir))
+            write_json(ws.metrics, summary, "output directory")
+            message = f"{_finished(summary)} (mean predictor {data.baseline_rmse:.4g})"
+            logs.event("end", message, **summary)
     return Result(outcome, summary)
 
 

@@ -21,6 +21,7 @@ same way.
 
 from __future__ import annotations
 
+import resource
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -103,8 +104,6 @@ def _log_start(config: TrainConfig, plan: ThreadPlan, cluster: Cluster | None) -
 def _finish(run: Session, outcome: Outcome, t_start: float) -> Result:
     """The summary of ``outcome`` (the exported step's facts when the run finished), then
     the end of the run (app/training/finish.py)."""
-    import resource
-
     from app.training import finish
 
     config, reps = run.config, run.reps
