@@ -59,6 +59,7 @@ BAD: dict[str, tuple[str, dict]] = {
     "empty": (": empty file (no data lines)", {}),
     "only_blank_lines": (": empty file (no data lines)", {}),
     "blank_line_then_data": (":3: blank line followed by more data on line 5", {}),
+    "blank_line_then_bad_data": (":2: blank line followed by more data on line 3", {}),
     "control_byte": (":2: field 2: not a number: '2\\x01'", {}),
     "not_utf8": (":2: field 6: not a number: '\\xff6'", {}),
     "long_field": (":2: field 6: not a number: '" + "9" * 21 + "...'", {}),
@@ -108,7 +109,7 @@ def test_good_file(case: str, chunk_rows: int) -> None:
     np.testing.assert_array_equal(bits(got), bits(expected))
 
 
-@pytest.mark.parametrize("chunk_rows", [1, 2, 512])
+@pytest.mark.parametrize("chunk_rows", [1, 2, 3, 512])  # 3: a block ending in a blank line
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_file(case: str, chunk_rows: int) -> None:
     message, kwargs = BAD[case]
@@ -359,6 +360,29 @@ def test_error_position_in_a_later_block(tmp_path: Path) -> None:
     with pytest.raises(DataError) as caught:
         read_all(path, chunk_rows=32)
     assert str(caught.value) == f"{path}:258: field 42: not a number: '1.2.3'"
+
+
+WIDE = " ".join(["1"] * 50_000)  # a 100 KB line: the numpy path decodes ~256 KiB of lines together
+
+
+@pytest.mark.parametrize(
+    ("text", "chunk_rows", "message"),
+    [
+        # A field that is not a number on line 1, then a blank line ending the first group
+        # and data after it: line 1 is the first problem, and the one reported.
+        (f"{WIDE[:-1]}x\n{WIDE}\n\n{WIDE}\n", 512, ":1: field 50000: not a number: 'x'"),
+        # A blank line ending the block's second group, data in the next block.
+        (f"{WIDE}\n" * 3 + f"\n{WIDE}\n", 4, ":4: blank line followed by more data on line 5"),
+    ],
+)
+def test_a_blank_line_ending_a_group_of_wide_lines(
+    tmp_path: Path, text: str, chunk_rows: int, message: str
+) -> None:
+    path = tmp_path / "wide.txt"
+    path.write_text(text)
+    with pytest.raises(DataError) as caught:
+        read_all(path, chunk_rows=chunk_rows)
+    assert str(caught.value) == f"{path}{message}"
 
 
 @pytest.mark.parametrize(

@@ -93,7 +93,7 @@ def _first_pass(
         if fields_ is None:
             return None
         counts, s, e = fields_
-        lines = _data_lines(state, counts, first_line + lo)
+        lines = _data_lines(state, counts, first_line + lo, rows)
         if lines is None:
             return None
         if lines and state.style != "bulk":
@@ -108,12 +108,14 @@ def _first_pass(
     return rows, left
 
 
-def _data_lines(state: State, counts: np.ndarray, first: int) -> int | None:
+def _data_lines(state: State, counts: np.ndarray, first: int, before: int) -> int | None:
     """How many of a group's lines hold data: ``counts``, the fields on each line (the
-    width or 0, as :func:`_split` leaves them), line ``first`` first. Data lines, then
-    blank lines to the group's end are fine: the first of those is recorded in ``state``.
-    None asks for the precise path (data after a blank line in this block); raises the
-    DataError of data after a blank line that ended an earlier block."""
+    width or 0, as :func:`_split` leaves them), line ``first`` first; ``before``: the data
+    lines of the block's earlier groups. Data lines, then blank lines to the group's end
+    are fine: the first of those is recorded in ``state``. None asks for the precise path:
+    data after a blank line in this block (the earlier lines may hold a field not decoded
+    yet, and the first problem is the one to report); raises the DataError of data after a
+    blank line that ended an earlier block."""
     full = counts == state.width
     lines = len(counts)
     if not full.all():  # full lines, then blank lines: fine if only blank lines follow
@@ -121,6 +123,8 @@ def _data_lines(state: State, counts: np.ndarray, first: int) -> int | None:
         if (counts[lines:] != 0).any() or (lines > 0 and state.blank_line is not None):
             return None
     if lines and state.blank_line is not None:
+        if before:  # the blank line ended an earlier group of this block
+            return None
         raise state.blank_error(first)
     if lines < len(counts) and state.blank_line is None:
         state.blank_line = first + lines
