@@ -167,3 +167,231 @@ def test_stderr_is_the_original_again_after_the_import(tmp_path: Path) -> None:
         "I0000 00:00:2.0  1 port.cc:153] oneDNN custom operations are on. (later)",
         "a line after the import",
     ]
+
+
+# --- In this process: apply to a given environment, the restart's environment, Keras's home ----
+
+
+def _plan(onednn: bool | None = None, pin: tuple[int, ...] | None = None) -> Any:
+    import dataclasses
+
+    from app.budget.cgroups.detect import CpuBudget
+    from app.budget.plan import Overrides, make_plan
+
+    b = CpuBudget(cpu_quota=1.0, cpuset=(0,), memory_limit=None, quota_source="t")
+    plan = make_plan(b, overrides=Overrides(inter_op_threads=3))
+    return dataclasses.replace(plan, onednn=onednn, pin_cpus=pin)
+
+
+@pytest.fixture
+def before_tensorflow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process as it is before TensorFlow's import (apply refuses after it)."""
+    monkeypatch.delitem(sys.modules, "tensorflow", raising=False)
+
+
+@pytest.mark.usefixtures("before_tensorflow")
+def test_apply_sets_the_thread_variables_and_only_the_defaults_not_set() -> None:
+    from app.budget import apply
+
+    env = {"TF_CPU_ALLOCATOR_USE_BFC": "false"}
+    assert apply.apply(_plan(), env) == [
+        "TF_NUM_INTRAOP_THREADS=1",
+        "TF_NUM_INTEROP_THREADS=3",
+        "TF_CPP_MIN_LOG_LEVEL=2",
+    ]
+    assert env == {
+        "TF_NUM_INTRAOP_THREADS": "1",
+        "TF_NUM_INTEROP_THREADS": "3",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "TF_CPU_ALLOCATOR_USE_BFC": "false",  # the user's value stays
+    }
+    env = {}
+    assert apply.apply(_plan(onednn=False), env)[2] == "TF_ENABLE_ONEDNN_OPTS=0"
+    assert (env["TF_ENABLE_ONEDNN_OPTS"], env["TF_CPU_ALLOCATOR_USE_BFC"]) == ("0", "true")
+
+
+@pytest.mark.usefixtures("before_tensorflow")
+def test_apply_pins_this_process_to_the_planned_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.budget import apply
+
+    pinned: list[tuple[int, Any]] = []
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: pinned.append((pid, cpus)))
+    done = apply.apply(_plan(pin=(2, 3)), {})
+    assert pinned == [(0, (2, 3))]  # pid 0: this process
+    assert done[-1] == "sched_setaffinity([2, 3])"
+    apply.apply(_plan(), {})
+    assert pinned == [(0, (2, 3))]  # no pin planned: the affinity is left alone
+
+
+def test_apply_refuses_once_tensorflow_is_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.budget import apply
+
+    monkeypatch.setitem(sys.modules, "tensorflow", object())
+    message = r"^app\.budget\.apply\.apply\(\) must run before TensorFlow is imported$"
+    with pytest.raises(RuntimeError, match=message):
+        apply.apply(_plan(), {})
+
+
+@pytest.mark.usefixtures("before_tensorflow")
+def test_a_restart_puts_back_what_apply_changed_in_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """apply() on the process's own environment remembers each variable as it was before
+    (the first time only); restart() hands the new image that environment, plus its own
+    variables, and the file descriptors to keep open."""
+    from app.budget import apply
+
+    monkeypatch.setattr(apply, "_BEFORE", {})
+    for name in ("TF_NUM_INTRAOP_THREADS", "TF_ENABLE_ONEDNN_OPTS", "TF_CPU_ALLOCATOR_USE_BFC"):
+        monkeypatch.setenv(name, "x")  # so that monkeypatch removes what apply sets
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("TF_NUM_INTEROP_THREADS", "4")
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "1")
+    apply.apply(_plan(onednn=True))
+    apply.apply(_plan(onednn=False))  # a second plan: the first "before" stays
+    assert os.environ["TF_NUM_INTRAOP_THREADS"] == "1"
+    assert os.environ["TF_ENABLE_ONEDNN_OPTS"] == "0"
+    assert apply._BEFORE == {
+        "TF_NUM_INTRAOP_THREADS": None,
+        "TF_NUM_INTEROP_THREADS": "4",
+        "TF_ENABLE_ONEDNN_OPTS": None,
+        "TF_CPP_MIN_LOG_LEVEL": "1",
+        "TF_CPU_ALLOCATOR_USE_BFC": None,
+    }
+    execs: list[tuple[str, list[str], dict[str, str]]] = []
+    monkeypatch.setattr(os, "execve", lambda path, argv, env: execs.append((path, argv, env)))
+    read_end, write_end = os.pipe()  # not inheritable, as Python opens every descriptor
+    try:
+        apply.restart({"_CORETRAIN_RESTARTED": "1"}, keep_fds=(write_end,))
+        assert os.get_inheritable(write_end) and not os.get_inheritable(read_end)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    ((path, argv, env),) = execs
+    assert (path, argv) == (sys.executable, list(sys.orig_argv))
+    expected = {k: v for k, v in os.environ.items() if k not in apply._BEFORE}
+    expected.update(TF_NUM_INTEROP_THREADS="4", TF_CPP_MIN_LOG_LEVEL="1")
+    assert env == {**expected, "_CORETRAIN_RESTARTED": "1"}
+
+
+def test_import_tensorflow_returns_the_module_already_imported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from app.budget import apply
+
+    imported = object()
+    monkeypatch.setitem(sys.modules, "tensorflow", imported)
+    assert apply.import_tensorflow() is imported
+
+
+def test_tensorflow_s_version_from_whichever_wheel_is_installed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib.metadata
+
+    from app.budget import apply
+
+    assert apply.tensorflow_version() == importlib.metadata.version("tensorflow-cpu")
+    installed: dict[str, str] = {}
+
+    def version(name: str) -> str:
+        if name not in installed:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return installed[name]
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    assert apply.tensorflow_version() == "unknown"
+    installed["tensorflow"] = "2.20.0"
+    assert apply.tensorflow_version() == "2.20.0"
+    installed["tensorflow-cpu"] = "2.21.0"  # the x86 wheel first
+    assert apply.tensorflow_version() == "2.21.0"
+
+
+@pytest.fixture
+def at_exit(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    """What is registered to run at exit (recorded, not run)."""
+    import atexit
+
+    registered: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(atexit, "register", lambda *call: registered.append(call))
+    return registered
+
+
+def test_keras_gets_a_private_home_removed_at_exit_when_home_is_unusable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at_exit: list[tuple[Any, ...]]
+) -> None:
+    import shutil
+    import stat
+    import tempfile
+
+    from app.budget import apply
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    for env in ({"HOME": str(tmp_path / "missing")}, {}):  # a home that is not there, or none
+        made = apply.keras_home(env)
+        assert made is not None and Path(made).parent == tmp_path
+        assert Path(made).name.startswith("coretrain-keras-")
+        assert stat.S_IMODE(os.stat(made).st_mode) == 0o700
+        assert env == {**env, "KERAS_HOME": made, "_CORETRAIN_KERAS_HOME": made}
+        assert at_exit[-1] == (shutil.rmtree, made, True)
+    assert len(at_exit) == 2
+
+
+def test_a_restarted_image_keeps_the_private_keras_home_and_removes_it_at_exit(
+    tmp_path: Path, at_exit: list[tuple[Any, ...]]
+) -> None:
+    import shutil
+
+    from app.budget import apply
+
+    own = str(tmp_path / "coretrain-keras-1")
+    env = {"KERAS_HOME": own, "_CORETRAIN_KERAS_HOME": own, "HOME": str(tmp_path)}
+    assert apply.keras_home(env) == own
+    assert at_exit == [(shutil.rmtree, own, True)]
+
+
+def test_keras_home_is_left_alone_when_the_user_set_it_or_home_is_usable(
+    tmp_path: Path, at_exit: list[tuple[Any, ...]]
+) -> None:
+    from app.budget import apply
+
+    for env in (
+        {"HOME": str(tmp_path)},  # our own, writable
+        {"HOME": str(tmp_path / "missing"), "KERAS_HOME": "/srv/keras"},
+        # the variable of a private home that KERAS_HOME no longer names: the user's now
+        {"KERAS_HOME": "/srv/keras", "_CORETRAIN_KERAS_HOME": "/tmp/coretrain-keras-1"},
+    ):
+        before = dict(env)
+        assert apply.keras_home(env) is None
+        assert env == before
+    assert at_exit == []
+
+
+def test_keras_home_uses_this_process_s_environment_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at_exit: list[tuple[Any, ...]]
+) -> None:
+    from app.budget import apply
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KERAS_HOME", raising=False)
+    assert apply.keras_home() is None
+    monkeypatch.setenv("KERAS_HOME", "/srv/keras")
+    monkeypatch.setenv("HOME", str(tmp_path / "missing"))
+    assert apply.keras_home() is None
+    assert at_exit == []
+
+
+def test_a_usable_home_is_a_writable_directory_of_this_user(tmp_path: Path) -> None:
+    from app.budget import apply
+
+    assert apply._usable_home(str(tmp_path))
+    (tmp_path / "file").write_text("")
+    assert not apply._usable_home(str(tmp_path / "file"))
+    assert not apply._usable_home(str(tmp_path / "missing"))
+    assert not apply._usable_home("")  # HOME unset
+    assert not apply._usable_home("bad\0path")
+    if os.geteuid() == 0:  # root may write anywhere: a directory of another user is not ours
+        other = tmp_path / "other"
+        other.mkdir()
+        os.chown(other, 65534, 65534)
+        assert not apply._usable_home(str(other))
