@@ -19,12 +19,14 @@ from pathlib import Path
 
 import pytest
 
+from app.budget.cgroups.affinity import read_affinity
 from app.budget.cgroups.detect import CpuBudget, detect_budget
-from app.budget.cgroups.hierarchy import relative_to_mount_root
+from app.budget.cgroups.hierarchy import Hierarchy, relative_to_mount_root
 from app.budget.cgroups.hints import parse_cpu_hint
-from app.budget.cgroups.locate import cgroup_mounts
+from app.budget.cgroups.locate import cgroup_mounts, locate, read_proc_files
 from app.budget.cgroups.proc_cgroup import parse_proc_cgroup
 from app.budget.cpulist import parse_cpulist
+from app.budget.files import RootFiles
 from app.mountinfo import parse_mountinfo
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cgroup"
@@ -108,7 +110,8 @@ def test_given_affinity_is_intersected() -> None:
 def test_disjoint_sets_fall_back_to_affinity_with_a_warning() -> None:
     budget = detect_budget(FIXTURES / "docker-v1-cpuset-cpus-1", env={}, affinity=[5])
     assert budget.cpuset == (5,)
-    assert any(r.startswith("warning: cpuset:") and "empty" in r for r in budget.reasons)
+    (warning,) = [r for r in budget.reasons if r.startswith("warning: cpuset:")]
+    assert "empty" in warning and warning.endswith("using affinity only")
 
 
 def test_env_hint_ignored_when_cgroups_give_a_quota() -> None:
@@ -135,7 +138,16 @@ def test_bad_env_hint_is_warned_and_ignored() -> None:
 
 @pytest.mark.parametrize(
     ("value", "cpus"),
-    [("1500", 1.5), ("1500m", 1.5), ("1.5", 1.5), ("250", 0.25), (" 2000\n", 2.0), ("2.0", 2.0)],
+    [
+        ("1500", 1.5),
+        ("1500m", 1.5),
+        ("1.5", 1.5),
+        ("250", 0.25),
+        (" 2000\n", 2.0),
+        ("2.0", 2.0),
+        ("2e0", 2.0),  # cores in exponent notation, either case
+        ("2E0", 2.0),
+    ],
 )
 def test_parse_cpu_hint(value: str, cpus: float) -> None:
     assert parse_cpu_hint(value) == pytest.approx(cpus)
@@ -187,6 +199,7 @@ def test_proc_cgroup_parsing_keeps_colons_in_paths() -> None:
         ("/", "/../../outside", None),
         ("/../../..", "/", None),
         ("/..", "/child", None),
+        ("/", "/Xen/vmX", "Xen/vmX"),
     ],
 )
 def test_relative_to_mount_root(root: str, path: str, relative: str | None) -> None:
@@ -298,6 +311,7 @@ def test_empty_root_never_crashes(tmp_path: Path) -> None:
     assert budget.cpuset == (0,)
     assert budget.memory_limit is None
     assert budget.quota_source == "none"
+    assert budget.cpu_stat is None  # no cpu hierarchy: no throttling counters
     assert any("assuming 1 CPU" in r for r in budget.reasons)
 
 
@@ -431,3 +445,339 @@ def test_docs_table_matches_the_fixtures() -> None:
         assert documented == pytest.approx(budget.cpu_budget), case
         assert int(cells[2]) == len(budget.cpuset), case
         assert ("⚠" in cells[3]) == any(r.startswith("warning: ") for r in budget.reasons), case
+
+
+# --- Small trees for one rule each -----------------------------------------------------------
+
+V2_PRIVATE = "docker-v2-cgroupns-private"  # cpu.max, memory.max, cpuset at /sys/fs/cgroup
+PROC_MOUNT = "22 27 0:21 / /proc rw,relatime - proc proc rw\n"
+V2_MOUNT = "34 24 0:28 / /sys/fs/cgroup rw,nosuid,relatime shared:9 - cgroup2 cgroup2 rw\n"
+V1_CPU_MOUNT = "32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n"
+UNIFIED_MOUNT = "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n"
+
+
+def tree(root: Path, files: dict[str, str | None]) -> Path:
+    """``files`` (path → text) under ``root``; None puts a directory in the file's place,
+    which can't be read as a file (as EACCES on the real host)."""
+    for path, text in files.items():
+        target = root / path
+        if text is None:
+            target.mkdir(parents=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+    return root
+
+
+def test_proc_cgroup_lines_after_a_blank_or_malformed_line_are_read() -> None:
+    entries, problems = parse_proc_cgroup("\nbad\n4:cpu:/a\n\n0::/b\n")
+    assert [(e.hierarchy_id, e.path) for e in entries] == [("4", "/a"), ("0", "/b")]
+    assert problems == ["/proc/self/cgroup line is malformed and was skipped: 'bad'"]
+
+
+@pytest.mark.parametrize("line", ["x:cpu:/a", "3:cpu:a", "3:cpu", "bad"])
+def test_a_proc_cgroup_line_needs_a_numeric_id_and_an_absolute_path(line: str) -> None:
+    message = f"/proc/self/cgroup line is malformed and was skipped: {line!r}"
+    assert parse_proc_cgroup(line + "\n") == ([], [message])
+
+
+UNKNOWN_PATHS = "the process's cgroup paths are unknown"
+USUAL_ONLY = "only the usual cgroup mount points are tried"
+
+
+@pytest.mark.parametrize(
+    ("files", "warning"),
+    [
+        ({}, f"/proc/self/cgroup missing: {UNKNOWN_PATHS}"),
+        ({"proc/self/cgroup": "bad\n"}, f"/proc/self/cgroup has no usable line: {UNKNOWN_PATHS}"),
+        (
+            {"proc/self/cgroup": None},
+            f"/proc/self/cgroup unreadable: Is a directory: {UNKNOWN_PATHS}",
+        ),
+        ({"proc/self/cgroup": "0::/\n"}, f"/proc/self/mountinfo missing: {USUAL_ONLY}"),
+        (
+            {"proc/self/cgroup": "0::/\n", "proc/self/mountinfo": None},
+            f"/proc/self/mountinfo unreadable: Is a directory: {USUAL_ONLY}",
+        ),
+    ],
+)
+def test_a_missing_or_unusable_proc_file_is_warned_with_its_cause(
+    tmp_path: Path, files: dict[str, str | None], warning: str
+) -> None:
+    probe = RootFiles(tree(tmp_path, files))
+    read_proc_files(probe)
+    assert f"warning: {warning}" in probe.reasons
+    malformed = [r for r in probe.reasons if "is malformed" in r]
+    assert len(malformed) == (files.get("proc/self/cgroup") == "bad\n")  # none for no file
+
+
+def test_the_live_affinity_is_this_process_s_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[int] = []
+
+    def getaffinity(pid: int) -> set[int]:
+        asked.append(pid)
+        return {3, 1}
+
+    monkeypatch.setattr(os, "sched_getaffinity", getaffinity)
+    assert read_affinity(None, RootFiles("/")) == ((1, 3), "sched_getaffinity")
+    assert asked == [0]
+
+
+def test_of_proc_self_status_only_the_cpus_allowed_list_is_an_input(tmp_path: Path) -> None:
+    budget = detect_budget(FIXTURES / "docker-v1-cpus-1.5", env={})
+    assert "/proc/self/status" not in budget.inputs
+    assert budget.inputs["/proc/self/status Cpus_allowed_list"] == "0-7"
+    assert detect_budget(tmp_path, env={}).inputs["/proc/self/status"] == "<missing>"
+
+
+def test_unusable_cpu_lists_outside_cgroups_are_named_with_their_content(tmp_path: Path) -> None:
+    bad = tree(
+        tmp_path / "bad",
+        {
+            "proc/self/status": "Name:\tx\nCpus_allowed_list:\tzero\n",
+            "sys/devices/system/cpu/online": "0-\n",
+        },
+    )
+    reasons = detect_budget(bad, env={}).reasons
+    assert "warning: Cpus_allowed_list 'zero' is not a CPU list: ignored" in reasons
+    assert "warning: /sys/devices/system/cpu/online holds '0-', not a CPU list: ignored" in reasons
+    unreadable = tree(tmp_path / "unreadable", {"sys/devices/system/cpu/online": None})
+    assert "/sys/devices/system/cpu/online unreadable: Is a directory: not used" in (
+        detect_budget(unreadable, env={}).reasons
+    )
+
+
+def test_the_hints_come_from_this_process_s_environment_by_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CPU_LIMIT", "750m")
+    monkeypatch.delenv("CPU_REQUEST", raising=False)
+    budget = detect_budget(FIXTURES / "docker-v1-cpuset-cpus-1")
+    assert (budget.cpu_quota, budget.quota_source) == (0.75, "CPU_LIMIT env")
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "quota"),
+    [
+        ("150000 50000", 3.0),  # the quota over the period given
+        ("0 100000", None),
+        ("-1 100000", None),
+        ("abc 100000", None),
+        ("150000 0", None),
+        ("150000 abc", None),
+        ("150000 100000 1", None),
+    ],
+)
+def test_cpu_max_needs_a_positive_quota_and_period(
+    tmp_path: Path, cpu_max: str, quota: float | None
+) -> None:
+    root = copy_of(V2_PRIVATE, tmp_path)
+    (root / "sys/fs/cgroup/cpu.max").write_text(cpu_max + "\n")
+    budget = detect_budget(root, env={})
+    assert budget.cpu_quota == quota
+    if quota is None:  # the level is ignored, and the warning shows what it holds
+        (warning,) = warnings_of(budget)
+        assert warning.startswith(f"warning: /sys/fs/cgroup/cpu.max holds {cpu_max!r}")
+        assert warning.endswith("level ignored")
+    else:
+        assert warnings_of(budget) == []
+
+
+@pytest.mark.parametrize("quota_us", ["0", "abc"])
+def test_a_v1_quota_of_zero_or_not_a_number_is_ignored_with_a_warning(
+    tmp_path: Path, quota_us: str
+) -> None:
+    root = copy_of("docker-v1-cpus-1.5", tmp_path)
+    path = "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us"
+    (root / path.lstrip("/")).write_text(quota_us + "\n")
+    budget = detect_budget(root, env={})
+    assert (budget.cpu_quota, budget.quota_source) == (None, "none")
+    assert warnings_of(budget) == [
+        f"warning: {path} holds {quota_us!r}, not a usable quota: level ignored"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("value", "limit"),
+    [("0", 0), (str((1 << 62) - 4096), (1 << 62) - 4096), (str(1 << 62), None)],
+)
+def test_a_memory_limit_is_from_zero_up_to_but_not_including_2_to_the_62(
+    tmp_path: Path, value: str, limit: int | None
+) -> None:
+    root = copy_of("docker-v1-cpus-1.5", tmp_path)
+    (root / "sys/fs/cgroup/memory/memory.limit_in_bytes").write_text(value + "\n")
+    assert detect_budget(root, env={}).memory_limit == limit
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "warning"),
+    [
+        ("memory.max", "lots", "holds 'lots', not an integer: level ignored"),
+        ("cpuset.cpus.effective", "zero", "holds 'zero', not a CPU list: ignored"),
+        ("cpuset.cpus.effective", "", "is empty: ignored"),
+    ],
+)
+def test_an_unusable_limit_file_is_warned_with_its_content(
+    tmp_path: Path, name: str, text: str, warning: str
+) -> None:
+    root = copy_of(V2_PRIVATE, tmp_path)
+    (root / "sys/fs/cgroup" / name).write_text(text + "\n")
+    assert f"warning: /sys/fs/cgroup/{name} {warning}" in detect_budget(root, env={}).reasons
+
+
+@pytest.mark.parametrize(
+    ("case", "path", "lost"),
+    [
+        (V2_PRIVATE, "/sys/fs/cgroup/cpu.max", "no CFS quota from this level"),
+        (
+            "docker-v1-cpus-1.5",
+            "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us",
+            "no CFS quota from this level",
+        ),
+        (V2_PRIVATE, "/sys/fs/cgroup/memory.max", "no memory limit from this level"),
+        (V2_PRIVATE, "/sys/fs/cgroup/cpuset.cpus.effective", "trying the level above"),
+    ],
+)
+def test_an_unreadable_limit_file_is_warned_with_what_is_lost(
+    tmp_path: Path, case: str, path: str, lost: str
+) -> None:
+    root = copy_of(case, tmp_path)
+    (root / path.lstrip("/")).unlink()
+    (root / path.lstrip("/")).mkdir()
+    warning = f"warning: {path} unreadable: Is a directory: {lost}"
+    assert warning in detect_budget(root, env={}).reasons
+
+
+def test_each_level_s_quota_is_listed_when_several_set_one(tmp_path: Path) -> None:
+    root = copy_of("bare-metal-v2", tmp_path)
+    slice_ = root / "sys/fs/cgroup/user.slice"
+    (slice_ / "cpu.max").write_text("200000 100000\n")
+    (slice_ / "user-1000.slice/session-3.scope/cpu.max").write_text("150000 100000\n")
+    budget = detect_budget(root, env={})
+    assert budget.cpu_quota == 1.5
+    assert (
+        "cpu quota per level: 1.5 at /sys/fs/cgroup/user.slice/user-1000.slice/session-3.scope; "
+        "2 at /sys/fs/cgroup/user.slice"
+    ) in budget.reasons
+    (slice_ / "cpu.max").write_text("max 100000\n")  # one level sets one
+    assert not any("per level" in r for r in detect_budget(root, env={}).reasons)
+
+
+def test_a_malformed_cpuset_file_is_skipped_for_the_level_above(tmp_path: Path) -> None:
+    root = copy_of("bare-metal-v2", tmp_path)
+    cgroup = root / "sys/fs/cgroup"
+    (cgroup / "cpuset.cpus.effective").write_text("0-3\n")
+    scope = cgroup / "user.slice/user-1000.slice/session-3.scope"
+    (scope / "cpuset.cpus.effective").write_text("zero\n")
+    assert detect_budget(root, env={}).cpuset == (0, 1, 2, 3)
+
+
+def test_a_v2_listing_without_the_controller_is_noted_and_its_files_read_anyway(
+    tmp_path: Path,
+) -> None:
+    root = copy_of(V2_PRIVATE, tmp_path)
+    assert not any("does not list it" in r for r in detect_budget(root, env={}).reasons)
+    (root / "sys/fs/cgroup/cgroup.controllers").write_text("memory pids\n")
+    budget = detect_budget(root, env={})
+    assert budget.cpu_quota == 1.5
+    listing = "cpu: /sys/fs/cgroup/cgroup.controllers does not list it ('memory pids')"
+    assert any(r.startswith(listing) for r in budget.reasons)
+
+
+def test_a_controller_with_no_v1_line_is_read_on_v2_where_its_file_is_even_beside_a_v1_mount(
+    tmp_path: Path,
+) -> None:
+    root = tree(
+        tmp_path,
+        {
+            "proc/self/cgroup": "0::/\n",
+            "proc/self/mountinfo": V1_CPU_MOUNT + UNIFIED_MOUNT,
+            "sys/fs/cgroup/cpu/cpu.cfs_quota_us": "-1\n",
+            "sys/fs/cgroup/cpu/cpu.cfs_period_us": "100000\n",
+            "sys/fs/cgroup/unified/cgroup.controllers": "cpu\n",
+            "sys/fs/cgroup/unified/cpu.max": "50000 100000\n",
+        },
+    )
+    budget = detect_budget(root, env={})
+    assert (budget.cpu_quota, budget.quota_source) == (0.5, "cgroup v2")
+
+
+def test_a_v1_controller_mounted_nowhere_is_warned_and_not_read(tmp_path: Path) -> None:
+    root = tree(
+        tmp_path,
+        {"proc/self/cgroup": "4:cpu,cpuacct:/docker/abc\n", "proc/self/mountinfo": PROC_MOUNT},
+    )
+    budget = detect_budget(root, env={})
+    assert budget.cpu_quota is None
+    assert "cpu: no cgroup hierarchy with this controller is visible" in budget.reasons
+    assert "warning: cpu: cgroup v1 path /docker/abc but no such hierarchy is mounted" in (
+        budget.reasons
+    )
+
+
+def test_a_mounted_v2_hierarchy_without_a_cgroup_line_is_read_at_its_mount_point(
+    tmp_path: Path,
+) -> None:
+    root = copy_of(V2_PRIVATE, tmp_path)
+    (root / "proc/self/cgroup").unlink()
+    budget = detect_budget(root, env={})
+    assert (budget.cpu_quota, budget.memory_limit) == (1.5, 1073741824)
+    assert any(
+        "has no line for the cgroup v2 hierarchy mounted at /sys/fs/cgroup" in w
+        for w in warnings_of(budget)
+    )
+
+
+def test_at_the_usual_mount_point_the_process_s_own_cgroup_is_read_first(tmp_path: Path) -> None:
+    root = copy_of("bare-metal-v2", tmp_path)
+    mountinfo = root / "proc/self/mountinfo"
+    lines = mountinfo.read_text().splitlines(keepends=True)
+    mountinfo.write_text("".join(line for line in lines if " - cgroup2 " not in line))
+    scope = root / "sys/fs/cgroup/user.slice/user-1000.slice/session-3.scope"
+    (scope / "cpu.max").write_text("150000 100000\n")
+    assert detect_budget(root, env={}).cpu_quota == 1.5
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        (  # v1 at the usual mount point named after the controller alone
+            {
+                "proc/self/cgroup": "4:cpu,cpuacct:/docker/abc\n",
+                "sys/fs/cgroup/cpu/docker/abc/cpu.cfs_quota_us": "-1\n",
+            },
+            Hierarchy("cpu", 1, "/sys/fs/cgroup/cpu", "unknown", "/docker/abc", "docker/abc"),
+        ),
+        (  # v2 at systemd's hybrid mount point; ".." (outside the namespace) is skipped
+            {
+                "proc/self/cgroup": "0::/../../outside/job\n",
+                "sys/fs/cgroup/unified/outside/job/cpu.max": "max\n",
+            },
+            Hierarchy(
+                "cpu", 2, "/sys/fs/cgroup/unified", "unknown", "/../../outside/job", "outside/job"
+            ),
+        ),
+        (  # the deepest directory of the cgroup path that exists
+            {"proc/self/cgroup": "0::/a/b/gone\n", "sys/fs/cgroup/a/b/cpu.max": "max\n"},
+            Hierarchy("cpu", 2, "/sys/fs/cgroup", "unknown", "/a/b/gone", "a/b"),
+        ),
+        (  # no /proc/self/cgroup: the mount point itself
+            {"sys/fs/cgroup/cpu.max": "max\n"},
+            Hierarchy("cpu", 2, "/sys/fs/cgroup", "unknown", "/", ""),
+        ),
+        (  # mountinfo's mount: the cgroup path below the mount root
+            {"proc/self/cgroup": "0::/a\n", "proc/self/mountinfo": V2_MOUNT},
+            Hierarchy("cpu", 2, "/sys/fs/cgroup", "/", "/a", "a"),
+        ),
+        (  # a mounted hierarchy without a line in /proc/self/cgroup: its mount point
+            {"proc/self/mountinfo": V2_MOUNT},
+            Hierarchy("cpu", 2, "/sys/fs/cgroup", "/", "/", ""),
+        ),
+    ],
+)
+def test_where_the_cpu_controller_s_files_are_found(
+    tmp_path: Path, files: dict[str, str | None], expected: Hierarchy
+) -> None:
+    probe = RootFiles(tree(tmp_path, files))
+    entries, mounts = read_proc_files(probe)
+    assert locate("cpu", entries, mounts, probe) == expected
