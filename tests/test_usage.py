@@ -12,7 +12,7 @@ import pytest
 
 from app.budget.cgroups.detect import CpuBudget
 from app.budget.plan import Overrides, make_plan
-from app.budget.usage import Throttling, read_cpu_stat
+from app.budget.usage import CpuStat, Throttling, read_cpu_stat
 from app.training.budget_watch import BudgetWatch, warn_when_throttled
 from tests.conftest import FIXTURES
 
@@ -161,3 +161,41 @@ def test_a_throttled_single_thread_is_told_only_to_raise_the_limit(logged: list)
     message = logged[-1].getMessage()
     assert "1 intra-op thread run into a quota of 0.3 CPUs; raise the CPU limit" in message
     assert "--rounding" not in message and "fewer threads" not in message
+
+
+NULLS = {"cpu_throttled_ratio": None, "cpu_throttled_s": None}
+
+
+def test_a_path_is_read_as_it_is_by_default(tmp_path: Path) -> None:
+    path = str(tmp_path) + _stat(tmp_path, V2)  # the default root is /
+    assert read_cpu_stat(path) == CpuStat(periods=400, throttled=100, throttled_s=1.5)
+
+
+@pytest.mark.parametrize(
+    "text", ["nr_periods 200\n", "nr_throttled 50\n", "nr_periods 200\nnr_throttled x\n"]
+)
+def test_a_cpu_stat_without_both_period_counters_gives_nothing(tmp_path: Path, text: str) -> None:
+    assert read_cpu_stat(_stat(tmp_path, text), str(tmp_path)) is None
+
+
+def test_a_cpu_stat_without_a_time_counter_has_zero_throttled_seconds(tmp_path: Path) -> None:
+    stat = read_cpu_stat(_stat(tmp_path, "nr_periods 200\nnr_throttled 50\n"), str(tmp_path))
+    assert stat == CpuStat(periods=200, throttled=50, throttled_s=0.0)
+
+
+def test_one_period_makes_a_ratio_and_the_figures_keep_three_decimals(tmp_path: Path) -> None:
+    path = _stat(tmp_path, "nr_periods 3\nnr_throttled 0\nthrottled_time 0\n")
+    meter = Throttling(path, str(tmp_path))
+    stat = tmp_path / "cg" / "cpu.stat"
+    stat.write_text("nr_periods 4\nnr_throttled 1\nthrottled_time 1234567\n")
+    assert meter.read() == {"cpu_throttled_ratio": 1.0, "cpu_throttled_s": 0.001}
+    stat.write_text("nr_periods 7\nnr_throttled 2\nthrottled_time 1234567\n")
+    assert meter.read() == {"cpu_throttled_ratio": 0.333, "cpu_throttled_s": 0.0}
+
+
+def test_a_cpu_stat_that_appears_or_goes_between_reads_gives_nulls(tmp_path: Path) -> None:
+    meter = Throttling("/cg/cpu.stat", str(tmp_path))  # not there yet
+    _stat(tmp_path, V1)
+    assert meter.read() == NULLS
+    (tmp_path / "cg" / "cpu.stat").unlink()  # the cgroup is gone
+    assert meter.read() == NULLS
