@@ -11,7 +11,7 @@ import pytest
 
 from app.budget.cgroups.detect import detect_budget
 from app.budget.cpulist import parse_cpulist
-from app.budget.topology import detect_cpu, detect_topology
+from app.budget.topology import CpuModel, detect_cpu, detect_topology
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cgroup"
 WITH_TOPOLOGY = sorted(
@@ -59,7 +59,9 @@ def test_missing_files_mean_one_core_per_cpu_and_one_node(tmp_path: Path) -> Non
     topology = detect_topology(tmp_path, cpus=[3, 1, 2])
     assert topology.cores == ((1,), (2,), (3,))
     assert topology.numa_nodes == ((1, 2, 3),)
-    assert any("own core" in reason for reason in topology.reasons)
+    assert "no thread_siblings_list for CPUs [1, 2, 3]: each counted as its own core" in (
+        topology.reasons
+    )
     assert any("one node" in reason for reason in topology.reasons)
 
 
@@ -139,5 +141,62 @@ def test_unreadable_cpuinfo_is_unknown_not_an_error(tmp_path: Path) -> None:
 
 
 def test_the_live_machine_has_a_model_and_flags() -> None:
-    cpu = detect_cpu("/")
+    cpu = detect_cpu()  # the live /proc/cpuinfo by default
     assert cpu.readable and cpu.name != "unknown" and cpu.flags
+    assert cpu == detect_cpu("/")
+
+
+def test_the_live_system_is_the_default_root() -> None:
+    online = Path("/sys/devices/system/cpu/online").read_text().strip()
+    assert detect_topology().inputs["/sys/devices/system/cpu/online"] == online
+
+
+def _first_value(case: str, key: str) -> str:
+    """``key``'s value in the first processor of a fixture's cpuinfo (plain string handling)."""
+    for line in (CPUINFO / case / "proc" / "cpuinfo").read_text().splitlines():
+        if line.split(":")[0].strip() == key:
+            return line.split(":", 1)[1].strip()
+    raise KeyError(key)
+
+
+def test_x86_the_model_name_and_flags_are_read_and_recorded() -> None:
+    case = "intel-xeon-sapphire-rapids"
+    cpu, flags = detect_cpu(CPUINFO / case), _first_value(case, "flags")
+    assert (cpu.name, cpu.part, cpu.flags) == (
+        "Intel(R) Xeon(R) Platinum 8480+",
+        None,
+        frozenset(flags.split()),
+    )
+    assert (
+        cpu.inputs["/proc/cpuinfo"]
+        == f"model name: Intel(R) Xeon(R) Platinum 8480+\nflags: {flags}"
+    )
+
+
+def test_arm_the_cpu_part_and_features_are_read_and_recorded() -> None:
+    case = "arm-graviton3-neoverse-v1"
+    cpu, features = detect_cpu(CPUINFO / case), _first_value(case, "Features")
+    assert (cpu.name, cpu.part) == ("Arm CPU part 0xd40", "0xd40")
+    assert cpu.flags == frozenset(features.split()) and "bf16" in cpu.flags
+    assert cpu.inputs["/proc/cpuinfo"] == f"CPU part: 0xd40\nFeatures: {features}"
+
+
+def _cpuinfo(root: Path, text: str) -> CpuModel:
+    (root / "proc").mkdir(parents=True)
+    (root / "proc" / "cpuinfo").write_text(text)
+    return detect_cpu(root)
+
+
+def test_only_the_first_processor_counts_even_after_blank_lines(tmp_path: Path) -> None:
+    cpu = _cpuinfo(tmp_path, "\nprocessor\t: 0\nmodel name\t: X\n\nprocessor\t: 1\nflags\t: avx\n")
+    assert (cpu.name, cpu.flags) == ("X", frozenset())
+
+
+def test_a_value_is_everything_after_the_first_colon(tmp_path: Path) -> None:
+    cpu = _cpuinfo(tmp_path, "processor\t: 0\nmodel name\t: Virtual CPU: 8 cores\n")
+    assert cpu.name == "Virtual CPU: 8 cores"
+
+
+def test_a_cpu_without_a_name_or_part_is_unknown_without_flags(tmp_path: Path) -> None:
+    cpu = _cpuinfo(tmp_path, "processor\t: 0\nBogoMIPS\t: 50.00\n")
+    assert (cpu.name, cpu.part, cpu.flags, cpu.readable) == ("unknown", None, frozenset(), True)
