@@ -117,3 +117,32 @@ def test_the_refusal_names_the_peak_the_limit_and_what_to_change() -> None:
         "(TensorFlow 730 MiB, training split held in memory, batches of 40), more than the "
         "memory limit of 800 MiB; lower --batch-size or raise the limit"
     )
+
+
+def test_a_split_is_four_bytes_per_feature_value_and_label_of_each_row() -> None:
+    assert memory.split_bytes(1000, 3900, 3) == 15_612_000  # float32: 4 × 1000 × (3900 + 3)
+
+
+def test_the_tiny_set_s_estimate_part_by_part() -> None:
+    """The rule of the module docstring on the tiny set, held in memory: 240 rows of 20×195
+    features and 3 labels, batches of 40."""
+    found = memory.estimate(
+        rows=240, height=20, width=195, outputs=3, batch_size=40, memory_limit=LIMIT
+    )
+    assert found.parts == {
+        "base_bytes": 730 * MIB,
+        "model_bytes": 1008,  # 16 bytes × (20 hidden units + a bias) × 3 outputs
+        "setup_bytes": 3_746_880,  # the split: 240 × 4 × (3900 + 3)
+        "data_bytes": 3_746_880,
+        "batch_bytes": 6_868_800,  # 40 × (44 × 3900 + 40 × 3)
+    }
+    assert found.total == int((730 * MIB + 1008 + max(3_746_880, 3_746_880 + 6_868_800)) * 1.1)
+
+
+def test_the_refusal_of_a_streamed_split_says_it_is_read_batch_by_batch() -> None:
+    found = memory.estimate(
+        rows=100_000, height=20, width=195, outputs=3, batch_size=100, memory_limit=1 << 30
+    )
+    assert not found.resident
+    with pytest.raises(MemoryBudgetExceeded, match="training split read batch by batch, batches"):
+        memory.check(found, 800 * MIB, 100)
