@@ -21,7 +21,9 @@ def test_parse_cpulist(text: str, cpus: tuple[int, ...]) -> None:
     assert parse_cpulist(text) == cpus
 
 
-@pytest.mark.parametrize("text", ["a", "1-", "-1", "3-1", "0-7:2", "1,,2", "1 2"])
+@pytest.mark.parametrize(
+    "text", ["a", "1-", "-1", "3-1", "0-7:2", "1,,2", "1 2", "+1", "0-+3", "1_0"]
+)
 def test_parse_cpulist_rejects(text: str) -> None:
     with pytest.raises(ValueError):
         parse_cpulist(text)

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from app.mountinfo import Mount, parse_mountinfo, read_mountinfo, unescape
+from tests.conftest import REPO
+
+#: A child Python whose locale encoding is ASCII (no locale coercion, no UTF-8 mode).
+ASCII_LOCALE = {"LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
 
 NSFS = "612 28 0:4 net:[4026532570] /run/netns/cni-1 rw shared:290 - nsfs nsfs rw\n"
 CGROUP_V1 = (
@@ -124,3 +131,21 @@ def test_this_machine_s_mountinfo_has_the_root_and_its_cgroup_mounts() -> None:
     found = [m.mount_point for m in mounts if m.fs_type in ("cgroup", "cgroup2")]
     assert found == expected
     assert found, "this machine mounts cgroup or cgroup2 somewhere"
+
+
+def test_mountinfo_is_read_as_utf_8_whatever_the_locale(tmp_path: Path) -> None:
+    """The kernel writes names as they are (it escapes only space, tab, newline and
+    backslash): a mount point in UTF-8 reads the same under an ASCII locale."""
+    path = tmp_path / "mountinfo"
+    path.write_text("90 27 0:50 / /media/donn\u00e9es rw - vfat /dev/sdb1 rw\n", encoding="utf-8")
+    assert [m.mount_point for m in read_mountinfo(str(path))] == ["/media/donn\u00e9es"]
+    code = (
+        "from app.mountinfo import read_mountinfo\n"
+        f"print(ascii([m.mount_point for m in read_mountinfo({str(path)!r})]))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+        env={**os.environ, **ASCII_LOCALE},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == ascii(["/media/donn\u00e9es"])
