@@ -395,3 +395,49 @@ def test_a_usable_home_is_a_writable_directory_of_this_user(tmp_path: Path) -> N
         other.mkdir()
         os.chown(other, 65534, 65534)
         assert not apply._usable_home(str(other))
+
+
+# A stand-in TensorFlow whose import is interrupted: the terminal's Ctrl-C goes to the job's
+# whole process group (the job itself lives on here: it ignores the signal).
+INTERRUPTED_TF = """
+import os, signal
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+os.killpg(0, signal.SIGINT)
+os.write(2, b"E0000 a message after the interrupt\\n")
+"""
+
+
+def _fake_tensorflow(path: Path, code: str) -> None:
+    for name in ("tensorflow", "keras"):
+        (path / name).mkdir()
+        (path / name / "__init__.py").write_text(code if name == "tensorflow" else "")
+
+
+def test_a_ctrl_c_during_the_import_does_not_cut_its_messages_short(tmp_path: Path) -> None:
+    """The filter runs in a session of its own: the job's interrupt does not stop it."""
+    _fake_tensorflow(tmp_path, INTERRUPTED_TF)
+    code = "from app.budget import apply\napply.import_tensorflow()\nprint('imported')\n"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(REPO)])
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO,
+        timeout=60, start_new_session=True,  # a process group of its own, as a job has
+    )  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout == "imported\n"
+    assert proc.stderr.splitlines() == ["E0000 a message after the interrupt"]
+
+
+def test_the_import_runs_unfiltered_when_the_filter_cannot_start(tmp_path: Path) -> None:
+    _fake_tensorflow(tmp_path, FAKE_TF)
+    code = (
+        "import sys\nfrom app.budget import apply\n"
+        "sys.executable = '/nonexistent/python'  # the filter's interpreter\n"
+        "apply.import_tensorflow()\nprint('imported')\n"
+    )
+    proc = _run(code, path=tmp_path)
+    assert proc.returncode == 0 and proc.stdout == "imported\n"
+    assert proc.stderr.splitlines() == [  # every line, the notices too
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+        "I0000 00:00:1.0  1 port.cc:153] oneDNN custom operations are on. You may see...",
+        "E0000 a real error from TensorFlow",
+    ]
