@@ -14,12 +14,15 @@ import subprocess
 import sys
 import zlib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from app.atomic import file_system
 from app.budget import memory as memory_rule
 from app.data import bounds, textfile
-from app.errors import DataError
+from app.data.sources import ROLES, Sources
+from app.errors import DataError, InputTooLarge
 from benchmarks.cgroup_run import MEMORY_MOUNT, MemoryCgroup, memory_cgroup, unavailable_reason
 from tests.conftest import REPO, TINY_TRAIN_ARGS, events, json_lines, run_cli
 from tests.runs import mount_tmpfs, umount
@@ -149,6 +152,107 @@ def test_the_estimate_of_a_plain_and_a_gzip_file_is_their_cache_size(tmp_path: P
     _gzip_of_repeats(tmp_path / "x.gz", LINE * 1000, 100)
     assert bounds.cache_bytes(plain, 6) == 100_000 * 6 * 4
     assert bounds.cache_bytes(tmp_path / "x.gz", 6) == 100_000 * 6 * 4
+
+
+# --- the bounds, in process ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("count", "shown"),
+    [
+        (0, "0 KiB"), (12 << 10, "12 KiB"), ((1 << 20) - 1, "1024 KiB"), (1 << 20, "1.0 MiB"),
+        (300 << 20, "300.0 MiB"), ((1 << 30) - (1 << 20), "1023.0 MiB"), (1 << 30, "1.0 GiB"),
+        (3 << 29, "1.5 GiB"), (5 << 30, "5.0 GiB"),
+    ],
+)  # fmt: skip
+def test_sizes_in_messages_are_in_gib_mib_or_kib(count: int, shown: str) -> None:
+    assert bounds._size(count) == shown
+
+
+def test_the_bound_is_the_free_space_or_max_cache_bytes_when_smaller(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The blocks free to unprivileged users times their size (4,096,000 bytes here)."""
+    monkeypatch.setattr(os, "statvfs", lambda path: SimpleNamespace(f_bavail=1000, f_frsize=4096))
+    free = bounds.Bound(4_096_000, f"the 3.9 MiB free on the file system {file_system(tmp_path)}")
+    assert bounds.bound(tmp_path, None) == free
+    assert bounds.bound(tmp_path, 4_096_001) == free
+    assert bounds.bound(tmp_path, 4_096_000) == free  # as small: the file system's is the bound
+    assert bounds.bound(tmp_path, 4_095_999) == bounds.Bound(4_095_999, "--max-cache-bytes 4095999")
+
+
+def test_a_data_set_past_the_bound_is_refused_naming_its_largest_file(tmp_path: Path) -> None:
+    sources = Sources({role: tmp_path / f"{role}.txt" for role in ROLES}, height=2, width=3)
+    estimates = {
+        "train_features": 3 << 29,  # the largest, not the last name in order
+        "train_labels": 1 << 20,
+        "test_features": 300 << 20,
+        "test_labels": 12 << 10,
+    }
+    total = sum(estimates.values())
+    bounds.check(sources, estimates, bounds.Bound(total, "the limit"))  # up to it: converted
+    with pytest.raises(InputTooLarge) as caught:
+        bounds.check(sources, estimates, bounds.Bound(total - 1, "--max-cache-bytes N"))
+    assert str(caught.value) == (
+        f"{tmp_path / 'train_features.txt'}: the data cache would take about 1.8 GiB (this "
+        "file 1.5 GiB), more than --max-cache-bytes N; refusing to convert (free space, or "
+        "raise --max-cache-bytes)"
+    )
+
+
+def test_the_byte_guard_adds_what_each_block_wrote_and_stops_past_the_bound(
+    tmp_path: Path,
+) -> None:
+    guard = bounds.Guard(bounds.Bound(10 << 20, "--max-cache-bytes 10485760"))
+    guard.path = tmp_path / "train_features.txt"
+    for _ in range(5):
+        guard.add(2 << 20)  # 10 MiB in all: up to the bound
+    assert guard.written == 10 << 20
+    with pytest.raises(InputTooLarge) as caught:
+        guard.add(1)
+    assert str(caught.value) == (
+        f"{guard.path}: the data cache passed 10.0 MiB while converting, more than "
+        "--max-cache-bytes 10485760 (the file expands more than its size and first lines "
+        "said); stopped"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "lines"),
+    [
+        (LINE * 4, 4),
+        (LINE[:-1], 1),  # no newline in the sample: one line of its size
+        (b"12 3\n4 5\n6", 3),  # a short last line: the lines are rounded up
+        (b"1\n\n\n\n", 4),  # blank lines are lines
+        (b"", 0),
+    ],
+)
+def test_the_cache_estimate_is_the_lines_times_the_width_in_float32(
+    tmp_path: Path, text: bytes, lines: int
+) -> None:
+    """The lines: the file's size over the bytes per line of its first MiB."""
+    paths = {role: tmp_path / f"{role}.txt" for role in ROLES}
+    for path in paths.values():
+        path.write_bytes(text)
+    sources = Sources(paths, height=2, width=3)
+    assert bounds.cache_bytes(paths["train_labels"], 5) == lines * 5 * 4
+    assert bounds.estimate(sources, 2, ("train_features", "test_labels")) == {
+        "train_features": lines * 6 * 4,
+        "test_labels": lines * 2 * 4,
+    }
+
+
+def test_label_columns_are_counted_on_the_first_line_up_to_the_limit(tmp_path: Path) -> None:
+    path = tmp_path / "train_labels.txt"
+    path.write_bytes(b"1 " * bounds.MAX_OUTPUTS + b"\n")
+    assert bounds.label_width(path) == bounds.MAX_OUTPUTS
+    path.write_bytes(b"1 " * (bounds.MAX_OUTPUTS + 1) + b"\n")
+    with pytest.raises(DataError) as caught:
+        bounds.label_width(path)
+    assert str(caught.value) == (
+        f"{path}:1: more than {bounds.MAX_OUTPUTS} label columns (the limit, "
+        "app/data/bounds.py): not a label file?"
+    )
 
 
 # --- memory -------------------------------------------------------------------------------

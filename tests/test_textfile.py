@@ -9,6 +9,8 @@ against numpy's own parsing of the same text.
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import gzip
 import math
 import os
@@ -20,7 +22,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.data.textfile import fast, files, is_gzip, iter_chunks, numpy_path, parse_field, precise
+from app.data.textfile import (
+    Span,
+    fast,
+    files,
+    is_gzip,
+    iter_chunks,
+    numpy_path,
+    parse_field,
+    precise,
+    probes,
+)
 from app.errors import DataError
 
 DATA = Path(__file__).parent / "fixtures" / "data"
@@ -159,6 +171,35 @@ def test_file_without_read_permission(tmp_path: Path) -> None:
     assert str(caught.value) == f"{path}: cannot read: Permission denied"
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/mem"), reason="no /proc/self/mem (Linux)")
+def test_a_file_that_opens_but_cannot_be_read() -> None:
+    """/proc/self/mem opens, and reading its offset 0 fails (EIO)."""
+    with pytest.raises(DataError) as caught:
+        read_all("/proc/self/mem")
+    assert str(caught.value) == "/proc/self/mem: cannot read: Input/output error"
+
+
+class _BadDisk:
+    """A file whose every read and seek fails, as on a failing disk."""
+
+    def _fail(self, *args: object) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    read = readinto = seek = _fail
+
+
+def test_an_io_failure_while_reading_names_the_file(tmp_path: Path) -> None:
+    path = str(tmp_path / "train_features.txt")
+    for call in (
+        lambda: files.read_into(_BadDisk(), memoryview(bytearray(8)), path),  # type: ignore[arg-type]
+        lambda: files.seek(_BadDisk(), 4, path),  # type: ignore[arg-type]
+        lambda: probes._gzip_isize(_BadDisk(), 100, path),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(DataError) as caught:
+            call()
+        assert str(caught.value) == f"{path}: cannot read: Input/output error"
+
+
 def lines_of(n: int, width: int) -> bytes:
     return b"".join(
         b" ".join(b"%d" % (i * width + j) for j in range(width)) + b"\n" for i in range(n)
@@ -215,20 +256,71 @@ def test_line_longer_than_the_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert str(caught.value) == f"{path}:2: line longer than 100 bytes"
 
 
-def test_chunks_are_bounded_and_in_order(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("chunk_rows", "lines"), [(64, 5000), (1, 200)])
+def test_chunks_are_bounded_and_in_order(tmp_path: Path, chunk_rows: int, lines: int) -> None:
     path = tmp_path / "many.txt"
-    path.write_bytes(lines_of(5000, 3))
+    path.write_bytes(lines_of(lines, 3))
     sizes = []
     rows = []
-    for chunk in iter_chunks(path, chunk_rows=64):
+    for chunk in iter_chunks(path, chunk_rows=chunk_rows):
         assert chunk.shape[1] == 3
         sizes.append(len(chunk))
         rows.append(chunk)
-    assert max(sizes) <= 64
-    assert sum(sizes) == 5000 and len(sizes) == -(-5000 // 64)
+    assert max(sizes) <= chunk_rows
+    assert sum(sizes) == lines and len(sizes) == -(-lines // chunk_rows)
     np.testing.assert_array_equal(
-        np.concatenate(rows), np.arange(15000, dtype=np.float32).reshape(5000, 3)
+        np.concatenate(rows), np.arange(3 * lines, dtype=np.float32).reshape(lines, 3)
     )
+
+
+SPANNED = b"1 2\n3 4\n\n\n5 6\n7 8\n"  # lines start at bytes 0, 4, 8, 9, 10, 14
+
+
+@pytest.mark.parametrize(
+    ("span", "rows", "after"),
+    [
+        (Span(), [[1, 2], [3, 4], [5, 6], [7, 8]], None),  # the whole file (its blank lines: error)
+        (Span(10, first_line=5), [[5, 6], [7, 8]], Span(10, None, 5, None, 2, 2)),  # to the end
+        (Span(4, 10, first_line=2), [[3, 4]], Span(4, 10, 2, 3, 3, 1)),  # ends in a blank run
+        (Span(10, 10, first_line=5), [], Span(10, 10, 5, None, 0, 0)),  # empty: no error
+    ],
+)
+def test_a_span_reads_its_lines_and_records_what_it_read(
+    tmp_path: Path, span: Span, rows: list[list[float]], after: Span | None
+) -> None:
+    span = dataclasses.replace(span)  # (iter_chunks updates it)
+    path = tmp_path / "spanned.txt"
+    path.write_bytes(SPANNED)
+    if after is None:  # the whole file: blank lines followed by data
+        with pytest.raises(DataError, match=r":3: blank line followed by more data on line 5$"):
+            list(iter_chunks(path, span=span, chunk_rows=1))
+        return
+    seen = []  # the rows the span records as each chunk is handed out
+    got = []
+    for chunk in iter_chunks(path, span=span, chunk_rows=1):
+        got.extend(chunk.tolist())
+        seen.append(span.rows)
+    assert got == rows
+    assert seen == list(range(1, len(rows) + 1))
+    assert span == after
+
+
+def test_a_span_after_a_blank_run_names_the_blank_line(tmp_path: Path) -> None:
+    """The lines before the span ended in blank lines from line 3: data is an error there."""
+    path = tmp_path / "spanned.txt"
+    path.write_bytes(SPANNED)
+    span = Span(10, first_line=5, blank_line=3)
+    with pytest.raises(DataError) as caught:
+        list(iter_chunks(path, span=span))
+    assert str(caught.value) == f"{path}:3: blank line followed by more data on line 5"
+
+
+def test_a_gzip_file_is_read_as_a_whole_only(tmp_path: Path) -> None:
+    path = tmp_path / "data.txt.gz"
+    path.write_bytes(gzip.compress(SPANNED))
+    for span in (Span(0, 4), Span(4)):
+        with pytest.raises(ValueError, match=f"^{path}: a gzip file can only be read as a whole$"):
+            list(iter_chunks(path, span=span))
 
 
 def test_chunks_stream_before_a_later_error(tmp_path: Path) -> None:
@@ -326,6 +418,67 @@ def test_which_path_decodes(
     np.testing.assert_array_equal(bits(got), bits(np.loadtxt(path, dtype=np.float32)))
 
 
+def _path_counts(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Calls of float() one field at a time (either path), of the precise path and of
+    np.loadtxt, counted from here on."""
+    calls = {"parse_field": 0, "parse_block_slowly": 0, "_loadtxt": 0}
+    for module, name in (
+        (numpy_path, "parse_field"),
+        (precise, "parse_field"),
+        (numpy_path, "parse_block_slowly"),
+        (numpy_path, "_loadtxt"),
+    ):
+        real = getattr(module, name)
+
+        def counted(*args, _real=real, _name=name):
+            calls[_name] += 1
+            return _real(*args)
+
+        monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+def _g_lines() -> list[list[str]]:
+    """%.6g text with no exponent (no value below 1e-3): the vectorised decoders take it all."""
+    values = np.round(np.random.default_rng(12).standard_normal((64, 500)) * 3, 3)
+    return [[f"{v:.6g}" for v in row] for row in values]
+
+
+@pytest.mark.parametrize(
+    ("case", "one_by_one", "bulk"),
+    [
+        ("tabs", 0, 0),
+        ("crlf", 0, 0),
+        ("a few long fields", 5, 0),
+        ("nan allowed", 3, 0),
+        ("nan allowed in %.18e", 0, 1),
+    ],
+)
+def test_which_path_decodes_files_a_little_off_the_common_case(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, one_by_one: int, bulk: int
+) -> None:
+    """Tab separators and CRLF line ends are split without the precise path; a few fields
+    the vectorised decoders leave (20 digits, nan) are decoded one by one, and allowed nan
+    by np.loadtxt in bulk, the block not parsed again."""
+    lines = _g_lines()
+    if case == "nan allowed in %.18e":
+        lines = [[f"{float(t):.18e}" for t in line] for line in lines]
+    sep, end = ("\t" if case == "tabs" else " "), ("\r\n" if case == "crlf" else "\n")
+    if case == "a few long fields":
+        for i in range(5):
+            lines[9 * i + 3][77 * i] = "1234567890.123456789"
+    if case.startswith("nan allowed"):
+        for i in range(3):
+            lines[20 * i + 1][100 * i + 5] = "nan"
+    path = tmp_path / "data.txt"
+    path.write_bytes("".join(sep.join(line) + end for line in lines).encode())
+    calls = _path_counts(monkeypatch)
+    got = read_all(path, allow_nonfinite=case.startswith("nan allowed"))
+    assert calls == {"parse_field": one_by_one, "parse_block_slowly": 0, "_loadtxt": bulk}
+    expected = numpy_float32([t for line in lines for t in line]).reshape(got.shape)
+    np.testing.assert_array_equal(bits(got), bits(expected))
+
+
 def test_styles_change_within_a_file(tmp_path: Path) -> None:
     """%e rows, then %.18e rows, then %g rows: each block decodes right whatever came first."""
     rng = np.random.default_rng(3)
@@ -383,6 +536,113 @@ def test_a_blank_line_ending_a_group_of_wide_lines(
     with pytest.raises(DataError) as caught:
         read_all(path, chunk_rows=chunk_rows)
     assert str(caught.value) == f"{path}{message}"
+
+
+# Fields outside the grammar, and how a message quotes them: printable ASCII as is; quotes,
+# backslashes, DEL and every other byte as \xNN.
+NOT_NUMBERS = [
+    (b".", "'.'"), (b"-.", "'-.'"), (b"+", "'+'"), (b",5", "',5'"), (b"5!", "'5!'"),
+    (b"2\x0e", "'2\\x0e'"), (b"2\x7f", "'2\\x7f'"), (b"1e", "'1e'"), (b"e5", "'e5'"),
+    (b"0X1F", "'0X1F'"), (b"1'5", "'1\\x275'"), (b"1\\5", "'1\\x5c5'"),
+    (b"\xc3\xa9", "'\\xc3\\xa9'"), (b"1.5D+03", "'1.5D+03'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("token", "shown"), NOT_NUMBERS)
+def test_a_field_that_is_not_a_number_is_named_and_quoted(
+    tmp_path: Path, token: bytes, shown: str
+) -> None:
+    path = tmp_path / "data.txt"
+    path.write_bytes(b"1 2 3\n4 " + token + b" 6\n7 8 9\n")
+    with pytest.raises(DataError) as caught:
+        read_all(path)
+    assert str(caught.value) == f"{path}:2: field 2: not a number: {shown}"
+
+
+def _exponent_rows(width: int, rows: int) -> list[list[str]]:
+    """%.6e text (exponents from -15 to +15): rows the numpy path decodes exponents of
+    together, in one vectorised pass."""
+    rng = np.random.default_rng(11)
+    values = rng.standard_normal((rows, width)) * 10.0 ** rng.integers(-15, 16, (rows, width))
+    return [[f"{v:.6e}" for v in row] for row in values]
+
+
+# At the edges of that pass: 1 to 8 exponent digits (more: float()), |k| <= 22 (one exact
+# operation) and beyond, a mantissa of 2**53 and one above it (rounded twice if not left).
+EXPONENTS = [
+    "1e0", "1e+0", "-1e-0", "2.5e9", "1e10", "1e15", "-2.5e+15", "3e-12", "7E22", "7e-22",
+    "1e23", "1e-23", "5e00000007", "4e-00000008", "1e000000001", "5e-100000001",
+    "9007199254740992e-15", "9007199764251709e-15", "-12345678.9e-3", ".5e1", "5.e-1",
+]  # fmt: skip
+
+
+def test_exponents_decoded_together_match_numpy(tmp_path: Path) -> None:
+    rows = _exponent_rows(len(EXPONENTS), 20)
+    rows[7] = EXPONENTS
+    path = tmp_path / "exponents.txt"
+    path.write_text("".join(" ".join(row) + "\n" for row in rows))
+    got = read_all(path)
+    expected = numpy_float32([t for row in rows for t in row]).reshape(got.shape)
+    np.testing.assert_array_equal(bits(got), bits(expected))
+
+
+@pytest.mark.parametrize("token", ["1e", "1e+", "1e-", "1ex", "1e5e5", "1e1.5", "1.5D+03"])
+def test_a_bad_exponent_among_many_is_named(tmp_path: Path, token: str) -> None:
+    rows = _exponent_rows(40, 20)
+    rows[7][5] = token
+    path = tmp_path / "exponents.txt"
+    path.write_text("".join(" ".join(row) + "\n" for row in rows))
+    with pytest.raises(DataError) as caught:
+        read_all(path)
+    assert str(caught.value) == f"{path}:8: field 6: not a number: '{token}'"
+
+
+def test_exponent_rows_then_blank_lines_read_a_line_at_a_time(tmp_path: Path) -> None:
+    path = tmp_path / "exponents.txt"
+    path.write_text("".join(" ".join(row) + "\n" for row in _exponent_rows(40, 3)) + "\n\n")
+    got = read_all(path, chunk_rows=1)
+    np.testing.assert_array_equal(bits(got), bits(np.loadtxt(path, dtype=np.float32)))
+
+
+def test_a_line_longer_than_the_numpy_paths_group(tmp_path: Path) -> None:
+    """Lines of ~360 KB: each is a group of its own (~256 KiB of lines are decoded together)."""
+    values = np.random.default_rng(6).standard_normal((2, 40_000)).astype(np.float32)
+    path = tmp_path / "wide.txt"
+    np.savetxt(path, values, fmt="%.6g")
+    got = read_all(path)
+    np.testing.assert_array_equal(bits(got), bits(np.loadtxt(path, dtype=np.float32)))
+
+
+@pytest.mark.filterwarnings("error")  # a numpy warning would reach the user's terminal
+@pytest.mark.parametrize("fmt", ["%.6g", "%.18e"])  # float() one by one, np.loadtxt in bulk
+def test_a_value_beyond_float32_is_inf_or_an_error_without_a_warning(
+    tmp_path: Path, fmt: str
+) -> None:
+    values = np.random.default_rng(8).standard_normal((20, 40))
+    lines = [[fmt % v for v in row] for row in values]
+    lines[7][39] = "3.5e38"
+    path = tmp_path / "data.txt"
+    path.write_text("".join(" ".join(line) + "\n" for line in lines))
+    got = read_all(path, allow_nonfinite=True)
+    assert np.isposinf(got[7, 39])
+    expected = numpy_float32([t for line in lines for t in line]).reshape(20, 40)
+    np.testing.assert_array_equal(bits(got), bits(expected))
+    with pytest.raises(DataError) as caught:
+        read_all(path)
+    problem = f"non-finite value '3.5e38' in float32 {REJECTED}"
+    assert str(caught.value) == f"{path}:8: field 40: {problem}"
+
+
+def test_np_loadtxt_in_bulk_takes_only_whole_fields(tmp_path: Path) -> None:
+    """%.18e text (np.loadtxt decodes it): a field holding '#' is no number, nor a comment."""
+    values = np.random.default_rng(9).standard_normal((20, 40))
+    lines = [[f"{v:.18e}" for v in row] for row in values]
+    lines[7][39] = "3#5"
+    path = tmp_path / "data.txt"
+    path.write_text("".join(" ".join(line) + "\n" for line in lines))
+    with pytest.raises(DataError) as caught:
+        read_all(path)
+    assert str(caught.value) == f"{path}:8: field 40: not a number: '3#5'"
 
 
 @pytest.mark.parametrize(
