@@ -89,7 +89,7 @@ def _first_pass(
     start = begin  # where it starts in u
     while lo < len(ends):
         hi = max(int(np.searchsorted(ends, start + _GROUP_BYTES, "right")), lo + 1)
-        fields_ = _split(u, start, ends[lo:hi], width)
+        fields_ = _split(u, start, ends[lo:hi])
         if fields_ is None:
             return None
         counts, s, e = fields_
@@ -109,18 +109,18 @@ def _first_pass(
 
 
 def _data_lines(state: State, counts: np.ndarray, first: int, before: int) -> int | None:
-    """How many of a group's lines hold data: ``counts``, the fields on each line (the
-    width or 0, as :func:`_split` leaves them), line ``first`` first; ``before``: the data
-    lines of the block's earlier groups. Data lines, then blank lines to the group's end
-    are fine: the first of those is recorded in ``state``. None asks for the precise path:
-    data after a blank line in this block (the earlier lines may hold a field not decoded
-    yet, and the first problem is the one to report); raises the DataError of data after a
-    blank line that ended an earlier block."""
+    """How many of a group's lines hold data: ``counts``, the fields on each line, line
+    ``first`` first; ``before``: the data lines of the block's earlier groups. Full lines,
+    then blank lines to the group's end are fine: the first of those is recorded in
+    ``state``. None asks for the precise path: a line of another width, data after a blank
+    line in this block (the earlier lines may hold a field not decoded yet, and the first
+    problem is the one to report); raises the DataError of data after a blank line that
+    ended an earlier block."""
     full = counts == state.width
     lines = len(counts)
     if not full.all():  # full lines, then blank lines: fine if only blank lines follow
-        lines = int(np.argmin(full))  # the first blank line
-        if (counts[lines:] != 0).any() or (lines > 0 and state.blank_line is not None):
+        lines = int(np.argmin(full))  # the first line not full
+        if (counts[lines:] != 0).any():
             return None
     if lines and state.blank_line is not None:
         if before:  # the blank line ended an earlier group of this block
@@ -158,13 +158,12 @@ def _decode_group(
 
 
 def _split(
-    u: np.ndarray, start: int, ends: np.ndarray, width: int
+    u: np.ndarray, start: int, ends: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Find the fields of the lines ``u[start:ends[-1]]``: (fields per line, starts, ends).
 
     Field ends are exclusive offsets in ``u``. None asks for the precise path: a control
-    byte outside the whitespace set (bytes.split() keeps it inside a field) or a line with
-    neither ``width`` nor zero fields.
+    byte outside the whitespace set (bytes.split() keeps it inside a field).
     """
     stop = int(ends[-1])
     seg = u[start - 1 : stop]  # from the newline (or padding) before the group
@@ -182,8 +181,6 @@ def _split(
     before = np.searchsorted(s, ends)  # fields before each line end
     counts = before.copy()
     counts[1:] -= before[:-1]
-    if len(s) != len(ends) * width and not ((counts == width) | (counts == 0)).all():
-        return None
     return counts, s, e
 
 

@@ -103,7 +103,7 @@ class _Lines:
         while True:
             while not self.eof and self._wants_more(chunk_rows):
                 self._read()
-            if self.eof and len(self.nls) < chunk_rows and self.end > self._last_end():
+            if self.eof and self.end > self._last_end():
                 self._end_last_line()
             if not len(self.nls):
                 return
