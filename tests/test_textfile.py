@@ -180,12 +180,20 @@ def test_a_file_that_opens_but_cannot_be_read() -> None:
 
 
 class _BadDisk:
-    """A file whose every read and seek fails, as on a failing disk."""
+    """A file whose reads fail, as on a failing disk; and its seeks, unless ``seeks``."""
+
+    def __init__(self, seeks: bool = False) -> None:
+        self.seeks = seeks
 
     def _fail(self, *args: object) -> None:
         raise OSError(errno.EIO, os.strerror(errno.EIO))
 
-    read = readinto = seek = _fail
+    read = readinto = _fail
+
+    def seek(self, *args: object) -> int:
+        if not self.seeks:
+            self._fail()
+        return 0
 
 
 def test_an_io_failure_while_reading_names_the_file(tmp_path: Path) -> None:
@@ -194,6 +202,7 @@ def test_an_io_failure_while_reading_names_the_file(tmp_path: Path) -> None:
         lambda: files.read_into(_BadDisk(), memoryview(bytearray(8)), path),  # type: ignore[arg-type]
         lambda: files.seek(_BadDisk(), 4, path),  # type: ignore[arg-type]
         lambda: probes._gzip_isize(_BadDisk(), 100, path),  # type: ignore[arg-type]
+        lambda: probes._gzip_isize(_BadDisk(seeks=True), 100, path),  # type: ignore[arg-type]
     ):
         with pytest.raises(DataError) as caught:
             call()
