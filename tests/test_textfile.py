@@ -568,6 +568,44 @@ def test_a_field_that_is_not_a_number_is_named_and_quoted(
     assert str(caught.value) == f"{path}:2: field 2: not a number: {shown}"
 
 
+CONTROL = bytes([*range(9), *range(14, 32), 127])  # not whitespace to bytes.split()
+
+
+def test_a_control_byte_is_never_taken_for_whitespace(tmp_path: Path) -> None:
+    """Seeded random layouts (runs of spaces and tabs, blank lines before the data, the
+    width given or not) with one control byte in a field, or alone on a line: the error is
+    the precise path's, which splits at the whitespace of bytes.split() only."""
+    rng = np.random.default_rng(13)
+    path = tmp_path / "data.txt"
+    for _ in range(300):
+        width, lines = int(rng.integers(1, 4)), int(rng.integers(1, 4))
+        rows = [[b"%d" % rng.integers(0, 1000) for _ in range(width)] for _ in range(lines)]
+        control = bytes([rng.choice(list(CONTROL))])
+        line, field = int(rng.integers(lines)), int(rng.integers(width))
+        if rng.random() < 0.2:
+            rows[line] = [control]  # a line of only a control byte
+        else:
+            at = int(rng.integers(len(rows[line][field]) + 1))
+            rows[line][field] = rows[line][field][:at] + control + rows[line][field][at:]
+        seps = [b" ", b"  ", b"   ", b"\t", b" \t "]
+        text = b"\n" * int(rng.integers(0, 2) * rng.integers(1, 3)) + b"".join(
+            rng.choice(seps) * int(rng.integers(0, 2))
+            + b"".join(f + rng.choice(seps) for f in row[:-1])
+            + row[-1]
+            + b"\n"
+            for row in rows
+        )
+        path.write_bytes(text)
+        given = width if rng.random() < 0.5 else None
+        state = precise.State(str(path), given, None, "", False)
+        ends = [i + 1 for i, byte in enumerate(text) if byte == 10]
+        with pytest.raises(DataError) as expected:
+            precise.parse_block_slowly(state, text, 1, ends)
+        with pytest.raises(DataError) as caught:
+            read_all(path, width=given)
+        assert str(caught.value) == str(expected.value), text
+
+
 def _exponent_rows(width: int, rows: int) -> list[list[str]]:
     """%.6e text (exponents from -15 to +15): rows the numpy path decodes exponents of
     together, in one vectorised pass."""
