@@ -74,21 +74,23 @@ def test_the_numpy_path_decodes_a_large_file_without_the_precise_path(
 
 def test_buffers_are_kept_and_reused_from_call_to_call(big: Path, tmp_path: Path) -> None:
     """One Buffers per thread: the text buffer and the compiled path's rows are allocated
-    when a call needs more than they hold, and kept for the next call, which reuses them."""
+    when a call needs more than they hold, and kept for the next call, which reuses them
+    (moving the data to the front of the kept buffer when it is large enough)."""
     small = tmp_path / "small.txt"
     small.write_bytes(_numbers(100))
+    huge = tmp_path / "huge.txt"  # more than the buffer grown for one block of the big file
+    huge.write_bytes(_numbers(2 * LINES))
     buffers = Buffers()
     kept = []
-    calls = [(small, 512), (small, 512), (big, 512), (big, 1_000_000), (big, 512)]
+    calls = [(small, 512), (small, 512), (big, 512), (big, 1_000_000), (huge, 512)]
     for path, chunk_rows in calls:
         got = []
         for chunk in iter_chunks(path, chunk_rows=chunk_rows, buffers=buffers):
             if fast.compiled is not None:  # its rows are the kept ones
                 assert buffers.rows is not None and np.shares_memory(chunk, buffers.rows)
             got.append(chunk.copy())
-        np.testing.assert_array_equal(
-            np.concatenate(got), _counting(100 if path == small else LINES)
-        )
+        lines = {small: 100, big: LINES, huge: 2 * LINES}[path]
+        np.testing.assert_array_equal(np.concatenate(got), _counting(lines))
         assert buffers.text is not None
         kept.append((buffers.text, buffers.rows))
     assert kept[1][0] is kept[0][0] and kept[1][1] is kept[0][1]  # the small file's, reused

@@ -59,6 +59,7 @@ GOOD: dict[str, tuple[list[list[float]], dict]] = {
 # case -> (message after the path, iter_chunks keyword arguments)
 BAD: dict[str, tuple[str, dict]] = {
     "wrong_width": (":3: expected 6 fields (as on line 1), found 5", {}),
+    "one_field_on_a_line": (":2: expected 6 fields (as on line 1), found 1", {}),
     "too_many_fields": (
         ":2: expected 6 fields (H×W = 2×3), found 7",
         {"width": 6, "width_hint": "H×W = 2×3"},
