@@ -51,6 +51,7 @@ def _start_in_background(request: pytest.FixtureRequest) -> None:
 BAD_CORPUS: dict[str, tuple[str, str, str]] = {
     "wrong_width": ("train_features", ":3: ", "expected 6 fields (H×W = 2×3), found 5"),
     "too_many_fields": ("train_labels", ":2: ", "expected 6 fields (K = 6 labels), found 7"),
+    "one_field_on_a_line": ("test_labels", ":2: ", "expected 6 fields (K = 6 labels), found 1"),
     "not_a_number": ("test_features", ":2: ", "field 4: not a number: 'abc'"),
     "decimal_comma": ("test_labels", ":2: ", "field 5: not a number: '5,5'"),
     "nan": ("train_features", ":2: ", "field 3: non-finite value 'nan'"),
@@ -59,6 +60,7 @@ BAD_CORPUS: dict[str, tuple[str, str, str]] = {
     "empty": ("test_labels", ": ", "empty file"),
     "only_blank_lines": ("train_features", ": ", "empty file"),
     "blank_line_then_data": ("test_features", ":3: ", "blank line followed by more data"),
+    "blank_line_then_bad_data": ("train_features", ":2: ", "blank line followed by more data"),
     "control_byte": ("train_labels", ":2: ", "field 2: not a number"),
     "not_utf8": ("test_labels", ":2: ", "field 6: not a number"),
     "long_field": ("train_features", ":2: ", "field 6: not a number"),
