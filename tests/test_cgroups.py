@@ -547,6 +547,14 @@ def test_unusable_cpu_lists_outside_cgroups_are_named_with_their_content(tmp_pat
     )
 
 
+def test_a_cpus_allowed_list_in_the_stride_form_is_named_and_ignored(tmp_path: Path) -> None:
+    """The value is all of the line after its first colon: ``0-7:2`` is not a CPU list."""
+    probe = RootFiles(tree(tmp_path, {"proc/self/status": "Cpus_allowed_list:\t0-7:2\n"}))
+    assert read_affinity(None, probe) == (None, "Cpus_allowed_list")
+    assert probe.inputs["/proc/self/status Cpus_allowed_list"] == "0-7:2"
+    assert probe.reasons == ["warning: Cpus_allowed_list '0-7:2' is not a CPU list: ignored"]
+
+
 def test_the_hints_come_from_this_process_s_environment_by_default(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
