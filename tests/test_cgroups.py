@@ -591,6 +591,12 @@ def test_cpu_max_needs_a_positive_quota_and_period(
         assert warnings_of(budget) == []
 
 
+def test_a_quota_from_a_chain_of_one_level_is_not_called_the_tightest() -> None:
+    """Only a chain of several levels has a tightest one to name."""
+    reasons = detect_budget(FIXTURES / "docker-v1-cpus-1.5", env={}).reasons
+    assert "cpu quota: 1.5 CPUs from /sys/fs/cgroup/cpu,cpuacct" in reasons
+
+
 @pytest.mark.parametrize("quota_us", ["0", "abc"])
 def test_a_v1_quota_of_zero_or_not_a_number_is_ignored_with_a_warning(
     tmp_path: Path, quota_us: str
