@@ -693,6 +693,19 @@ def test_np_loadtxt_in_bulk_takes_only_whole_fields(tmp_path: Path) -> None:
     assert str(caught.value) == f"{path}:8: field 40: not a number: '3#5'"
 
 
+def test_a_carriage_return_between_fields_of_bulk_text_is_whitespace(tmp_path: Path) -> None:
+    """%.18e text (np.loadtxt decodes it, and ends a line at a CR): a CR between two fields
+    separates them, as any whitespace; the block's values are read one field at a time."""
+    values = np.random.default_rng(10).standard_normal((20, 40))
+    lines = [[f"{v:.18e}" for v in row] for row in values]
+    path = tmp_path / "data.txt"
+    text = "".join(" ".join(line) + "\n" for line in lines)
+    path.write_bytes(text.replace(" ", "\r", 1).encode())
+    got = read_all(path)
+    expected = numpy_float32([t for line in lines for t in line]).reshape(20, 40)
+    np.testing.assert_array_equal(bits(got), bits(expected))
+
+
 @pytest.mark.parametrize(
     ("token", "value"),
     [
