@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import gzip
+import io
 import math
 import os
 import shutil
@@ -204,6 +205,35 @@ def test_an_io_failure_while_reading_names_the_file(tmp_path: Path) -> None:
         lambda: files.seek(_BadDisk(), 4, path),  # type: ignore[arg-type]
         lambda: probes._gzip_isize(_BadDisk(), 100, path),  # type: ignore[arg-type]
         lambda: probes._gzip_isize(_BadDisk(seeks=True), 100, path),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(DataError) as caught:
+            call()
+        assert str(caught.value) == f"{path}: cannot read: Input/output error"
+
+
+class _SeeksOnlyToTheStart(io.BufferedReader):
+    """A file that reads, and seeks back to its start, but fails any other seek (EIO)."""
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if offset or whence:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return super().seek(offset, whence)
+
+
+def test_a_failing_seek_past_the_start_names_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """To a gzip file's trailer (its size, sampled) and to the start of a span."""
+    monkeypatch.setattr(
+        files, "open", lambda path, mode: _SeeksOnlyToTheStart(io.FileIO(path)), raising=False
+    )
+    packed = tmp_path / "train_features.txt.gz"
+    packed.write_bytes(gzip.compress(lines_of(100, 4)))
+    plain = tmp_path / "test_features.txt"
+    plain.write_bytes(lines_of(100, 4))
+    for path, call in (
+        (packed, lambda: probes.sample_lines(packed)),
+        (plain, lambda: read_all(plain, span=Span(start=len(lines_of(10, 4)), first_line=11))),
     ):
         with pytest.raises(DataError) as caught:
             call()
