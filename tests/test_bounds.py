@@ -22,6 +22,7 @@ from app.atomic import file_system
 from app.budget import memory as memory_rule
 from app.data import bounds, textfile
 from app.data.sources import ROLES, Sources
+from app.data.textfile import files, reader
 from app.errors import DataError, InputTooLarge
 from benchmarks.cgroup_run import MEMORY_MOUNT, MemoryCgroup, memory_cgroup, unavailable_reason
 from tests.conftest import REPO, TINY_TRAIN_ARGS, events, json_lines, run_cli
@@ -336,6 +337,21 @@ def test_labels_without_a_first_line_are_bad_data_naming_the_file(
         bounds.label_width(path)
     separator = "" if problem[0].isdigit() else " "
     assert str(caught.value) == f"{path}:{separator}{problem}"
+
+
+def test_a_blank_first_label_line_is_named_before_the_lines_after_its_data_are_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The labels are read a line at a time past a blank first line, up to the first line
+    of data: its problem is the one named, not that of a later line (over the line limit
+    here; reads of 4 bytes, a limit of 100)."""
+    monkeypatch.setattr(reader, "_READ_BYTES", 4)
+    monkeypatch.setattr(files, "MAX_LINE_BYTES", 100)
+    path = tmp_path / "train_labels.txt"
+    path.write_bytes(b"\n\n1 2\n" + b"1" * 200 + b"\n")
+    with pytest.raises(DataError) as caught:
+        bounds.label_width(path)
+    assert str(caught.value) == f"{path}:1: blank line followed by more data on line 3"
 
 
 def test_a_first_label_line_longer_than_the_line_limit_is_refused(tmp_path: Path) -> None:

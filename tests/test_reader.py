@@ -205,6 +205,35 @@ def test_blocks_are_read_as_they_are_needed(
     assert got == blocks
 
 
+@pytest.mark.parametrize(
+    ("read_bytes", "chunk_rows", "lengths", "final_newline"),
+    [
+        (5, 2, [5, 20], False),  # the data outgrow the first buffer
+        (50, 1, [47, 2, 140, 39, 181], True),  # lines of several reads, moved and grown
+    ],
+)
+def test_lines_longer_than_a_read_keep_8_readable_bytes_after_them(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    read_bytes: int,
+    chunk_rows: int,
+    lengths: list[int],
+    final_newline: bool,
+) -> None:
+    """The buffer moves and grows to take a whole read after the data it holds, so every
+    block is handed out whole with at least 8 readable bytes after its last line (the
+    parsers load 8-byte windows ending anywhere in a line)."""
+    monkeypatch.setattr(reader, "_READ_BYTES", read_bytes)
+    lines = [b"7" * length + b"\n" for length in lengths]
+    path = tmp_path / "long.txt"
+    path.write_bytes(b"".join(lines) if final_newline else b"".join(lines)[:-1])
+    got = []
+    for _, buf, begin, ends in reader.read_blocks(str(path), chunk_rows):
+        assert len(buf) - ends[-1] >= 8
+        got.append(bytes(buf[begin : ends[-1]]))
+    assert b"".join(got) == b"".join(lines)
+
+
 def test_the_last_line_without_a_newline_gets_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

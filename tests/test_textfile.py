@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import gzip
+import io
 import math
 import os
 import shutil
@@ -204,6 +205,35 @@ def test_an_io_failure_while_reading_names_the_file(tmp_path: Path) -> None:
         lambda: files.seek(_BadDisk(), 4, path),  # type: ignore[arg-type]
         lambda: probes._gzip_isize(_BadDisk(), 100, path),  # type: ignore[arg-type]
         lambda: probes._gzip_isize(_BadDisk(seeks=True), 100, path),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(DataError) as caught:
+            call()
+        assert str(caught.value) == f"{path}: cannot read: Input/output error"
+
+
+class _SeeksOnlyToTheStart(io.BufferedReader):
+    """A file that reads, and seeks back to its start, but fails any other seek (EIO)."""
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if offset or whence:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return super().seek(offset, whence)
+
+
+def test_a_failing_seek_past_the_start_names_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """To a gzip file's trailer (its size, sampled) and to the start of a span."""
+    monkeypatch.setattr(
+        files, "open", lambda path, mode: _SeeksOnlyToTheStart(io.FileIO(path)), raising=False
+    )
+    packed = tmp_path / "train_features.txt.gz"
+    packed.write_bytes(gzip.compress(lines_of(100, 4)))
+    plain = tmp_path / "test_features.txt"
+    plain.write_bytes(lines_of(100, 4))
+    for path, call in (
+        (packed, lambda: probes.sample_lines(packed)),
+        (plain, lambda: read_all(plain, span=Span(start=len(lines_of(10, 4)), first_line=11))),
     ):
         with pytest.raises(DataError) as caught:
             call()
@@ -691,6 +721,19 @@ def test_np_loadtxt_in_bulk_takes_only_whole_fields(tmp_path: Path) -> None:
     with pytest.raises(DataError) as caught:
         read_all(path)
     assert str(caught.value) == f"{path}:8: field 40: not a number: '3#5'"
+
+
+def test_a_carriage_return_between_fields_of_bulk_text_is_whitespace(tmp_path: Path) -> None:
+    """%.18e text (np.loadtxt decodes it, and ends a line at a CR): a CR between two fields
+    separates them, as any whitespace; the block's values are read one field at a time."""
+    values = np.random.default_rng(10).standard_normal((20, 40))
+    lines = [[f"{v:.18e}" for v in row] for row in values]
+    path = tmp_path / "data.txt"
+    text = "".join(" ".join(line) + "\n" for line in lines)
+    path.write_bytes(text.replace(" ", "\r", 1).encode())
+    got = read_all(path)
+    expected = numpy_float32([t for line in lines for t in line]).reshape(20, 40)
+    np.testing.assert_array_equal(bits(got), bits(expected))
 
 
 @pytest.mark.parametrize(
