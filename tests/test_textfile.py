@@ -664,6 +664,23 @@ def test_exponents_decoded_together_match_numpy(tmp_path: Path) -> None:
     np.testing.assert_array_equal(bits(got), bits(expected))
 
 
+def test_exponents_beside_a_label_column_are_decoded_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """%e features and an integer label per line: the exponents are still decoded in one
+    vectorised pass, without float() per field or np.loadtxt."""
+    rng = np.random.default_rng(13)
+    values = rng.standard_normal((64, 40)) * 10.0 ** rng.integers(-9, 10, (64, 40))
+    rows = [[f"{v:.6e}" for v in row] + [str(i % 3)] for i, row in enumerate(values)]
+    path = tmp_path / "labelled.txt"
+    path.write_text("".join(" ".join(row) + "\n" for row in rows))
+    calls = _path_counts(monkeypatch)
+    got = read_all(path)
+    assert calls == {"parse_field": 0, "parse_block_slowly": 0, "_loadtxt": 0}
+    expected = numpy_float32([t for row in rows for t in row]).reshape(got.shape)
+    np.testing.assert_array_equal(bits(got), bits(expected))
+
+
 @pytest.mark.parametrize("token", ["1e", "1e+", "1e-", "1ex", "1e5e5", "1e1.5", "1.5D+03"])
 def test_a_bad_exponent_among_many_is_named(tmp_path: Path, token: str) -> None:
     rows = _exponent_rows(40, 20)
@@ -673,6 +690,19 @@ def test_a_bad_exponent_among_many_is_named(tmp_path: Path, token: str) -> None:
     with pytest.raises(DataError) as caught:
         read_all(path)
     assert str(caught.value) == f"{path}:8: field 6: not a number: '{token}'"
+
+
+def test_a_field_with_two_exponents_beside_a_field_without_one_is_named(tmp_path: Path) -> None:
+    """As many 'e' as fields in the file, but not one in each field: the field with two is
+    named."""
+    rows = _exponent_rows(40, 20)
+    rows[7][2] = "7"
+    rows[7][5] = "1e5e5"
+    path = tmp_path / "exponents.txt"
+    path.write_text("".join(" ".join(row) + "\n" for row in rows))
+    with pytest.raises(DataError) as caught:
+        read_all(path)
+    assert str(caught.value) == f"{path}:8: field 6: not a number: '1e5e5'"
 
 
 def test_exponent_rows_then_blank_lines_read_a_line_at_a_time(tmp_path: Path) -> None:
