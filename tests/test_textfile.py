@@ -401,12 +401,14 @@ def test_formats_match_numpy_bit_for_bit(tmp_path: Path, fmt: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("fmt", "one_by_one", "bulk"), [("%.6g", 0, 0), ("%.6e", 0, 0), ("%.18e", 0, 1)]
+    ("fmt", "one_by_one", "bulk"),
+    [("%.6g", 0, 0), ("%.9f", 0, 0), ("%.6e", 0, 0), ("%.18e", 0, 1)],
 )
 def test_which_path_decodes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str, one_by_one: int, bulk: int
 ) -> None:
-    """%g and %e text is decoded without a float() call per field; %.18e goes to np.loadtxt."""
+    """%g, %e and %.9f text (long mantissas: two words) is decoded without a float() call
+    per field; %.18e goes to np.loadtxt."""
     calls = {"parse_field": 0, "_loadtxt": 0}
     for module, name in (
         (numpy_path, "parse_field"),
@@ -459,6 +461,7 @@ def _g_lines() -> list[list[str]]:
     [
         ("tabs", 0, 0),
         ("crlf", 0, 0),
+        ("blank lines at the end", 0, 0),
         ("a few long fields", 5, 0),
         ("nan allowed", 3, 0),
         ("nan allowed in %.18e", 0, 1),
@@ -467,9 +470,9 @@ def _g_lines() -> list[list[str]]:
 def test_which_path_decodes_files_a_little_off_the_common_case(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, one_by_one: int, bulk: int
 ) -> None:
-    """Tab separators and CRLF line ends are split without the precise path; a few fields
-    the vectorised decoders leave (20 digits, nan) are decoded one by one, and allowed nan
-    by np.loadtxt in bulk, the block not parsed again."""
+    """Tab separators, CRLF line ends and blank lines ending the file are split without
+    the precise path; a few fields the vectorised decoders leave (20 digits, nan) are
+    decoded one by one, and allowed nan by np.loadtxt in bulk, the block not parsed again."""
     lines = _g_lines()
     if case == "nan allowed in %.18e":
         lines = [[f"{float(t):.18e}" for t in line] for line in lines]
@@ -481,7 +484,8 @@ def test_which_path_decodes_files_a_little_off_the_common_case(
         for i in range(3):
             lines[20 * i + 1][100 * i + 5] = "nan"
     path = tmp_path / "data.txt"
-    path.write_bytes("".join(sep.join(line) + end for line in lines).encode())
+    blank = "\n\n" if case == "blank lines at the end" else ""
+    path.write_bytes(("".join(sep.join(line) + end for line in lines) + blank).encode())
     calls = _path_counts(monkeypatch)
     got = read_all(path, allow_nonfinite=case.startswith("nan allowed"))
     assert calls == {"parse_field": one_by_one, "parse_block_slowly": 0, "_loadtxt": bulk}
