@@ -493,6 +493,74 @@ def test_which_path_decodes_files_a_little_off_the_common_case(
     np.testing.assert_array_equal(bits(got), bits(expected))
 
 
+def _with_small_values(lines: list[list[str]], where: list[tuple[int, int]]) -> list[list[str]]:
+    """The %g lines with values below 1e-4 at ``where`` (row, field): %g writes them with
+    an exponent, which the first pass over a mostly plain block leaves."""
+    tiny = np.random.default_rng(14).standard_normal(len(where)) * 1e-6
+    for (row, field), value in zip(where, tiny, strict=True):
+        lines[row][field] = f"{value:.6g}"
+    return lines
+
+
+def test_many_exponents_close_together_are_decoded_in_one_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """200 small values in the last 20 of 64 lines (~64 KB, less than ~1 KiB per field):
+    their exponents are decoded by one scan of those bytes, no float() call per field."""
+    where = [(44 + i // 10, 50 * (i % 10) + i // 10) for i in range(200)]
+    lines = _with_small_values(_g_lines(), where)
+    path = tmp_path / "data.txt"
+    path.write_text("".join(" ".join(line) + "\n" for line in lines))
+    calls = _path_counts(monkeypatch)
+    got = read_all(path)
+    assert calls == {"parse_field": 0, "parse_block_slowly": 0, "_loadtxt": 0}
+    expected = numpy_float32([t for line in lines for t in line]).reshape(got.shape)
+    np.testing.assert_array_equal(bits(got), bits(expected))
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        [(0, i) for i in range(39)] + [(63, 499)],  # a run on the first line, one on the last
+        [(0, 0)] + [(63, 461 + i) for i in range(39)],  # one on the first line, a run on the last
+    ],
+    ids=["run first", "run last"],
+)
+def test_exponents_spread_over_a_block_are_decoded_one_by_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parser: str, where: list[tuple[int, int]]
+) -> None:
+    """40 small values spanning the whole block (~200 KB, more than ~1 KiB per field): to
+    the numpy path, scanning those bytes for exponents costs more than float() on each, so
+    each is decoded by float() (the compiled parser decodes exponents as it goes)."""
+    lines = _with_small_values(_g_lines(), where)
+    path = tmp_path / "data.txt"
+    path.write_text("".join(" ".join(line) + "\n" for line in lines))
+    calls = _path_counts(monkeypatch)
+    got = read_all(path)
+    one_by_one = 40 if parser == "numpy" else 0
+    assert calls == {"parse_field": one_by_one, "parse_block_slowly": 0, "_loadtxt": 0}
+    expected = numpy_float32([t for line in lines for t in line]).reshape(got.shape)
+    np.testing.assert_array_equal(bits(got), bits(expected))
+
+
+def test_up_to_32_fields_left_in_a_block_are_decoded_one_by_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parser: str
+) -> None:
+    """8 lines of 5 fields, 32 of them with an exponent: as few fields as that the numpy
+    path leaves to float() one by one, neither scanned for exponents nor sent to
+    np.loadtxt (the compiled parser decodes exponents as it goes)."""
+    rng = np.random.default_rng(15)
+    tokens = [f"{v:.4e}" for v in rng.standard_normal(32)] + [f"{v:.3f}" for v in rng.random(8)]
+    lines = [tokens[i : i + 5] for i in range(0, 40, 5)]
+    path = tmp_path / "data.txt"
+    path.write_text("".join(" ".join(line) + "\n" for line in lines))
+    calls = _path_counts(monkeypatch)
+    got = read_all(path)
+    one_by_one = 32 if parser == "numpy" else 0
+    assert calls == {"parse_field": one_by_one, "parse_block_slowly": 0, "_loadtxt": 0}
+    np.testing.assert_array_equal(bits(got), bits(numpy_float32(tokens).reshape(8, 5)))
+
+
 def test_styles_change_within_a_file(tmp_path: Path) -> None:
     """%e rows, then %.18e rows, then %g rows: each block decodes right whatever came first."""
     rng = np.random.default_rng(3)
