@@ -431,12 +431,14 @@ def test_formats_match_numpy_bit_for_bit(tmp_path: Path, fmt: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("fmt", "one_by_one", "bulk"), [("%.6g", 0, 0), ("%.6e", 0, 0), ("%.18e", 0, 1)]
+    ("fmt", "one_by_one", "bulk"),
+    [("%.6g", 0, 0), ("%.9f", 0, 0), ("%.6e", 0, 0), ("%.18e", 0, 1)],
 )
 def test_which_path_decodes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str, one_by_one: int, bulk: int
 ) -> None:
-    """%g and %e text is decoded without a float() call per field; %.18e goes to np.loadtxt."""
+    """%g, %e and %.9f text (long mantissas: two words) is decoded without a float() call
+    per field; %.18e goes to np.loadtxt."""
     calls = {"parse_field": 0, "_loadtxt": 0}
     for module, name in (
         (numpy_path, "parse_field"),
@@ -489,6 +491,7 @@ def _g_lines() -> list[list[str]]:
     [
         ("tabs", 0, 0),
         ("crlf", 0, 0),
+        ("blank lines at the end", 0, 0),
         ("a few long fields", 5, 0),
         ("nan allowed", 3, 0),
         ("nan allowed in %.18e", 0, 1),
@@ -497,9 +500,9 @@ def _g_lines() -> list[list[str]]:
 def test_which_path_decodes_files_a_little_off_the_common_case(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, one_by_one: int, bulk: int
 ) -> None:
-    """Tab separators and CRLF line ends are split without the precise path; a few fields
-    the vectorised decoders leave (20 digits, nan) are decoded one by one, and allowed nan
-    by np.loadtxt in bulk, the block not parsed again."""
+    """Tab separators, CRLF line ends and blank lines ending the file are split without
+    the precise path; a few fields the vectorised decoders leave (20 digits, nan) are
+    decoded one by one, and allowed nan by np.loadtxt in bulk, the block not parsed again."""
     lines = _g_lines()
     if case == "nan allowed in %.18e":
         lines = [[f"{float(t):.18e}" for t in line] for line in lines]
@@ -511,12 +514,81 @@ def test_which_path_decodes_files_a_little_off_the_common_case(
         for i in range(3):
             lines[20 * i + 1][100 * i + 5] = "nan"
     path = tmp_path / "data.txt"
-    path.write_bytes("".join(sep.join(line) + end for line in lines).encode())
+    blank = "\n\n" if case == "blank lines at the end" else ""
+    path.write_bytes(("".join(sep.join(line) + end for line in lines) + blank).encode())
     calls = _path_counts(monkeypatch)
     got = read_all(path, allow_nonfinite=case.startswith("nan allowed"))
     assert calls == {"parse_field": one_by_one, "parse_block_slowly": 0, "_loadtxt": bulk}
     expected = numpy_float32([t for line in lines for t in line]).reshape(got.shape)
     np.testing.assert_array_equal(bits(got), bits(expected))
+
+
+def _with_small_values(lines: list[list[str]], where: list[tuple[int, int]]) -> list[list[str]]:
+    """The %g lines with values below 1e-4 at ``where`` (row, field): %g writes them with
+    an exponent, which the first pass over a mostly plain block leaves."""
+    tiny = np.random.default_rng(14).standard_normal(len(where)) * 1e-6
+    for (row, field), value in zip(where, tiny, strict=True):
+        lines[row][field] = f"{value:.6g}"
+    return lines
+
+
+def test_many_exponents_close_together_are_decoded_in_one_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """200 small values in the last 20 of 64 lines (~64 KB, less than ~1 KiB per field):
+    their exponents are decoded by one scan of those bytes, no float() call per field."""
+    where = [(44 + i // 10, 50 * (i % 10) + i // 10) for i in range(200)]
+    lines = _with_small_values(_g_lines(), where)
+    path = tmp_path / "data.txt"
+    path.write_text("".join(" ".join(line) + "\n" for line in lines))
+    calls = _path_counts(monkeypatch)
+    got = read_all(path)
+    assert calls == {"parse_field": 0, "parse_block_slowly": 0, "_loadtxt": 0}
+    expected = numpy_float32([t for line in lines for t in line]).reshape(got.shape)
+    np.testing.assert_array_equal(bits(got), bits(expected))
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        [(0, i) for i in range(39)] + [(63, 499)],  # a run on the first line, one on the last
+        [(0, 0)] + [(63, 461 + i) for i in range(39)],  # one on the first line, a run on the last
+    ],
+    ids=["run first", "run last"],
+)
+def test_exponents_spread_over_a_block_are_decoded_one_by_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parser: str, where: list[tuple[int, int]]
+) -> None:
+    """40 small values spanning the whole block (~200 KB, more than ~1 KiB per field): to
+    the numpy path, scanning those bytes for exponents costs more than float() on each, so
+    each is decoded by float() (the compiled parser decodes exponents as it goes)."""
+    lines = _with_small_values(_g_lines(), where)
+    path = tmp_path / "data.txt"
+    path.write_text("".join(" ".join(line) + "\n" for line in lines))
+    calls = _path_counts(monkeypatch)
+    got = read_all(path)
+    one_by_one = 40 if parser == "numpy" else 0
+    assert calls == {"parse_field": one_by_one, "parse_block_slowly": 0, "_loadtxt": 0}
+    expected = numpy_float32([t for line in lines for t in line]).reshape(got.shape)
+    np.testing.assert_array_equal(bits(got), bits(expected))
+
+
+def test_up_to_32_fields_left_in_a_block_are_decoded_one_by_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parser: str
+) -> None:
+    """8 lines of 5 fields, 32 of them with an exponent: as few fields as that the numpy
+    path leaves to float() one by one, neither scanned for exponents nor sent to
+    np.loadtxt (the compiled parser decodes exponents as it goes)."""
+    rng = np.random.default_rng(15)
+    tokens = [f"{v:.4e}" for v in rng.standard_normal(32)] + [f"{v:.3f}" for v in rng.random(8)]
+    lines = [tokens[i : i + 5] for i in range(0, 40, 5)]
+    path = tmp_path / "data.txt"
+    path.write_text("".join(" ".join(line) + "\n" for line in lines))
+    calls = _path_counts(monkeypatch)
+    got = read_all(path)
+    one_by_one = 32 if parser == "numpy" else 0
+    assert calls == {"parse_field": one_by_one, "parse_block_slowly": 0, "_loadtxt": 0}
+    np.testing.assert_array_equal(bits(got), bits(numpy_float32(tokens).reshape(8, 5)))
 
 
 def test_styles_change_within_a_file(tmp_path: Path) -> None:
