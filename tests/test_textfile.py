@@ -694,6 +694,24 @@ def test_np_loadtxt_in_bulk_takes_only_whole_fields(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("token", "shown"), [(b"\xa03.5", "'\\xa03.5'"), (b"3.5\x85", "'3.5\\x85'")]
+)
+def test_np_loadtxt_in_bulk_takes_no_field_beside_a_non_ascii_space(
+    tmp_path: Path, token: bytes, shown: str
+) -> None:
+    """%.18e text: a field with a non-breaking space or NEL (latin-1) at its edge is no
+    number, as in any other text, though latin-1 counts those bytes as whitespace."""
+    values = np.random.default_rng(9).standard_normal((20, 40))
+    lines = [[b"%.18e" % v for v in row] for row in values]
+    lines[7][39] = token
+    path = tmp_path / "data.txt"
+    path.write_bytes(b"".join(b" ".join(line) + b"\n" for line in lines))
+    with pytest.raises(DataError) as caught:
+        read_all(path)
+    assert str(caught.value) == f"{path}:8: field 40: not a number: {shown}"
+
+
+@pytest.mark.parametrize(
     ("token", "value"),
     [
         (b"1", 1.0), (b"-2.5", -2.5), (b".5", 0.5), (b"5.", 5.0), (b"1e-3", 1e-3),
