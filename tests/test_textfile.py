@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,7 @@ from app.data.textfile import (
     parse_field,
     precise,
     probes,
+    reader,
 )
 from app.errors import DataError
 
@@ -540,6 +542,27 @@ def test_long_lines_span_several_groups(tmp_path: Path) -> None:
     np.savetxt(path, values, fmt="%.6g")
     got = read_all(path, chunk_rows=10, width=3900, width_hint="H×W = 20×195")
     np.testing.assert_array_equal(bits(got), bits(np.loadtxt(path, dtype=np.float32)))
+
+
+def test_a_block_is_parsed_a_group_of_lines_at_a_time(tmp_path: Path) -> None:
+    """The numpy path's temporaries are those of ~256 KiB of lines whatever the block's
+    size: a block of ~4 MB takes no more than one of ~1 MB (beyond the rows it returns)."""
+    line = " ".join(_g_lines()[0]) + "\n"  # ~3 KB, decoded by the first pass alone
+    temporaries = []
+    for lines in (340, 1360):
+        path = tmp_path / f"{lines}.txt"
+        path.write_text(line * lines)
+        for first_line, buf, begin, ends in reader.read_blocks(str(path), lines):
+            state = precise.State(str(path), None, None, "", False)
+            tracemalloc.start()
+            try:
+                rows = numpy_path.parse_block(state, buf, begin, first_line, ends)
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            assert rows.shape == (lines, 500)
+            temporaries.append(peak - rows.nbytes)
+    assert temporaries[1] <= temporaries[0] + (1 << 20)
 
 
 def test_error_position_in_a_later_block(tmp_path: Path) -> None:
