@@ -226,10 +226,13 @@ def _loadtxt(blob: bytes, width: int, allow_nonfinite: bool) -> np.ndarray | Non
     For text whose fields mostly need full-precision decimal conversion (e.g. numpy's
     default ``%.18e``). np.loadtxt converts each field with CPython's correctly rounded
     strtod and rejects a field unless all of it is a number, the same grammar as
-    parse_field. It also splits on non-ASCII whitespace (it decodes latin-1), which
-    changes the field count -- caught by the shape check. None: any doubt (the precise
-    path then names the problem).
+    parse_field. It would also split on non-ASCII whitespace (it decodes latin-1: NEL,
+    NBSP), which drops such a byte at a field's edge without changing the field count:
+    text with a byte beyond ASCII, never part of a number, is left to the precise path.
+    None: any doubt (the precise path then names the problem).
     """
+    if not blob.isascii():
+        return None
     try:
         values = np.loadtxt(
             blob.split(b"\n"), np.float32, comments=None, ndmin=2, encoding="latin-1"
