@@ -35,8 +35,10 @@ def parse_block(
     ``u``: the reader's buffer (:func:`app.data.textfile.reader.read_blocks`). Fields are
     found group by group (~_GROUP_BYTES of lines) and decoded with one word, then the
     block's leftovers with two words, with exponents, and one by one. Any surprise sends
-    the whole block, with the state it started with, to the precise path (which raises
-    the DataError). Updates ``state`` (width, blank line, style).
+    the whole block, with the state it started with, to the precise path, which raises
+    the DataError naming the first problem, or returns the values when the surprise was
+    only one the fast paths do not handle (a CR between fields). Updates ``state``
+    (width, blank line, style).
     """
     blank_line = state.blank_line
 
