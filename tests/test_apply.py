@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -441,3 +442,129 @@ def test_the_import_runs_unfiltered_when_the_filter_cannot_start(tmp_path: Path)
         "I0000 00:00:1.0  1 port.cc:153] oneDNN custom operations are on. You may see...",
         "E0000 a real error from TensorFlow",
     ]
+
+
+# --- The import in this process, of a stand-in TensorFlow on the path ----------------------
+
+
+@pytest.fixture
+def tensorflow_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A stand-in ``tensorflow`` and ``keras`` (written by the test into the returned
+    directory) that this process imports afresh; the modules it had are back afterwards.
+    KERAS_HOME is set, so the import leaves the environment alone."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras-home"))
+    names = ("tensorflow", "keras")
+    kept = {name: sys.modules.pop(name) for name in names if name in sys.modules}
+    try:
+        yield tmp_path
+    finally:
+        for name in names:
+            sys.modules.pop(name, None)
+        sys.modules.update(kept)
+
+
+def test_the_import_here_drops_the_start_up_notices_only(
+    tensorflow_here: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from app.budget import apply
+
+    _fake_tensorflow(tensorflow_here, FAKE_TF)
+    tf = apply.import_tensorflow()
+    assert tf is sys.modules["tensorflow"]
+    assert tf.__file__ == str(tensorflow_here / "tensorflow" / "__init__.py")
+    assert capfd.readouterr().err.splitlines() == ["E0000 a real error from TensorFlow"]
+
+
+def test_after_the_import_here_stderr_is_the_original_again(
+    tensorflow_here: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """fd 2 is the same open file as before the import, and a later line that looks like a
+    start-up notice reaches it."""
+    from app.budget import apply
+
+    _fake_tensorflow(tensorflow_here, FAKE_TF)
+    before = os.fstat(2)
+    apply.import_tensorflow()
+    after = os.fstat(2)
+    os.write(2, b"I0000 00:00:2.0  1 port.cc:153] oneDNN custom operations are on. (later)\n")
+    assert (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino)
+    assert capfd.readouterr().err.splitlines() == [
+        "E0000 a real error from TensorFlow",
+        "I0000 00:00:2.0  1 port.cc:153] oneDNN custom operations are on. (later)",
+    ]
+
+
+def test_the_import_here_runs_unfiltered_when_the_filter_cannot_start(
+    tensorflow_here: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.budget import apply
+
+    _fake_tensorflow(tensorflow_here, FAKE_TF)
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")  # the filter's interpreter
+    before = os.fstat(2)
+    tf = apply.import_tensorflow()
+    after = os.fstat(2)
+    assert tf.__file__ == str(tensorflow_here / "tensorflow" / "__init__.py")
+    assert (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino)
+    assert capfd.readouterr().err.splitlines() == [  # every line, the notices too
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+        "I0000 00:00:1.0  1 port.cc:153] oneDNN custom operations are on. You may see...",
+        "E0000 a real error from TensorFlow",
+    ]
+
+
+# A stand-in TensorFlow whose import starts a process that keeps the import's stderr open.
+HOLDING_TF = """
+import subprocess, sys
+holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(20)"])
+"""
+
+
+def test_a_process_started_by_the_import_does_not_hold_the_import_up(
+    tensorflow_here: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """That process keeps the import's stderr open, so the filter copies until it exits too:
+    the import waits for the filter a bounded time (Popen.wait's timeouts cut to 0.2 s
+    here), then returns."""
+    from app.budget import apply
+
+    _fake_tensorflow(tensorflow_here, HOLDING_TF)
+    wait = subprocess.Popen.wait
+
+    def short_wait(proc: subprocess.Popen[bytes], timeout: float | None = None) -> int:
+        return wait(proc, None if timeout is None else min(timeout, 0.2))
+
+    monkeypatch.setattr(subprocess.Popen, "wait", short_wait)
+    tf = apply.import_tensorflow()
+    try:
+        assert tf.holder.poll() is None  # returned while that process still runs
+    finally:
+        tf.holder.kill()
+        tf.holder.wait()
+
+
+# A stand-in TensorFlow whose import is interrupted: a Ctrl-C reaches every process of the job's
+# process group, here the processes that read this import's stderr, if they are in it.
+INTERRUPTING_TF = """
+import os, signal
+pipe = os.readlink("/proc/self/fd/2")
+for entry in os.listdir("/proc"):
+    try:
+        if os.readlink(f"/proc/{entry}/fd/0") == pipe and os.getpgid(int(entry)) == os.getpgid(0):
+            os.kill(int(entry), signal.SIGINT)
+    except (OSError, ValueError):  # not a process, not ours to read, or gone meanwhile
+        continue
+os.write(2, b"E0000 a message after the interrupt\\n")
+"""
+
+
+def test_a_ctrl_c_during_the_import_here_does_not_cut_its_messages_short(
+    tensorflow_here: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The filter runs in a session of its own: the job's interrupt does not stop it."""
+    from app.budget import apply
+
+    _fake_tensorflow(tensorflow_here, INTERRUPTING_TF)
+    apply.import_tensorflow()
+    assert capfd.readouterr().err.splitlines() == ["E0000 a message after the interrupt"]
