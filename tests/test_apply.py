@@ -502,10 +502,11 @@ def test_the_import_here_runs_unfiltered_when_the_filter_cannot_start(
 
     _fake_tensorflow(tensorflow_here, FAKE_TF)
     monkeypatch.setattr(sys, "executable", "/nonexistent/python")  # the filter's interpreter
-    before = os.fstat(2)
+    before, fds = os.fstat(2), sorted(os.listdir("/proc/self/fd"))
     tf = apply.import_tensorflow()
     after = os.fstat(2)
     assert tf.__file__ == str(tensorflow_here / "tensorflow" / "__init__.py")
+    assert sorted(os.listdir("/proc/self/fd")) == fds  # the pipe and the copy of fd 2 closed
     assert (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino)
     assert capfd.readouterr().err.splitlines() == [  # every line, the notices too
         "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",

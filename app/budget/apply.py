@@ -116,8 +116,10 @@ def import_tensorflow() -> ModuleType:
         import tensorflow
 
         return tensorflow
+    opened = [saved]
     try:
         read_end, write_end = os.pipe()
+        opened += [read_end, write_end]
         notices = [n.decode() for n in STARTUP_NOTICES]
         filter_proc = subprocess.Popen(
             [sys.executable, "-I", "-S", "-c", _FILTER, *notices],
@@ -127,7 +129,8 @@ def import_tensorflow() -> ModuleType:
             start_new_session=True,  # a Ctrl-C for the job does not cut its messages short
         )
     except OSError:
-        os.close(saved)
+        for fd in opened:
+            os.close(fd)
         import tensorflow
 
         return tensorflow
