@@ -441,25 +441,19 @@ def test_which_path_decodes(
 ) -> None:
     """%g, %e and %.9f text (long mantissas: two words) is decoded without a float() call
     per field; %.18e goes to np.loadtxt."""
-    calls = {"parse_field": 0, "_loadtxt": 0}
-    for module, name in (
-        (numpy_path, "parse_field"),
-        (precise, "parse_field"),
-        (numpy_path, "_loadtxt"),
-    ):
-        real = getattr(module, name)
-
-        def counted(*args, _real=real, _name=name):
-            calls[_name] += 1
-            return _real(*args)
-
-        monkeypatch.setattr(module, name, counted)
+    calls = _path_counts(monkeypatch)
     values = np.random.default_rng(2).standard_normal((64, 500)) * 3
     path = tmp_path / "data.txt"
     np.savetxt(path, values, fmt=fmt)
     got = read_all(path)
-    assert calls == {"parse_field": one_by_one, "_loadtxt": bulk}
+    assert calls == {"parse_field": one_by_one, "parse_block_slowly": 0, "_loadtxt": bulk}
     np.testing.assert_array_equal(bits(got), bits(np.loadtxt(path, dtype=np.float32)))
+
+
+def _write_fields(path: Path, lines: list[list[str]]) -> Path:
+    """Write ``lines`` (the fields of each line) as space-separated text; return ``path``."""
+    path.write_text("".join(" ".join(line) + "\n" for line in lines))
+    return path
 
 
 def _path_counts(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
@@ -488,7 +482,7 @@ def _read_counting(
     """Write ``lines`` (the fields of each line) as space-separated text, read it back and
     require float32 of each field, bit for bit; return the paths' calls (_path_counts)."""
     path = tmp_path / "data.txt"
-    path.write_text("".join(" ".join(line) + "\n" for line in lines))
+    _write_fields(path, lines)
     calls = _path_counts(monkeypatch)
     got = read_all(path)
     expected = numpy_float32([t for line in lines for t in line]).reshape(len(lines), -1)
@@ -780,7 +774,7 @@ def test_exponents_decoded_together_match_numpy(tmp_path: Path) -> None:
     rows = _exponent_rows(len(EXPONENTS), 20)
     rows[7] = EXPONENTS
     path = tmp_path / "exponents.txt"
-    path.write_text("".join(" ".join(row) + "\n" for row in rows))
+    _write_fields(path, rows)
     got = read_all(path)
     expected = numpy_float32([t for row in rows for t in row]).reshape(got.shape)
     np.testing.assert_array_equal(bits(got), bits(expected))
@@ -803,7 +797,7 @@ def test_a_bad_exponent_among_many_is_named(tmp_path: Path, token: str) -> None:
     rows = _exponent_rows(40, 20)
     rows[7][5] = token
     path = tmp_path / "exponents.txt"
-    path.write_text("".join(" ".join(row) + "\n" for row in rows))
+    _write_fields(path, rows)
     with pytest.raises(DataError) as caught:
         read_all(path)
     assert str(caught.value) == f"{path}:8: field 6: not a number: '{token}'"
@@ -816,7 +810,7 @@ def test_a_field_with_two_exponents_beside_a_field_without_one_is_named(tmp_path
     rows[7][2] = "7"
     rows[7][5] = "1e5e5"
     path = tmp_path / "exponents.txt"
-    path.write_text("".join(" ".join(row) + "\n" for row in rows))
+    _write_fields(path, rows)
     with pytest.raises(DataError) as caught:
         read_all(path)
     assert str(caught.value) == f"{path}:8: field 6: not a number: '1e5e5'"
@@ -847,7 +841,7 @@ def test_a_value_beyond_float32_is_inf_or_an_error_without_a_warning(
     lines = [[fmt % v for v in row] for row in values]
     lines[7][39] = "3.5e38"
     path = tmp_path / "data.txt"
-    path.write_text("".join(" ".join(line) + "\n" for line in lines))
+    _write_fields(path, lines)
     got = read_all(path, allow_nonfinite=True)
     assert np.isposinf(got[7, 39])
     expected = numpy_float32([t for line in lines for t in line]).reshape(20, 40)
@@ -864,7 +858,7 @@ def test_np_loadtxt_in_bulk_takes_only_whole_fields(tmp_path: Path) -> None:
     lines = [[f"{v:.18e}" for v in row] for row in values]
     lines[7][39] = "3#5"
     path = tmp_path / "data.txt"
-    path.write_text("".join(" ".join(line) + "\n" for line in lines))
+    _write_fields(path, lines)
     with pytest.raises(DataError) as caught:
         read_all(path)
     assert str(caught.value) == f"{path}:8: field 40: not a number: '3#5'"
