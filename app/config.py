@@ -217,6 +217,13 @@ class TrainConfig:
         "Versions kept in --publish-dir (the oldest are removed, never the newest); 0 keeps all.",
         minimum=0,
     )
+    publish_allow_signature_change: bool = option(
+        False,
+        "Publish a model whose serving signature (input width, number of outputs) differs "
+        "from the served version's; by default it is refused with exit 7 before training, "
+        'as its clients would break (docs/deploy.md, "Changing the signature").',
+        flag="--publish-allow-signature-change/--publish-same-signature",
+    )
     replan: str = option(
         "on-change",
         "When the CPU budget changes while training (e.g. a pod resized in place) so that "

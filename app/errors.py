@@ -69,6 +69,14 @@ class ClusterError(AppError):
     exit_code = 6
 
 
+class NotPublished(AppError):
+    """The publish gate keeps the model out of ``--publish-dir`` before training: its
+    serving signature differs from the served version's. Exit 7, as a model the gate
+    refused after training (app/commands/train.py)."""
+
+    exit_code = 7
+
+
 class OutputLocked(AppError):
     """Another run holds the output directory's lock (sysexits EX_TEMPFAIL). Exit 75."""
 

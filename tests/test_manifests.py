@@ -1031,3 +1031,45 @@ def test_the_nightly_run_publishes_where_tf_serving_reads(
     assert claims[claim_name]["spec"]["accessModes"] == ["ReadWriteMany"]
     assert server["securityContext"]["readOnlyRootFilesystem"] is True
     assert serving_pod["securityContext"]["runAsNonRoot"] is True
+
+
+def _shipped_env(container: dict[str, Any], mounts: dict[str, Path], job: str) -> dict[str, str]:
+    """The environment ``coretrain train`` gets in the shipped pod: the ConfigMap, then the
+    container's own variables ($(VAR) expanded as Kubernetes does; the downward API's as a
+    4-CPU pod sees them), each mount path mapped to a directory of the test."""
+    configmap = _load_one(K8S / "configmap.yaml")
+    env: dict[str, str] = dict(configmap["data"])
+    given = {"JOB_NAME": job, "CPU_LIMIT": "4000", "CPU_REQUEST": "4000"}
+    for item in container["env"]:
+        value = given[item["name"]] if "valueFrom" in item else item["value"]
+        env[item["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], value)
+    for name, value in env.items():
+        for mount, local in mounts.items():
+            if value == mount or value.startswith(mount + "/"):
+                env[name] = str(local) + value[len(mount) :]
+    return env
+
+
+@pytest.mark.slow
+def test_the_nightly_flow_runs_the_documented_gate_in_the_shipped_environment(
+    container: dict[str, Any], tmp_path: Path
+) -> None:
+    """Two nights with the manifests' environment as shipped (only the mounts mapped, and
+    --max-steps cut for the test's time): both publish, under the gate docs/deploy.md
+    describes (the noise rule), so a manifest can't silently replace a documented default."""
+    from app.data import synthetic
+    from app.release import gate
+    from tests.conftest import run_cli
+
+    mounts = {m: tmp_path / m.strip("/") for m in ("/data", "/output", "/models", "/tmp")}
+    for night, rows in ((1, 1200), (2, 1500)):
+        synthetic.generate(mounts["/data"], train=rows, test=300, seed=night)
+        env = _shipped_env(container, mounts, f"nightly-{night}")
+        assert "CORETRAIN_PUBLISH_DIR" in env and "CORETRAIN_CACHE_DIR" in env
+        env["CORETRAIN_MAX_STEPS"] = "60"
+        proc = run_cli("train", env=env, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        metrics = json.loads((mounts["/output"] / f"nightly-{night}" / "metrics.json").read_text())
+        decision = metrics["publish"]
+        assert decision["published"] and decision["version"] == night, decision
+        assert (decision["rule"], decision["tolerance"]) == ("noise", gate.NOISE_TOLERANCE)

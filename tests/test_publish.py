@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 
 from app.data import synthetic
-from app.serving.layout import listing, newest, versions
-from app.training import gate
-from app.training.gate import judge
+from app.release import gate
+from app.release.gate import judge
+from app.release.layout import listing, newest, versions
 from tests.conftest import events, json_lines, run_cli
 
 ARGS = ["--batch-size", "100", "--eval-every", "20", "--checkpoint-every", "1000"]
 
 
-# --- the gate's rule (app/training/gate.py) on constructed predictions -------------------
+# --- the gate's rule (app/release/gate.py) on constructed predictions -------------------
 
 
 def _errors(rmse: float, n: int = 2000, seed: int = 0) -> np.ndarray:
@@ -212,8 +212,8 @@ def test_models_lists_the_versions(nights: dict) -> None:
     proc = run_cli("models", str(nights["models"]), "--format", "json")
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)
-    assert [r["version"] for r in rows] == [1, 2] and rows[-1]["champion"] is True
-    assert rows == listing(nights["models"])
+    assert [r["version"] for r in rows] == [1, 2] and rows[-1]["served"] is True
+    assert rows == [row.to_json() for row in listing(nights["models"])]
     table = run_cli("models", str(nights["models"])).stdout
     assert "(served)" in table.splitlines()[-1]
 
@@ -244,13 +244,15 @@ def test_tensorboard_event_files_hold_the_progress_scalars(nights: dict) -> None
 
 def test_pruning_keeps_the_newest_versions(tmp_path: Path) -> None:
     from app.atomic import open_dir
-    from app.training.publish import _prune
+    from app.release.publish import _prune
 
-    for n in (1, 2, 3, 4):
+    for n in (1, 2, 3, 4, 5):
         (tmp_path / str(n)).mkdir()
         (tmp_path / str(n) / "saved_model.pb").write_bytes(b"")
+        if n != 1:  # version 1 was not published by coretrain: never pruned
+            (tmp_path / str(n) / "coretrain.json").write_text(json.dumps({"weights": str(n)}))
     with open_dir(tmp_path) as directory:
         _prune(directory, keep=2)
-        assert versions(tmp_path) == [3, 4]
+        assert versions(tmp_path) == [1, 4, 5]
         _prune(directory, keep=0)
-    assert versions(tmp_path) == [3, 4]
+    assert versions(tmp_path) == [1, 4, 5]

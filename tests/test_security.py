@@ -173,7 +173,7 @@ def test_a_directory_swapped_after_it_was_opened_is_noticed(tmp_path: Path) -> N
 
 
 def test_the_export_refuses_a_planted_model_symlink(tmp_path: Path) -> None:
-    from app.training import export
+    from app.release import export
 
     victim = tmp_path / "victim"
     link = _plant(tmp_path / "out", "model", "dir", victim)
@@ -183,7 +183,7 @@ def test_the_export_refuses_a_planted_model_symlink(tmp_path: Path) -> None:
 
 
 def test_the_publish_lock_is_not_followed(tmp_path: Path) -> None:
-    from app.training import publish
+    from app.release import publish
 
     victim = tmp_path / "victim.txt"
     link = _plant(tmp_path / "models", publish.LOCK_NAME, "file", victim)

@@ -22,13 +22,13 @@ from app.cluster import spec
 from app.cluster.spec import ClusterOptions
 from app.commands import Exit
 from app.config import TrainConfig
-from app.errors import Preempted
+from app.errors import NotPublished, Preempted
 from app.signals import StopRequest
 from app.training import workspace
 from app.training.outcome import REPLAN_AT_ENV, Replan, Result, Stopped
 
 #: Exit code of a completed run whose model the gate kept out of --publish-dir (README).
-NOT_PUBLISHED = 7
+NOT_PUBLISHED = NotPublished.exit_code
 
 
 def run(config: TrainConfig, options: PlanOptions, cluster_options: ClusterOptions) -> Exit:

@@ -28,12 +28,13 @@ Importing the package registers the model with Keras (``.keras`` files load).
 
 from __future__ import annotations
 
-from app.model.cnn import FORMULATIONS, PRECISIONS, SeedCNN, build_model
+from app.model.cnn import FORMULATIONS, PRECISIONS, SeedCNN, build_model, stock
 from app.model.fast import PHASES, fast_tables, matmul_maxpool
 from app.model.geometry import Geometry, geometry
 from app.model.loss import dropout, forward, regularized_loss, weight_decay
 
 __all__ = [
     "FORMULATIONS", "PHASES", "PRECISIONS", "Geometry", "SeedCNN", "build_model", "dropout",
-    "fast_tables", "forward", "geometry", "matmul_maxpool", "regularized_loss", "weight_decay",
+    "fast_tables", "forward", "geometry", "matmul_maxpool", "regularized_loss", "stock",
+    "weight_decay",
 ]  # fmt: skip

@@ -152,6 +152,26 @@ class SeedCNN(keras.Model):
         return config
 
 
+def stock(model: SeedCNN) -> keras.Sequential:
+    """``model``'s function made of stock Keras layers only, with its weights (copied) and
+    precision: (N, H, W, 1) → (N, K) float32, the plain formulation. A ``.keras`` file of
+    it loads in any Keras 3 without this package (no registered class)."""
+    layers = [keras.Input((model.height, model.width, 1), name="image")]
+    for part in (model.conv1, model.pool1, model.conv2, model.pool2, model.flatten):
+        layers.append(type(part).from_config(part.get_config()))
+    layers += [
+        keras.layers.Dense.from_config(model.dense1.get_config()),
+        keras.layers.Dense.from_config(model.dense2.get_config()),
+        keras.layers.Activation("linear", dtype="float32", name="to_float32"),
+    ]
+    plain = keras.Sequential(layers, name="seed_cnn_stock")
+    for mine, theirs in zip(plain.layers, [model.conv1, model.pool1, model.conv2, model.pool2,
+                                           model.flatten, model.dense1, model.dense2],
+                            strict=False):  # fmt: skip
+        mine.set_weights(theirs.get_weights())
+    return plain
+
+
 def build_model(num_outputs: int, **arguments: Any) -> SeedCNN:
     """The built inference model: x (N, H, W, 1) float32 → y (N, K); no dropout inside.
 

@@ -24,7 +24,7 @@ from app import logs
 from app.config import PredictConfig
 from app.data import textfile
 from app.errors import StorageError
-from app.serving.layout import resolve_model
+from app.release.layout import resolve_model
 
 
 def predict(config: PredictConfig) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 event, for each outcome of the loop (app/training/outcome.py).
 
 A finished run (completed, target reached) is exported by the chief
-(app/training/export.py), offered to the publish gate when ``--publish-dir`` is set, and
+(app/release/export.py), offered to the publish gate when ``--publish-dir`` is set, and
 summarised in ``metrics.json``; a stopped run logs its ``end`` and exports nothing; a run
 that must re-plan logs ``replan``. Nothing here raises to say how the run ended: the
 outcome is returned with the summary, and app/commands/train.py maps it to the exit code.
@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import keras
@@ -21,7 +20,8 @@ import keras
 from app import __version__, logs
 from app.atomic import write_json
 from app.data.cache import DataCache
-from app.training.export import export
+from app.release.export import Exported, export
+from app.release.gate import Decision
 from app.training.outcome import Outcome, Replan, Result, Stopped
 from app.training.workspace import Workspace
 
@@ -57,16 +57,16 @@ def finish(
     model: keras.Model,
     data: DataCache,
     standardize: bool,
-    publish: Callable[[Path], dict[str, Any]] | None = None,
+    publish: Callable[[Exported], Decision] | None = None,
 ) -> Result:
     """The end of the run for ``outcome`` (module docstring); returns it with the summary.
 
-    A finished run: export (chief), ``publish(export_dir)`` if given (the gate's decision,
-    app/training/publish.py, goes into the summary as ``publish``), ``metrics.json``
+    A finished run: export (chief), ``publish(exported)`` if given (the gate's decision,
+    app/release/publish.py, goes into the summary as ``publish``), ``metrics.json``
     (chief), the ``end`` event. A stopped run: the ``end`` event only; a re-plan: the
     ``replan`` event. Raises StorageError when the export or metrics can't be written.
     """
-    step = outcome.step
+    step, decision = outcome.step, None
     match outcome:
         case Replan():
             logs.event("replan", f"checkpoint saved at step {step}; restarting with the new plan")
@@ -75,14 +75,15 @@ def finish(
         case _ if not ws.is_chief:  # the chief exports and writes metrics.json
             logs.event("end", _finished(summary), **summary)
         case _:
-            export_dir = _export(ws, model, data, standardize)
-            summary["export"] = str(export_dir)
+            exported = _export(ws, model, data, standardize)
+            summary.update(export=str(exported.path), weights=exported.weights)
             if publish is not None:
-                summary["publish"] = _published(publish(export_dir))
+                decision = _published(publish(exported))
+                summary["publish"] = decision.to_json()
             write_json(ws.metrics, summary, "output directory")
             message = f"{_finished(summary)} (mean predictor {data.baseline_rmse:.4g})"
             logs.event("end", message, **summary)
-    return Result(outcome, summary)
+    return Result(outcome, summary, decision)
 
 
 def _finished(summary: dict[str, Any]) -> str:
@@ -91,26 +92,27 @@ def _finished(summary: dict[str, Any]) -> str:
     )
 
 
-def _export(ws: Workspace, model: keras.Model, data: DataCache, standardize: bool) -> Path:
-    """The export (app/training/export.py) and its ``export`` event."""
+def _export(ws: Workspace, model: keras.Model, data: DataCache, standardize: bool) -> Exported:
+    """The export (app/release/export.py) and its ``export`` event."""
     t_export = time.perf_counter()
-    export_dir = export(model, data, standardize, ws.model)
+    exported = export(model, data, standardize, ws.model)
     logs.event(
         "export",
-        f"exported the model to {export_dir}",
-        path=str(export_dir),
+        f"exported the model to {exported.path}",
+        path=str(exported.path),
+        weights=exported.weights,
         seconds=round(time.perf_counter() - t_export, 2),
     )
-    return export_dir
+    return exported
 
 
-def _published(decision: dict[str, Any]) -> dict[str, Any]:
+def _published(decision: Decision) -> Decision:
     """The gate's decision, with a ``publish_rejected`` warning when it refused."""
-    if not decision["published"]:
+    if not decision.published:
         logs.event(
             "publish_rejected",
-            f"not published: {decision['reason']}",
+            f"not published: {decision.reason}",
             level=logging.WARNING,
-            **decision,
+            **decision.to_json(),
         )
     return decision

@@ -44,7 +44,12 @@ def prepare(
 ) -> Inputs:
     """The inputs of the run (module docstring), in the workspace's cache. Raises DataError
     (bad input), Preempted (a stop during the conversion), MemoryBudgetExceeded (exit 8)."""
-    data = load_data(config, ws.cache, plan, stop, below=ws.cache_top)
+    return complete(config, plan, load_data(config, ws.cache, plan, stop, below=ws.cache_top))
+
+
+def complete(config: TrainConfig, plan: ThreadPlan, data: cache_lib.DataCache) -> Inputs:
+    """The inputs of the run on ``data`` (the cache :func:`load_data` returned): the memory
+    check, the split and the baselines. Raises MemoryBudgetExceeded (exit 8)."""
     check_memory(config, data, plan)
     rows = split_lib.split(data.train_size, config.validation_fraction, config.seed)
     reference = baselines.measure(data, rows, config.seed, plan.intra_op_threads)

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from app.release.gate import Decision
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -73,16 +75,17 @@ FINISHED = (Completed, TargetReached)
 
 @dataclass(frozen=True)
 class Result:
-    """A run's outcome and its summary (``metrics.json``'s content: app/training/finish.py)."""
+    """A run's outcome, its summary (``metrics.json``'s content: app/training/finish.py) and
+    the publish gate's decision (None when publishing was not asked for)."""
 
     outcome: Outcome
     summary: dict[str, Any]
+    decision: Decision | None = None
 
     @property
     def refused(self) -> str | None:
         """Why the publish gate kept the model out of ``--publish-dir``; None when it was
         published or publishing was not asked for."""
-        decision = self.summary.get("publish")
-        if decision is None or decision["published"]:
+        if self.decision is None or self.decision.published:
             return None
-        return str(decision["reason"])
+        return self.decision.reason

@@ -32,9 +32,10 @@ from app.budget.plan import ThreadPlan
 from app.cluster.spec import Cluster
 from app.config import TrainConfig
 from app.errors import Preempted
+from app.release import preflight
 from app.signals import StopRequest
-from app.training import workspace
-from app.training.inputs import prepare
+from app.training import rerun, workspace
+from app.training.inputs import complete, load_data
 from app.training.outcome import FINISHED, Outcome, Result
 
 if TYPE_CHECKING:
@@ -65,7 +66,13 @@ def train(
     t_start = time.perf_counter()
     workspace.open_log(ws)
     _log_start(config, plan, cluster)
-    inputs = prepare(config, plan, ws, stop)
+    if config.publish_dir is not None and ws.is_chief:
+        preflight.check(config.publish_dir)  # before anything is converted or fitted
+    data = load_data(config, ws.cache, plan, stop, below=ws.cache_top)
+    done = rerun.finished(ws, config, data, cluster.count if cluster else 1)
+    if done is not None:
+        return done
+    inputs = complete(config, plan, data)
     if stop():
         raise Preempted("stopped by signal before training started")
     import_tensorflow()
@@ -113,6 +120,7 @@ def _finish(run: Session, outcome: Outcome, t_start: float) -> Result:
         steps_per_loop=outcome.steps_per_loop,
         formulation=config.formulation,
         precision=config.precision,
+        target_loss=config.target_loss,
         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         plan=run.plan.to_json(),
     )

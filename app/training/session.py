@@ -25,7 +25,9 @@ from app.budget.apply import tensorflow_version
 from app.budget.plan import ThreadPlan
 from app.budget.usage import Throttling
 from app.config import TrainConfig
-from app.errors import Preempted
+from app.errors import NotPublished, Preempted
+from app.release.export import Exported
+from app.release.gate import Decision
 from app.training import choose, identity
 from app.training.best import Best
 from app.training.budget_watch import BudgetWatch, warn_when_throttled
@@ -130,15 +132,15 @@ class Session:
             )
         return fields
 
-    def publisher(self, summary: dict[str, Any]) -> Callable[[Path], dict[str, Any]] | None:
+    def publisher(self, summary: dict[str, Any]) -> Callable[[Exported], Decision] | None:
         """The publish step for the end of the run: the gate against ``--publish-dir``'s
-        newest version (app/training/publish.py); None without ``--publish-dir``."""
+        champion (app/release/publish.py); None without ``--publish-dir``."""
         config, target = self.config, self.config.publish_dir
         if target is None:
             return None
-        from app.training import publish
+        from app.release import publish
 
-        def run(export_dir: Path) -> dict[str, Any]:
+        def run(exported: Exported) -> Decision:
             meta = {
                 "published_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                 "metrics": {k: v for k, v in summary.items() if k != "plan"},
@@ -147,11 +149,11 @@ class Session:
                 "plan": self.plan.to_json(),
                 "versions": {"coretrain": __version__, "tensorflow": tensorflow_version()},
             }
-            decision = publish.publish(
-                export_dir, target, self.inputs.data, meta,
+            return publish.publish(
+                exported, target, self.inputs.data, meta,
                 tolerance=config.publish_tolerance, keep=config.publish_keep,
+                allow_signature_change=config.publish_allow_signature_change, stop=self.stop,
             )  # fmt: skip
-            return decision.to_json()
 
         return run
 
@@ -164,6 +166,8 @@ def start(
     checkpoints, or a precision they were not trained in), StorageError (no readable
     checkpoint), ClusterError (workers differ), Preempted (a stop agreed before the loop)."""
     mine = _same_run(ws, config, inputs, reps)
+    if reps.is_chief and config.publish_dir is not None:
+        _check_signature(config.publish_dir, inputs.data, config.publish_allow_signature_change)
     picked = choose.choose(config, plan, inputs.data, reps, ws.own, ws.checkpoints)
     logs.event(
         "choice",
@@ -196,6 +200,19 @@ def _same_run(
         identity.check(ws.checkpoints, mine)
     identity.agree(mine, reps)
     return mine
+
+
+def _check_signature(target: Path, data: Any, allowed: bool) -> None:
+    """Before the first step: raise NotPublished (exit 7) when the model would be refused
+    for its serving signature (app/release/publish.py); a ``signature_change`` warning when
+    ``allowed``."""
+    from app.release import publish
+
+    change = publish.signature_change(publish.champion(target), data)
+    if change is not None and not allowed:
+        raise NotPublished(f"model not published: {change}")
+    if change is not None:
+        logs.event("signature_change", change, level=WARNING)
 
 
 def _train_input(

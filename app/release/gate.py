@@ -1,6 +1,6 @@
 """The publish gate's rule: is the candidate worse than the champion beyond noise?
 
-Both models are evaluated on the same test rows (app/training/publish.py), so their
+Both models are evaluated on the same test rows (app/release/publish.py), so their
 difference is judged *paired*: the per-row squared errors of the two are resampled
 together (:data:`RESAMPLES` bootstrap resamples of the rows, seeded, so a decision is
 repeatable) and the relative difference of their RMSEs, ``candidate / champion − 1``, gets
@@ -18,7 +18,7 @@ no interval. Under either rule a candidate must beat the mean predictor. Numpy o
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -56,6 +56,22 @@ class Decision:
         out["interval"] = list(self.interval) if self.interval else None
         out["confidence"] = CONFIDENCE if self.rule == "noise" else None
         return out
+
+    @classmethod
+    def from_json(cls, record: Any) -> Decision | None:
+        """The decision :meth:`to_json` wrote (``coretrain.json``'s ``publish``, the
+        summary's); None for a record that isn't one (another program's, an older one's)."""
+        if not isinstance(record, dict) or not isinstance(record.get("published"), bool):
+            return None
+        names = {f.name for f in fields(cls)}
+        known = {k: v for k, v in record.items() if k in names}
+        if isinstance(known.get("interval"), list) and len(known["interval"]) == 2:
+            known["interval"] = tuple(known["interval"])
+        try:
+            return cls(**{"reason": "", "candidate_rmse": None, "champion_rmse": None,
+                          "champion_version": None, **known})  # fmt: skip
+        except TypeError:
+            return None
 
 
 def rmse(errors: np.ndarray) -> float:

@@ -1,8 +1,11 @@
 """The final export: the trained model wrapped to take raw features and give raw labels.
 
-``model/model.keras`` (Keras 3 format; load it with ``app.model`` imported so
-its layers are registered) and ``model/saved_model/`` (TensorFlow SavedModel,
-signature ``serve``: float32 (n, H·W) → (n, K)); the names are app/serving/layout.py's.
+``model/model.keras`` (Keras 3 format, stock Keras layers only: the plain formulation of
+the same function and weights, app/model/cnn.py ``stock``, so ``keras.saving.load_model``
+loads it anywhere, without this package) and ``model/saved_model/`` (TensorFlow
+SavedModel of the model as trained, signature ``serve``: float32 (n, H·W) → (n, K)); the
+names are app/release/layout.py's. :func:`weights_digest` names the exported weights (the
+trained ones with the statistics baked in), so a version is never published twice.
 The training-set statistics are baked in as Normalization layers, so callers pass a
 data-file line as is. The directory is built under a temporary name and swapped in by
 rename: ``renameat2(RENAME_EXCHANGE)`` where the kernel and file system have it (Linux
@@ -13,7 +16,9 @@ export leaves (``.model.*`` directories) is removed by the next.
 
 from __future__ import annotations
 
+import hashlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import keras
@@ -23,7 +28,26 @@ import tensorflow as tf
 from app.atomic import Dir, open_dir
 from app.data.cache import DataCache
 from app.errors import StorageError
-from app.serving.layout import KERAS_FILE, SAVED_MODEL_DIR
+from app.model import stock
+from app.release.layout import KERAS_FILE, SAVED_MODEL_DIR
+
+
+@dataclass(frozen=True)
+class Exported:
+    """A written export: its directory and :func:`weights_digest` of its weights."""
+
+    path: Path
+    weights: str
+
+
+def weights_digest(model: keras.Model) -> str:
+    """sha256 (hex, first 32 digits) of ``model``'s weights in order: dtype, shape, bytes."""
+    digest = hashlib.sha256()
+    for weight in model.get_weights():
+        array = np.ascontiguousarray(weight)
+        digest.update(f"{array.dtype.str}{array.shape}".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()[:32]
 
 
 def remove_partial(directory: Dir, name: str) -> list[str]:
@@ -40,7 +64,8 @@ def remove_partial(directory: Dir, name: str) -> list[str]:
 
 
 def wrap(model: keras.Model, cache: DataCache, standardize: bool) -> keras.Model:
-    """The inference model on raw inputs: (n, H·W) float32 → (n, K) raw units."""
+    """The inference model on raw inputs: (n, H·W) float32 → (n, K) raw units, around
+    ``model`` ((n, H, W, 1) → (n, K) standardised units)."""
     h, w = cache.height, cache.width
     inputs = keras.Input((h * w,), name="features")
     x = inputs
@@ -64,8 +89,9 @@ def wrap(model: keras.Model, cache: DataCache, standardize: bool) -> keras.Model
     return keras.Model(inputs, x, name="coretrain_export")
 
 
-def export(model: keras.Model, cache: DataCache, standardize: bool, directory: Path) -> Path:
-    """Write ``directory`` (``model.keras`` + ``saved_model/``) atomically; return it.
+def export(model: keras.Model, cache: DataCache, standardize: bool, directory: Path) -> Exported:
+    """Write ``directory`` (``model.keras`` + ``saved_model/``) atomically; return it with
+    the digest of its weights.
 
     Built in a private (0700) temporary directory of the parent, which Keras and
     TensorFlow reach through ``/proc/self/fd`` (app/atomic.py): a planted symlink or a
@@ -82,9 +108,10 @@ def export(model: keras.Model, cache: DataCache, standardize: bool, directory: P
             tmp = parent.temp_dir(f".{final.name}.")
         except OSError as exc:
             raise StorageError(f"{final.parent}: cannot write the export: {exc.strerror}") from exc
+        served = wrap(model, cache, standardize)
         with tmp:
             try:
-                _write_export(wrap(model, cache, standardize), tmp)
+                _write_export(served, wrap(stock(model), cache, standardize), tmp)
                 _swap_in(parent, tmp, final.name)
             except OSError as exc:
                 raise StorageError(f"{final}: cannot write the export: {exc.strerror}") from exc
@@ -92,13 +119,14 @@ def export(model: keras.Model, cache: DataCache, standardize: bool, directory: P
                 raise StorageError(f"{final}: cannot write the export: {exc.message}") from exc
             finally:
                 parent.remove(tmp.path.name)
-    return final
+    return Exported(final, weights_digest(served))
 
 
-def _write_export(wrapped: keras.Model, tmp: Dir) -> None:
-    """``model.keras`` and ``saved_model/`` into ``tmp``, through its descriptor."""
-    wrapped.save(f"{tmp.via}/{KERAS_FILE}")
-    wrapped.export(f"{tmp.via}/{SAVED_MODEL_DIR}", format="tf_saved_model", verbose=False)
+def _write_export(served: keras.Model, portable: keras.Model, tmp: Dir) -> None:
+    """``model.keras`` (of ``portable``) and ``saved_model/`` (of ``served``) into ``tmp``,
+    through its descriptor."""
+    portable.save(f"{tmp.via}/{KERAS_FILE}")
+    served.export(f"{tmp.via}/{SAVED_MODEL_DIR}", format="tf_saved_model", verbose=False)
 
 
 def _swap_in(parent: Dir, tmp: Dir, name: str) -> None:

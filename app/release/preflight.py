@@ -1,0 +1,32 @@
+"""The publish directory checked before a run converts, fits or trains anything (no
+TensorFlow): it can be written, and its entries are named as TF Serving will see them.
+The champion's signature is checked once TensorFlow is up, still before the first step
+(app/release/publish.py ``signature_change``)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from app import logs
+from app.atomic import open_dir, probe_writable
+from app.release import layout
+
+
+def check(directory: Path) -> None:
+    """Raise StorageError (exit 4) naming ``directory`` when a version can't be written in
+    it; log a ``publish_dir_entries`` warning naming each entry TF Serving counts as a
+    version that is not a model, and the number this run would publish as."""
+    with open_dir(directory, "publish directory") as pub:
+        probe_writable(pub, "publish directory")
+    strange = [e for e in layout.entries(directory) if not e.is_model]
+    if strange:
+        names = ", ".join(f"{e.path.name!r} ({e.what})" for e in strange)
+        logs.event(
+            "publish_dir_entries",
+            f"{directory}: TF Serving counts {names} as versions but can't load them; this "
+            f"run publishes above them, as version {layout.next_number(directory)}",
+            level=logging.WARNING,
+            entries=[str(e.path) for e in strange],
+            next_version=layout.next_number(directory),
+        )

@@ -1,0 +1,251 @@
+"""Published model versions behind a quality gate, in TensorFlow Serving's layout.
+
+``--publish-dir DIR`` is TF Serving's base path: numbered versions ``DIR/<N>/``
+(``saved_model.pb``, ``variables/``, … as TF Serving loads them; also ``model.keras`` and
+``coretrain.json`` with the run's metrics, weights digest, data fingerprint, config, plan
+and versions). TF Serving counts every child whose name parses as a number and serves the
+largest (app/release/layout.py), so a new version is numbered above every such child.
+TF Serving has loaded half-copied versions (tensorflow/serving#1086), so a version is built
+under a temporary name in DIR and renamed into place whole, under an ``fcntl`` lock on
+``DIR/.lock`` so that two runs can't take the same number; a stop request ends the wait
+for that lock. DIR is opened once (app/atomic.py): the lock without following a symlink,
+the version built in a private temporary directory reached through its descriptor, renamed
+relative to DIR's descriptor.
+
+The gate (as TFX's Evaluator "blesses" a candidate only when it is at least as good as
+the current one): the champion is the newest version that loads (a newer one that does
+not is named in a ``champion_unloadable`` warning and passed over, as TF Serving keeps
+serving the last version it could load); the candidate and the champion are both
+evaluated, as exported, on this run's test set, row by row, and app/release/gate.py
+judges the paired difference against the noise. A candidate whose serving signature
+(input width, number of outputs) differs from the champion's is not published unless
+``--publish-allow-signature-change`` (its clients would break: docs/deploy.md). Weights
+already published (the digest in ``coretrain.json``) are not published again.
+``--publish-keep N`` prunes the oldest versions beyond N, never the champion. Rolling back
+is deleting (or moving away) the newest version: TF Serving falls back to the next largest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from app import logs
+from app.atomic import Dir, open_dir, probe_writable
+from app.data.cache import DataCache
+from app.errors import Preempted, StorageError
+from app.release import gate, layout
+from app.release.export import Exported
+from app.release.gate import Decision
+from app.release.layout import KERAS_FILE, META_FILE, SAVED_MODEL_DIR
+
+LOCK_NAME = ".lock"
+#: How long a run waits for another run's publishing to finish (seconds).
+LOCK_WAIT_S = 600.0
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A served model's interface: float32 (n, ``inputs``) → (n, ``outputs``)."""
+
+    inputs: int
+    outputs: int
+
+    def __str__(self) -> str:
+        return f"(n, {self.inputs}) → (n, {self.outputs})"
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A SavedModel loaded for evaluation: its ``serve`` function and signature."""
+
+    number: int | None
+    serve: Any
+    signature: Signature
+
+
+def load(saved_model: Path, number: int | None = None) -> Loaded:
+    """The SavedModel at ``saved_model`` with its ``serve`` signature. Raises StorageError
+    naming it when it can't be loaded, whatever the damage (TensorFlow raises many kinds)."""
+    try:
+        serve = tf.saved_model.load(str(saved_model)).signatures["serve"]
+        (spec,) = serve.structured_input_signature[1].values()
+        (out,) = serve.structured_outputs.values()
+        signature = Signature(int(spec.shape[-1]), int(out.shape[-1]))
+    except Exception as exc:  # a damaged model: IndexError, DecodeError, OpError, ValueError…
+        raise StorageError(f"{saved_model}: cannot load the model: {exc!r}"[:400]) from exc
+    return Loaded(number, serve, signature)
+
+
+def champion(directory: Path) -> Loaded | None:
+    """The newest version in ``directory`` that loads; each newer entry that does not (not a
+    model, or damaged) is named in a ``champion_unloadable`` warning. None when none loads."""
+    for entry in reversed(layout.entries(directory)):
+        try:
+            if not entry.is_model:
+                raise StorageError(f"{entry.path}: not a model ({entry.what})")
+            return load(entry.path, entry.number)
+        except StorageError as exc:
+            logs.event(
+                "champion_unloadable",
+                f"version {entry.number} is passed over as the champion: {exc}; TF Serving "
+                "can't serve it either (remove it, or publish a model above it)",
+                level=logging.WARNING,
+                version=entry.number,
+                path=str(entry.path),
+            )
+    return None
+
+
+def evaluate(model: Loaded, data: DataCache, batch: int = 4096) -> np.ndarray:
+    """Per-row mean squared errors (n,) (raw label units) of ``model`` on ``data``'s test
+    split, fed raw lines as a server would; its signature must fit the data."""
+    x = np.asarray(data.features("test")).reshape(data.test_size, -1)
+    y = np.asarray(data.labels("test"), np.float64)
+    errors = np.empty(data.test_size)
+    for start in range(0, data.test_size, batch):
+        out = next(iter(model.serve(tf.constant(x[start : start + batch])).values())).numpy()
+        err = out.astype(np.float64) - y[start : start + batch]
+        errors[start : start + batch] = np.mean(np.square(err), axis=1)
+    return errors
+
+
+def signature_of(data: DataCache) -> Signature:
+    """The serving signature of a model trained on ``data``."""
+    return Signature(data.height * data.width, data.num_outputs)
+
+
+def signature_change(served: Loaded | None, data: DataCache) -> str | None:
+    """Why a model trained on ``data`` can't replace ``served`` (the signatures differ);
+    None when they are the same or there is no champion."""
+    mine = signature_of(data)
+    if served is None or served.signature == mine:
+        return None
+    return (
+        f"the serving signature changes: version {served.number} takes {served.signature}, "
+        f"this model {mine}; clients of the served model would break (to roll out the "
+        "change, see docs/deploy.md: --publish-allow-signature-change)"
+    )
+
+
+def publish(
+    exported: Exported, directory: Path, data: DataCache, meta: dict[str, Any],
+    tolerance: float | None = None, keep: int = 0, allow_signature_change: bool = False,
+    stop: Callable[[], bool] | None = None,
+) -> Decision:  # fmt: skip
+    """Evaluate the candidate ``exported`` against the champion in ``directory`` and publish
+    it above every version TF Serving counts if the gate lets it through; prune to ``keep``.
+
+    Raises StorageError when the directory, the lock or a version can't be written (also a
+    symlink or another owner's directory where the job writes: app/atomic.py), or the
+    candidate can't be loaded; Preempted when ``stop`` asks while waiting for the lock.
+    """
+    with open_dir(directory, "publish directory") as pub:
+        probe_writable(pub, "publish directory")
+        candidate = load(exported.path / SAVED_MODEL_DIR)
+        errors = evaluate(candidate, data)
+        with _locked(pub, stop):
+            twin = layout.published_as(directory, exported.weights)
+            if twin is not None:
+                return _duplicate(twin, gate.rmse(errors))
+            decision = _judge(errors, champion(directory), data, tolerance, allow_signature_change)
+            if not decision.published:
+                return decision
+            number = layout.next_number(directory)
+            record = {**meta, "weights": exported.weights, "publish": decision.to_json()}
+            _write_version(exported.path, pub, number, record)
+            decision = dataclasses.replace(decision, version=number)
+            _prune(pub, keep)
+    return decision
+
+
+def _judge(
+    errors: np.ndarray, champ: Loaded | None, data: DataCache, tolerance: float | None,
+    allow_signature_change: bool,
+) -> Decision:  # fmt: skip
+    """The gate on the candidate's per-row errors against ``champ`` (the signature first)."""
+    number = champ.number if champ else None
+    change = signature_change(champ, data)
+    if change is not None and not allow_signature_change:
+        rmse = gate.rmse(errors)
+        return Decision(False, change, rmse, None, number, *_rule(tolerance))
+    champion_errors = evaluate(champ, data) if champ is not None and change is None else None
+    return gate.judge(errors, champion_errors, number, data.baseline_rmse, tolerance)
+
+
+def _rule(tolerance: float | None) -> tuple[str, float]:
+    return ("noise", gate.NOISE_TOLERANCE) if tolerance is None else ("tolerance", tolerance)
+
+
+def _duplicate(number: int, rmse: float) -> Decision:
+    """The decision for weights that are version ``number`` already: nothing is written."""
+    why = f"these weights are version {number} already: nothing published"
+    logs.event("already_published", why, version=number)
+    return Decision(True, why, rmse, None, number, version=number)
+
+
+@contextmanager
+def _locked(directory: Dir, stop: Callable[[], bool] | None = None) -> Iterator[None]:
+    """An exclusive ``fcntl`` lock on ``directory/.lock``, waited for up to LOCK_WAIT_S;
+    Preempted when ``stop()`` asks meanwhile (the export stays; a rerun publishes it)."""
+    path = directory.path / LOCK_NAME
+    with os.fdopen(directory.open(LOCK_NAME, os.O_RDWR | os.O_CREAT, "publish lock")) as handle:
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if stop is not None and stop():
+                    raise Preempted(
+                        f"stopped by signal while waiting for {path}: the model is exported, "
+                        "not published; rerun to publish it"
+                    ) from None
+                if time.monotonic() > deadline:
+                    raise StorageError(
+                        f"{path}: another run kept publishing for {LOCK_WAIT_S:g} s"
+                    ) from None
+                time.sleep(0.2)
+        yield
+
+
+def _write_version(export_dir: Path, directory: Dir, number: int, meta: dict[str, Any]) -> None:
+    """Copy the export into a private temporary directory in ``directory``, then rename it
+    to N (never over an existing entry, nor a symlink)."""
+    final = directory.path / str(number)
+    try:
+        with directory.temp_dir(f".{number}.") as tmp:
+            try:
+                shutil.copytree(export_dir / SAVED_MODEL_DIR, tmp.via, dirs_exist_ok=True)
+                shutil.copy2(export_dir / KERAS_FILE, f"{tmp.via}/{KERAS_FILE}")
+                tmp.write_json(META_FILE, meta)
+                directory.publish(tmp, str(number))  # whole or not at all
+            finally:
+                directory.remove(tmp.path.name)
+    except OSError as exc:
+        raise StorageError(f"{final}: cannot publish: {exc.strerror or exc}") from exc
+    logs.event("published", f"published model version {number} in {directory.path}", version=number)
+
+
+def _prune(directory: Dir, keep: int) -> None:
+    """Remove the oldest versions coretrain published (with :data:`META_FILE`) beyond
+    ``keep`` (0 = keep all); never the newest, never an entry it did not publish."""
+    found = [e for e in layout.entries(directory.path) if e.is_model and layout.read_meta(e.path)]
+    if keep < 1 or len(found) <= keep:
+        return
+    for entry in found[: len(found) - keep]:
+        if directory.is_dir(entry.path.name):
+            directory.remove(entry.path.name)
+        logs.event("pruned", f"removed model version {entry.number} (--publish-keep {keep})")

@@ -1,0 +1,98 @@
+"""A finished run rerun with the same data and options: nothing to do (no TensorFlow).
+
+A retried Job, or a CronJob that runs twice, reruns work that is done. Before the baselines
+are fitted and before TensorFlow starts, :func:`finished` looks for the evidence that this
+very run is over in the output directory: ``metrics.json`` of a finished run at
+``--max-steps`` (or its target reached) with the digest of the exported weights, the export
+itself (``model/``), the identity in ``checkpoints/run.json`` equal to this run's (data
+fingerprints, identity options, workers: app/training/identity.py), and, with
+``--publish-dir``, a version there that holds those weights. All present: the run ends
+with exit 0 and one ``already_finished`` event; nothing is exported, published or written
+but the log. Anything missing or different: the run goes on as usual (a resume, which
+exports and offers the model to the gate again; weights already published are not
+published twice: app/release/publish.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from app import logs
+from app.config import TrainConfig
+from app.data.cache import DataCache
+from app.release import layout
+from app.release.gate import Decision
+from app.training import identity
+from app.training.outcome import Completed, Outcome, Result, TargetReached
+from app.training.workspace import Workspace
+
+_OUTCOMES = {"completed": Completed, "target_reached": TargetReached}
+
+
+def finished(ws: Workspace, config: TrainConfig, data: DataCache, workers: int) -> Result | None:
+    """The recorded result when this run (``config`` on ``data``) is already finished in
+    ``ws`` (module docstring), after logging ``already_finished`` and ``end``; else None."""
+    summary = _summary(ws.metrics)
+    if summary is None or not _at_end(summary, config) or not _exported(ws.model):
+        return None
+    record = identity.read(ws.checkpoints) or {}
+    mine = identity.of_run(config, data, workers).to_json()
+    if {key: record.get(key) for key in mine} != mine:
+        return None
+    decision = _still_published(config.publish_dir, summary)
+    if config.publish_dir is not None and decision is None:
+        return None
+    step = int(summary["final_step"])
+    where = f"; published as version {decision.version}" if decision else ""
+    logs.event(
+        "already_finished",
+        f"{ws.output}: this run finished at step {step} with these data and options (model "
+        f"in {ws.model}{where}): nothing to do",
+        step=step,
+        weights=summary["weights"],
+    )
+    logs.event("end", f"{summary['status']} at step {step} (already)", **summary)
+    outcome: Outcome = _OUTCOMES[summary["status"]](
+        step, step, summary.get("last_eval_rmse"), 0.0, int(summary.get("steps_per_loop") or 0)
+    )
+    return Result(outcome, summary, decision)
+
+
+def _summary(path: Path) -> dict[str, Any] | None:
+    """``metrics.json`` of a finished run with a weights digest; None otherwise."""
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(summary, dict) or summary.get("status") not in _OUTCOMES:
+        return None
+    if not isinstance(summary.get("final_step"), int) or not summary.get("weights"):
+        return None
+    return summary
+
+
+def _at_end(summary: dict[str, Any], config: TrainConfig) -> bool:
+    """Whether the recorded run ended where this one would: at ``--max-steps``, or at its
+    target loss (the same ``--target-loss``) before it."""
+    if summary["status"] == "target_reached":
+        return summary.get("target_loss") == config.target_loss
+    return bool(summary["final_step"] == config.max_steps)
+
+
+def _exported(model: Path) -> bool:
+    """Whether the export is in place (both of its files)."""
+    saved = model / layout.SAVED_MODEL_DIR / layout.SAVED_MODEL_FILE
+    return (model / layout.KERAS_FILE).is_file() and saved.is_file()
+
+
+def _still_published(directory: Path | None, summary: dict[str, Any]) -> Decision | None:
+    """The recorded publish decision when ``directory`` still holds the weights as a
+    version; None without a directory, a published decision or such a version."""
+    decision = Decision.from_json(summary.get("publish"))
+    if directory is None or decision is None or not decision.published:
+        return None
+    number = layout.published_as(directory, str(summary["weights"]))
+    return None if number is None else dataclasses.replace(decision, version=number)

@@ -1,0 +1,263 @@
+"""The release against a publish directory as TF Serving sees it (app/release/): version
+numbers by TF Serving's own rule, entries that are not models, a champion that can't be
+loaded, a serving signature that changes, weights already published, a stop while another
+run holds the lock, and ``model.keras`` loading without this package.
+
+The models here are small Keras models exported as SavedModels (no training): a ridge fit
+on the data (good), and worse ones, so that the gate's inputs are known values."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.config import TrainConfig
+from app.errors import Preempted
+from app.release import layout
+from tests.conftest import prepare_cache, run_cli
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+
+# --- TF Serving's version numbers ---------------------------------------------------------
+
+# (name, the version TF Serving reads: safe_strto64 on the name, None = not a version)
+NAMES = [
+    ("7", 7), ("007", 7), (" 8", 8), ("8\t", 8), ("-1", -1), ("0", 0),
+    ("+1", None), ("1e3", None), ("0x10", None), ("1.0", None), ("", None), ("-", None),
+    ("٣", None), ("1 2", None), ("9223372036854775807", 2**63 - 1),
+    ("9223372036854775808", None), (".7", None), ("7.tmp", None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "number"), NAMES)
+def test_version_numbers_follow_tf_serving(name: str, number: int | None) -> None:
+    assert layout.version_number(name) == number
+
+
+def _model_dir(path: Path) -> None:
+    path.mkdir(parents=True)
+    (path / layout.SAVED_MODEL_FILE).write_bytes(b"")
+
+
+def test_every_numeric_child_counts_and_the_largest_is_served(tmp_path: Path) -> None:
+    _model_dir(tmp_path / "1")
+    (tmp_path / "7").write_text("a file")
+    (tmp_path / "8").mkdir()  # empty
+    (tmp_path / "2").mkdir()
+    (tmp_path / "2" / "notes.txt").write_text("junk")
+    (tmp_path / "reports").mkdir()
+    (tmp_path / ".5.tmp").mkdir()
+    found = layout.entries(tmp_path)
+    assert [(e.number, e.is_model) for e in found] == [
+        (1, True), (2, False), (7, False), (8, False)
+    ]  # fmt: skip
+    assert layout.served(tmp_path).number == 8 and layout.next_number(tmp_path) == 9
+    assert layout.versions(tmp_path) == [1] and layout.newest(tmp_path) == tmp_path / "1"
+    assert [e.what for e in found[1:]] == [
+        "a directory without saved_model.pb", "not a directory",
+        "a directory without saved_model.pb",
+    ]  # fmt: skip
+
+
+def test_of_two_names_of_one_number_the_later_is_served(tmp_path: Path) -> None:
+    _model_dir(tmp_path / "007")
+    _model_dir(tmp_path / "7")
+    assert layout.served(tmp_path).path.name == "7"  # "007" < "7": TF Serving keeps the last
+    assert layout.next_number(tmp_path) == 8
+    (tmp_path / "-3").mkdir()
+    assert layout.entries(tmp_path)[0].number == -3 and layout.next_number(tmp_path) == 8
+
+
+def test_models_marks_what_tf_serving_serves(tmp_path: Path) -> None:
+    _model_dir(tmp_path / "1")
+    (tmp_path / "7").write_text("")
+    (tmp_path / "8").mkdir()
+    proc = run_cli("models", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [line.split()[0] for line in lines[1:]] == ["1", "7", "8"]
+    assert "(served" not in lines[1]
+    assert "(served: not a model (a directory without saved_model.pb)" in lines[3]
+    rows = json.loads(run_cli("models", str(tmp_path), "--format", "json").stdout)
+    assert [(r["version"], r["served"], r["model"]) for r in rows] == [
+        (1, False, True), (7, False, False), (8, True, False)
+    ]  # fmt: skip
+
+
+# --- publishing real SavedModels ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def data(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory):
+    tmp = tmp_path_factory.mktemp("release")
+    return prepare_cache(TrainConfig(data_dir=tiny_data, output_dir=tmp, cache_dir=tmp / "c"))
+
+
+def _linear(data, shrink: float = 1.0, outputs: int | None = None, inputs: int | None = None):
+    """A Keras model (n, H·W) → (n, K): the ridge fit on the training rows, its
+    coefficients × ``shrink`` (1 = the fit: beats the mean predictor; 0 = the mean)."""
+    x = np.asarray(data.features("train"), np.float64).reshape(data.train_size, -1)
+    y = np.asarray(data.labels("train"), np.float64)
+    mean_x, mean_y = x.mean(0), y.mean(0)
+    xc = x - mean_x
+    coef = np.linalg.solve(xc.T @ xc + 10.0 * np.eye(x.shape[1]), xc.T @ (y - mean_y)) * shrink
+    k, width = outputs or data.num_outputs, inputs or x.shape[1]
+    kernel = np.zeros((width, k))
+    kernel[: min(width, x.shape[1]), : min(k, y.shape[1])] = coef[:width, :k]
+    bias = np.zeros(k)
+    bias[: min(k, y.shape[1])] = (mean_y - mean_x @ coef)[:k]
+    inp = keras.Input((width,), name="features")
+    model = keras.Model(inp, keras.layers.Dense(k, name="out")(inp))
+    model.layers[-1].set_weights([kernel.astype("float32"), bias.astype("float32")])
+    return model
+
+
+def _export(model, path: Path):
+    """``path`` laid out as a run's export (model.keras + saved_model/) and its digest."""
+    from app.release.export import Exported, weights_digest
+
+    path.mkdir(parents=True)
+    model.save(path / layout.KERAS_FILE)
+    model.export(str(path / layout.SAVED_MODEL_DIR), format="tf_saved_model", verbose=False)
+    return Exported(path, weights_digest(model))
+
+
+def _version(model, directory: Path, name: str, meta: dict | None = None) -> Path:
+    """A version ``directory/name`` as coretrain publishes it (or without a record)."""
+    export = _export(model, directory.parent / f"export-{directory.name}-{name}")
+    shutil.copytree(export.path / layout.SAVED_MODEL_DIR, directory / name)
+    record = {"weights": export.weights, **(meta or {})}
+    (directory / name / layout.META_FILE).write_text(json.dumps(record))
+    return directory / name
+
+
+def _rmse(model, data) -> float:
+    x = np.asarray(data.features("test")).reshape(data.test_size, -1)
+    err = model(x).numpy().astype(np.float64) - np.asarray(data.labels("test"), np.float64)
+    return float(np.sqrt(np.mean(np.square(err))))
+
+
+def test_a_worse_candidate_is_refused_with_each_rmse_in_its_place(data, tmp_path: Path) -> None:
+    """The gate gets the candidate and the champion the right way round."""
+    from app.release.publish import publish
+
+    good, worse = _linear(data), _linear(data, shrink=0.3)
+    assert _rmse(good, data) < 0.8 * _rmse(worse, data) < data.baseline_rmse
+    models = tmp_path / "models"
+    _version(good, models, "1")
+    decision = publish(_export(worse, tmp_path / "cand"), models, data, {})
+    assert not decision.published and decision.champion_version == 1, decision.reason
+    assert decision.candidate_rmse == pytest.approx(_rmse(worse, data), rel=1e-4)
+    assert decision.champion_rmse == pytest.approx(_rmse(good, data), rel=1e-4)
+    assert layout.versions(models) == [1]
+    better = publish(_export(good, tmp_path / "again"), tmp_path / "m2", data, {})
+    assert better.published and better.version == 1
+
+
+def test_publishes_above_every_entry_tf_serving_counts(data, tmp_path: Path, logged) -> None:
+    from app.release.publish import publish
+
+    models = tmp_path / "models"
+    _version(_linear(data, 0.5), models, "1")
+    (models / "7").write_text("not a model")
+    (models / "8").mkdir()
+    (models / "2").mkdir()
+    (models / "2" / "junk").write_text("x")
+    decision = publish(_export(_linear(data), tmp_path / "cand"), models, data, {})
+    assert decision.published and decision.version == 9 and decision.champion_version == 1
+    assert layout.served(models).number == 9 and layout.served(models).is_model
+    assert (models / "7").read_text() == "not a model" and (models / "2" / "junk").exists()
+    passed = [r.version for r in logged if getattr(r, "event", "") == "champion_unloadable"]
+    assert passed == [8, 7, 2]
+
+
+def test_a_damaged_champion_is_passed_over_for_the_newest_that_loads(
+    data, tmp_path: Path, logged
+) -> None:
+    from app.release.publish import publish
+
+    models = tmp_path / "models"
+    _version(_linear(data, 0.9), models, "1")
+    damaged = _version(_linear(data, 0.8), models, "2")
+    (shard,) = (damaged / "variables").glob("variables.data-*")
+    shard.write_bytes(shard.read_bytes()[:7])  # truncated
+    decision = publish(_export(_linear(data), tmp_path / "cand"), models, data, {})
+    assert decision.published and decision.champion_version == 1 and decision.version == 3
+    (warning,) = [r for r in logged if getattr(r, "event", "") == "champion_unloadable"]
+    assert warning.version == 2 and warning.levelname == "WARNING"
+
+
+def test_a_changed_signature_is_not_published_unless_allowed(data, tmp_path: Path) -> None:
+    from app.release.publish import publish
+
+    models = tmp_path / "models"
+    _version(_linear(data, outputs=data.num_outputs + 1), models, "1")
+    candidate = _export(_linear(data), tmp_path / "cand")
+    refused = publish(candidate, models, data, {})
+    assert not refused.published and "serving signature changes" in refused.reason
+    assert f"(n, {data.num_outputs + 1})" in refused.reason and layout.versions(models) == [1]
+    allowed = publish(candidate, models, data, {}, allow_signature_change=True)
+    assert allowed.published and allowed.version == 2
+
+
+def test_weights_already_published_are_not_published_again(data, tmp_path: Path) -> None:
+    from app.release.publish import publish
+
+    models = tmp_path / "models"
+    export = _export(_linear(data), tmp_path / "cand")
+    first = publish(export, models, data, {})
+    again = publish(export, models, data, {})
+    assert (first.version, again.version, again.published) == (1, 1, True)
+    assert "already" in again.reason and layout.versions(models) == [1]
+    assert json.loads((models / "1" / layout.META_FILE).read_text())["weights"] == export.weights
+
+
+def test_a_stop_ends_the_wait_for_the_publish_lock(data, tmp_path: Path) -> None:
+    from app.release.publish import publish
+
+    models = tmp_path / "models"
+    models.mkdir()
+    export = _export(_linear(data), tmp_path / "cand")
+    stop = threading.Event()
+    with open(models / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another run is publishing
+        threading.Timer(0.5, stop.set).start()
+        with pytest.raises(Preempted, match=r"waiting for .*rerun to publish"):
+            publish(export, models, data, {}, stop=stop.is_set)
+    assert layout.entries(models) == []
+
+
+def test_the_keras_file_loads_without_this_package(data, tmp_path: Path) -> None:
+    """model.keras of a real export (app/release/export.py) in a process where ``import
+    app`` fails; the same outputs as the SavedModel."""
+    from app.model import build_model
+    from app.release.export import export
+
+    model = build_model(data.num_outputs, height=data.height, width=data.width, seed=3)
+    written = export(model, data, True, tmp_path / "model")
+    x = np.asarray(data.features("test"))[:16].reshape(16, -1)
+    np.save(tmp_path / "x.npy", x)
+    served = tf.saved_model.load(str(written.path / layout.SAVED_MODEL_DIR)).signatures["serve"]
+    expected = next(iter(served(tf.constant(x)).values())).numpy()
+    script = (
+        "import sys; sys.modules['app'] = None\n"
+        "import numpy as np, keras\n"
+        f"m = keras.saving.load_model({str(written.path / layout.KERAS_FILE)!r})\n"
+        f"np.save({str(tmp_path / 'y.npy')!r}, m(np.load({str(tmp_path / 'x.npy')!r})))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), expected, rtol=1e-4, atol=1e-5)
