@@ -120,6 +120,11 @@ def nights(tmp_path_factory: pytest.TempPathFactory) -> dict:
     # trains on; the gate publishes night 2 as better or as the same up to noise.
     first = _train(data, root / "night1", models, 40)
     second = _train(data, root / "night2", models, 150)
+    # Night 2's Job retried once it had finished: the same output, data and options.
+    night2 = root / "night2"
+    before = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in _written(night2, models)}
+    retried = _train(data, night2, models, 150)
+    after = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in _written(night2, models)}
     # Night 3: the training labels arrive shuffled (a broken export upstream), the test set
     # intact, and every file gzip-compressed under its default name + .gz.
     bad = root / "bad-data"
@@ -132,7 +137,16 @@ def nights(tmp_path_factory: pytest.TempPathFactory) -> dict:
         with gzip.open(bad / f"{role}.txt.gz", "wb") as f:
             f.write(b"".join(lines))
     third = _train(bad, root / "night3", models, 150)
-    return {"root": root, "data": data, "models": models, "runs": [first, second, third]}
+    return {
+        "root": root, "data": data, "models": models, "runs": [first, second, third],
+        "retried": (retried, before, after),
+    }  # fmt: skip
+
+
+def _written(output: Path, models: Path) -> list[Path]:
+    """Every file and directory a run writes but its log: the output's and the versions'."""
+    found = [p for p in (*output.rglob("*"), *models.rglob("*")) if "logs" not in p.parts]
+    return sorted(p for p in found if p.name != ".lock")
 
 
 @pytest.mark.slow
@@ -152,6 +166,35 @@ def test_two_good_nights_publish_and_the_bad_one_is_kept_out(nights: dict) -> No
     # The gzip files were found by their default names, without options.
     start = events(r3, "start")[0]["config"]
     assert start["train_features"] is None and events(r3, "cache")
+
+
+@pytest.mark.slow
+def test_a_finished_run_rerun_is_a_no_op(nights: dict) -> None:
+    (code, records, stderr), before, after = nights["retried"]
+    assert (code, stderr.strip()) == (0, ""), stderr[-2000:]
+    (done,) = events(records, "already_finished")
+    assert "nothing to do" in done["message"] and "published as version 2" in done["message"]
+    assert not events(records, "progress") and not events(records, "export")
+    assert not events(records, "published") and not events(records, "choice")
+    assert after == before  # nothing written, replaced or added (the log aside)
+    assert versions(nights["models"]) == [1, 2]
+
+
+@pytest.mark.slow
+def test_a_changed_signature_is_refused_before_training(nights: dict, tmp_path: Path) -> None:
+    """One more label column upstream: the served version has 3 outputs, this run's data 4."""
+    wider = tmp_path / "wider"
+    shutil.copytree(nights["data"], wider)
+    for role in ("train_labels", "test_labels"):
+        path = wider / f"{role}.txt"
+        path.write_text("".join(f"{line} 0.5\n" for line in path.read_text().splitlines()))
+    code, records, stderr = _train(wider, tmp_path / "out", nights["models"], 150)
+    assert code == 7, stderr[-2000:]
+    (line,) = stderr.splitlines()
+    assert line.startswith("coretrain: model not published: the serving signature changes: ")
+    assert "version 2 takes (n, 3900) → (n, 3), this model (n, 3900) → (n, 4)" in line
+    assert not events(records, "progress") and not events(records, "choice")
+    assert versions(nights["models"]) == [1, 2]
 
 
 @pytest.mark.slow
