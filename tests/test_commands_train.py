@@ -226,10 +226,12 @@ def test_divergence_before_any_checkpoint_says_so(tiny_data: Path, tmp_path: Pat
     assert list(out.glob("checkpoints/ckpt-*")) == []
 
 
-def _result(outcome_type: type, summary: dict | None = None) -> object:
+def _result(outcome_type: type, decision: dict | None = None) -> object:
+    from app.release.gate import Decision
     from app.training.outcome import Result
 
-    return Result(outcome_type(0, 5, 0.1, 1.0, 2), summary or {})
+    publish = Decision.from_json(decision["publish"]) if decision else None
+    return Result(outcome_type(0, 5, 0.1, 1.0, 2), decision or {}, publish)
 
 
 def test_an_outcome_becomes_its_exit_in_one_place(tmp_path: Path) -> None:
