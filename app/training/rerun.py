@@ -8,9 +8,10 @@ itself (``model/``), the identity in ``checkpoints/run.json`` equal to this run'
 fingerprints, identity options, workers: app/training/identity.py), and, with
 ``--publish-dir``, a version there that holds those weights. All present: the run ends
 with exit 0 and one ``already_finished`` event; nothing is exported, published or written
-but the log. Anything missing or different: the run goes on as usual (a resume, which
-exports and offers the model to the gate again; weights already published are not
-published twice: app/release/publish.py).
+but the log. Anything missing or different, or a multi-worker run (its workers would wait
+for a chief that ended): the run goes on as usual (a resume, which exports and offers the
+model to the gate again; weights already published are not published twice:
+app/release/publish.py).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ _OUTCOMES = {"completed": Completed, "target_reached": TargetReached}
 def finished(ws: Workspace, config: TrainConfig, data: DataCache, workers: int) -> Result | None:
     """The recorded result when this run (``config`` on ``data``) is already finished in
     ``ws`` (module docstring), after logging ``already_finished`` and ``end``; else None."""
+    if workers > 1:  # the workers would wait for a chief that ended: resume and dedupe instead
+        return None
     summary = _summary(ws.metrics)
     if summary is None or not _at_end(summary, config) or not _exported(ws.model):
         return None
