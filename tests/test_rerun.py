@@ -1,0 +1,87 @@
+"""A finished run rerun (app/training/rerun.py): nothing to do only when every piece of
+evidence is there, in real files; anything missing or different goes on as a resume."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from app.config import TrainConfig
+from app.release import layout
+from app.training import identity, rerun, workspace
+from app.training.outcome import Completed, TargetReached
+from tests.conftest import prepare_cache
+
+
+@pytest.fixture
+def done(tiny_data: Path, tmp_path: Path):
+    """A finished run's output as the finish writes it: metrics.json, model/, run.json, and
+    version 4 of the publish directory holding its weights."""
+    config = TrainConfig(
+        data_dir=tiny_data, output_dir=tmp_path / "out", max_steps=30,
+        publish_dir=tmp_path / "models",
+    )  # fmt: skip
+    data = prepare_cache(config)
+    ws = workspace.for_run(config)
+    identity.record(ws.checkpoints, "fast", "float32", identity.of_run(config, data, 1))
+    (ws.model / layout.SAVED_MODEL_DIR).mkdir(parents=True)
+    (ws.model / layout.SAVED_MODEL_DIR / layout.SAVED_MODEL_FILE).write_bytes(b"pb")
+    (ws.model / layout.KERAS_FILE).write_bytes(b"keras")
+    decision = {"published": True, "reason": "better", "candidate_rmse": 0.1, "version": 4}
+    summary = {
+        "status": "completed", "final_step": 30, "weights": "abc", "last_eval_rmse": 0.1,
+        "steps_per_loop": 5, "target_loss": config.target_loss, "publish": decision,
+    }  # fmt: skip
+    ws.metrics.write_text(json.dumps(summary))
+    version = tmp_path / "models" / "4"
+    version.mkdir(parents=True)
+    (version / layout.SAVED_MODEL_FILE).write_bytes(b"pb")
+    (version / layout.META_FILE).write_text(json.dumps({"weights": "abc"}))
+    return config, data, ws
+
+
+def test_a_finished_run_is_recognised_from_its_files(done, logged) -> None:
+    config, data, ws = done
+    result = rerun.finished(ws, config, data, 1)
+    assert isinstance(result.outcome, Completed) and result.outcome.step == 30
+    assert result.decision.published and result.decision.version == 4
+    assert result.summary["weights"] == "abc" and result.refused is None
+    assert [r.event for r in logged] == ["already_finished", "end"]
+
+
+def test_target_reached_needs_the_same_target(done) -> None:
+    config, data, ws = done
+    summary = json.loads(ws.metrics.read_text())
+    ws.metrics.write_text(json.dumps({**summary, "status": "target_reached", "final_step": 12}))
+    found = rerun.finished(ws, config, data, 1)
+    assert isinstance(found.outcome, TargetReached) and found.outcome.step == 12
+    other = dataclasses.replace(config, target_loss=config.target_loss / 2)
+    assert rerun.finished(ws, other, data, 1) is None
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["more steps", "another seed", "no export", "no version", "unfinished", "workers", "no digest"],
+)
+def test_anything_missing_or_different_goes_on(done, change: str) -> None:
+    config, data, ws = done
+    workers = 1
+    summary = json.loads(ws.metrics.read_text())
+    if change == "more steps":
+        config = dataclasses.replace(config, max_steps=60)
+    elif change == "another seed":
+        config = dataclasses.replace(config, seed=config.seed + 1)
+    elif change == "no export":
+        (ws.model / layout.KERAS_FILE).unlink()
+    elif change == "no version":
+        (config.publish_dir / "4" / layout.META_FILE).write_text(json.dumps({"weights": "x"}))
+    elif change == "unfinished":
+        ws.metrics.write_text(json.dumps({**summary, "status": "preempted"}))
+    elif change == "workers":
+        workers = 2
+    elif change == "no digest":
+        ws.metrics.write_text(json.dumps({**summary, "weights": None}))
+    assert rerun.finished(ws, config, data, workers) is None
