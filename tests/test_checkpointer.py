@@ -127,6 +127,7 @@ def fallback_run(
     def job() -> tuple[Done, list[str]]:
         ref = reference_ok(reference)
         out = copy_output(ref.out, workdir / "out")
+        (out / "metrics.json").unlink()  # killed before its end: a rerun has work to do
         ckpt = out / "checkpoints"
         for f in ckpt.glob("ckpt-10.*"):
             f.unlink()
@@ -215,6 +216,7 @@ def _rerun_on_a_copy(
     def job() -> tuple[Done, dict[str, str]]:
         ref = reference_ok(reference)
         out = copy_output(ref.out, workdir / "out")
+        (out / "metrics.json").unlink()  # killed before its end: a rerun has work to do
         damage(out)
         before = digest(out / "checkpoints")
         return train(ref_data(ref), out, steps, *extra), before
