@@ -82,9 +82,9 @@ RUNTIME_VARIABLES: tuple[RuntimeVariable, ...] = (
         "OMP_NUM_THREADS",
         "OpenMP runtimes (libgomp, LLVM/Intel libomp), PyTorch's intra-op pool, "
         "OpenBLAS (fallback)",
-        'OpenMP API 5.2, section 21.1.2; PyTorch docs, "CPU threading and TorchScript '
-        'inference"; OpenBLAS README, "Setting the number of threads using environment '
-        'variables"',
+        'OpenMP API specification, "Environment Variables"; PyTorch docs, "CPU threading '
+        'and TorchScript inference"; OpenBLAS README, "Setting the number of threads using '
+        'environment variables"',
         _intra,
     ),
     RuntimeVariable(
@@ -109,13 +109,13 @@ RUNTIME_VARIABLES: tuple[RuntimeVariable, ...] = (
     RuntimeVariable(
         "NUMEXPR_NUM_THREADS",
         "numexpr (pandas' eval)",
-        'numexpr user guide, "Threadpool Configuration"',
+        'numexpr doc/user_guide.rst, "Threadpool Configuration"',
         _intra,
     ),
     RuntimeVariable(
         "NUMEXPR_MAX_THREADS",
         "numexpr (the pool's size cap)",
-        'numexpr user guide, "Threadpool Configuration"',
+        'numexpr doc/user_guide.rst, "Threadpool Configuration"',
         _intra,
     ),
     RuntimeVariable(

@@ -5,8 +5,8 @@ The forwarded signals are blocked in this process and taken with ``sigwaitinfo``
 with SIGCHLD, so none is lost between the child's start and its end and no handler runs
 in between (as tini does it). The child starts with the signal mask this process had and
 the dispositions it inherited, but for the two Python itself ignores
-(``app.budget.apply.PYTHON_IGNORED``, reset by ``posix_spawn``'s ``setsigdef``), so it
-sees what it would see started directly (a ``nohup``'s ignored SIGHUP stays ignored).
+(``app.budget.apply.PYTHON_IGNORED``, reset by ``subprocess``'s ``restore_signals``), so
+it sees what it would see started directly (a ``nohup``'s ignored SIGHUP stays ignored).
 A signal the kernel sent to the whole process group (a terminal's Ctrl-C, hang-up or
 resize: ``si_code`` SI_KERNEL, sigaction(2)) has reached the child already and is not
 sent twice. The CPU time comes from ``wait4``'s rusage of the child (its own and its
@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-from app.budget.apply import PYTHON_IGNORED
 
 #: Forwarded to the child (tini's set without the job-control signals, which the kernel
 #: delivers to the whole process group).
@@ -55,22 +54,28 @@ class ChildEnd:
 def spawn(path: str, argv: Sequence[str], env: dict[str, str]) -> ChildEnd:
     """Run ``path`` with ``argv`` and ``env`` as a child until it ends, forwarding
     :data:`FORWARDED` signals; return how it ended. Raises OSError when it can't start
-    (ENOENT, EACCES, ENOEXEC: posix_spawn reports the exec's error). The forwarded signals
-    stay blocked in this process afterwards: the caller only reports and exits."""
+    (ENOENT, EACCES, ENOEXEC: the exec's error, as ``subprocess`` reports it). The
+    forwarded signals stay blocked in this process afterwards: the caller only reports and
+    exits."""
     watched = {*FORWARDED, signal.SIGCHLD}
     before = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
     start = time.monotonic()
     try:
-        pid = os.posix_spawn(
-            path,
+        # Popen, not posix_spawn: glibc's posix_spawn leaves its internal signals (32, 33)
+        # ignored in the program (measured with glibc 2.36); Popen has no signal-mask
+        # parameter, so the child puts the mask back itself before the exec.
+        child = subprocess.Popen(
             list(argv),
-            env,
-            setsigmask=before,
-            setsigdef=PYTHON_IGNORED,
+            executable=path,
+            env=env,
+            restore_signals=True,  # SIGPIPE, SIGXFSZ back to their defaults
+            close_fds=False,  # what coretrain inherited, the program inherits (as with exec)
+            preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK, before),
         )
     except OSError:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
         raise
+    pid = child.pid
     forwarded: list[str] = []
     while True:
         info = signal.sigwaitinfo(watched)
@@ -81,7 +86,7 @@ def spawn(path: str, argv: Sequence[str], env: dict[str, str]) -> ChildEnd:
         elif info.si_code != SI_KERNEL:
             os.kill(pid, info.si_signo)
             forwarded.append(signal.Signals(info.si_signo).name)
-    code = os.waitstatus_to_exitcode(status)
+    code = child.returncode = os.waitstatus_to_exitcode(status)
     return ChildEnd(
         pid=pid,
         exit_code=128 - code if code < 0 else code,
