@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pty
 import signal
 import subprocess
 import sys
@@ -158,6 +159,40 @@ def test_a_death_by_sigterm_is_the_programs(report: bool, code: int) -> None:
     assert proc.returncode == code, err  # exec: killed by the signal itself; --report: 143
     if report:
         assert exec_event(err, "exec_end")["signal"] == signal.SIGTERM
+
+
+COUNT_SIGINT = (
+    "import signal, time; seen = []; "
+    "signal.signal(signal.SIGINT, lambda *a: seen.append(1)); "
+    "print('ready', flush=True); end = time.monotonic() + 2\n"
+    "while time.monotonic() < end: time.sleep(0.05)\n"
+    "print('sigint', len(seen), flush=True)"
+)
+
+
+def test_a_terminals_ctrl_c_reaches_the_child_once_and_the_report_is_a_sentence() -> None:
+    """On a terminal the kernel sends Ctrl-C's SIGINT to the whole foreground process group:
+    the child has it already, so --report does not forward it again; and the end is one
+    sentence for a person instead of a JSON line."""
+    argv = [*coretrain(), "exec", "--report", "--", PY, "-c", COUNT_SIGINT]
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: a new session whose controlling terminal is the pty
+        os.execve(argv[0], argv, clean_env())
+    output = b""
+    with contextlib.suppress(OSError):  # EIO once the child side is closed
+        while b"ready" not in output:
+            output += os.read(fd, 1024)
+        time.sleep(0.3)
+        os.write(fd, b"\x03")  # Ctrl-C: the line discipline signals the foreground group
+        while chunk := os.read(fd, 1024):
+            output += chunk
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    text = output.decode(errors="replace")
+    assert os.waitstatus_to_exitcode(status) == 0, text
+    assert "sigint 1" in text  # once, from the terminal; not a second time from coretrain
+    assert "coretrain exec: " in text and " ended (exit 0) after " in text, text
+    assert '"event": "exec_end"' not in text
 
 
 def test_signals_python_ignores_are_not_ignored_by_the_program() -> None:
