@@ -138,6 +138,7 @@ def test_sigterm_reaches_the_programs_own_handler(report: bool) -> None:
     if report:
         end = exec_event(err, "exec_end")
         assert (end["exit_code"], end["signal"], end["forwarded"]) == (42, None, ["SIGTERM"])
+        assert end["message"].endswith("; signals forwarded: SIGTERM")
         assert end["pid"] != proc.pid
 
 
@@ -190,8 +191,9 @@ def test_a_terminals_ctrl_c_reaches_the_child_once_and_the_report_is_a_sentence(
     os.close(fd)
     text = output.decode(errors="replace")
     assert os.waitstatus_to_exitcode(status) == 0, text
-    assert "sigint 1" in text  # once, from the terminal; not a second time from coretrain
+    assert "sigint 1" in text  # the terminal's
     assert "coretrain exec: " in text and " ended (exit 0) after " in text, text
+    assert "signals forwarded" not in text  # coretrain did not send it a second time
     assert '"event": "exec_end"' not in text
 
 

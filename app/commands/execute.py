@@ -163,6 +163,7 @@ def _log_end(
         f"{plan.cpu_budget:g}-CPU budget (cpu_util {util}); throttled "
         + ("unknown (cpu.stat unreadable)" if seconds is None else f"{seconds:g} s")
         + ("" if ratio is None else f" in {ratio:.0%} of CFS periods")
+        + (f"; signals forwarded: {', '.join(end.forwarded)}" if end.forwarded else "")
     )
     if sys.stderr.isatty():
         print(f"coretrain exec: {message}", file=sys.stderr, flush=True)
