@@ -253,6 +253,20 @@ def test_a_users_omp_num_threads_is_kept_and_named() -> None:
     assert "OMP_NUM_THREADS" not in event["env"]
 
 
+def test_the_plans_affinity_is_the_programs() -> None:
+    first = min(os.sched_getaffinity(0))
+    script = "import os; print(sorted(os.sched_getaffinity(0)))"
+    for flags in ([], ["--report"]):
+        proc = exec_cli("--cpus", "1", "--pin", "cores", *flags, "--", PY, "-c", script)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout) == [first]
+        event = exec_event(proc.stderr)
+        assert event["plan"]["pin_cpus"] == [first]
+        assert event["affinity"] == [f"sched_setaffinity([{first}])"]
+    unpinned = exec_cli("--cpus", "1", "--", PY, "-c", script)
+    assert json.loads(unpinned.stdout) == sorted(os.sched_getaffinity(0))  # --pin auto: none
+
+
 # Real cgroups
 
 REASON = unavailable_reason()

@@ -36,12 +36,8 @@ from app.budget.runtimes import RuntimeEnv, runtime_env
 from app.budget.usage import Throttling
 from app.commands import Exit
 from app.commands.supervise import ChildEnd, spawn
-from app.errors import AppError, ConfigError
+from app.errors import CommandNotExecutable, CommandNotFound, ConfigError
 from app.options import option
-
-#: Exit codes of a command that could not be run (the shell's: POSIX.1-2024, Shell
-#: Command Language, 2.9.1.6 "Command Search and Execution").
-NOT_FOUND, NOT_EXECUTABLE = 127, 126
 
 
 @dataclass(frozen=True)
@@ -63,28 +59,21 @@ class ExecConfig:
     )
 
 
-class CommandNotRunnable(AppError):
-    """The command does not exist (exit 127) or can't be executed (exit 126)."""
-
-    def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
 def resolve(command: str, environ: Mapping[str, str]) -> str:
     """The file ``command`` names: itself when it has a ``/``, else the first executable
-    ``command`` on ``environ``'s PATH (as execvp). Raises CommandNotRunnable."""
+    ``command`` on ``environ``'s PATH (as execvp). Raises CommandNotFound (127),
+    CommandNotExecutable (126)."""
     if "/" in command:
         path = command
     else:
         found = shutil.which(command, path=environ.get("PATH", os.defpath))
         if found is None:
-            raise CommandNotRunnable(f"{command}: command not found", NOT_FOUND)
+            raise CommandNotFound(f"{command}: command not found")
         path = found
     if not os.path.exists(path):
-        raise CommandNotRunnable(f"{command}: no such file", NOT_FOUND)
+        raise CommandNotFound(f"{command}: no such file")
     if os.path.isdir(path) or not os.access(path, os.X_OK):
-        raise CommandNotRunnable(f"{command}: not an executable file", NOT_EXECUTABLE)
+        raise CommandNotExecutable(f"{command}: not an executable file")
     return path
 
 
@@ -92,7 +81,7 @@ def run(config: ExecConfig, options: PlanOptions, argv: Sequence[str]) -> Exit:
     """Plan, set the variables and the affinity, log the plan, then run ``argv``: replace
     this process by it (never returns) or, with ``config.report``, run it as a child and
     return its exit code. Raises ConfigError (no command, a bad setting),
-    CommandNotRunnable (126/127), StorageError (``--plan-out``)."""
+    CommandNotFound (127), CommandNotExecutable (126), StorageError (``--plan-out``)."""
     if not argv:
         raise ConfigError("exec: no command given (coretrain exec [OPTIONS] -- COMMAND [ARGS]...)")
     path = resolve(argv[0], os.environ)
@@ -116,9 +105,10 @@ def run(config: ExecConfig, options: PlanOptions, argv: Sequence[str]) -> Exit:
     return Exit(end.exit_code)
 
 
-def _not_runnable(command: str, exc: OSError) -> CommandNotRunnable:
-    code = NOT_FOUND if isinstance(exc, FileNotFoundError) else NOT_EXECUTABLE
-    return CommandNotRunnable(f"{command}: {exc.strerror or exc}", code)
+def _not_runnable(command: str, exc: OSError) -> CommandNotFound | CommandNotExecutable:
+    """The error of an exec that failed: 127 when the file went missing, else 126."""
+    kind = CommandNotFound if isinstance(exc, FileNotFoundError) else CommandNotExecutable
+    return kind(f"{command}: {exc.strerror or exc}")
 
 
 def _log_plan(
