@@ -12,7 +12,7 @@ Environment variables (:func:`envvars`): every option of command C reads
 another command's option: always for ``train`` (the job; its deployments set them), and for
 another command's option when no other command has an option of that name that is
 declared differently (``--format`` of ``plan`` and ``models`` is not; the thread options
-``plan``, ``train`` and ``predict`` share are one declaration). A short variable a command
+``plan``, ``train``, ``predict`` and ``exec`` share are one declaration). A short variable a command
 does not read because of that is named in a one-line notice on stderr. A flag wins over
 both, the per-command variable over the short one.
 
