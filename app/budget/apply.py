@@ -5,6 +5,8 @@ TensorFlow sizes its intra-op/inter-op pools once, when the first op runs, and
 reads ``TF_NUM_INTRAOP_THREADS`` / ``TF_NUM_INTEROP_THREADS`` /
 ``TF_ENABLE_ONEDNN_OPTS`` at that point (docs/architecture.md, "TensorFlow facts").
 ``import_tensorflow`` then imports it with its start-up notices kept off stderr.
+``restart`` and ``replace_process`` replace the process by a new program (``execve``): the
+job itself with a new plan, or ``coretrain exec``'s program.
 """
 
 from __future__ import annotations
