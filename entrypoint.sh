@@ -1,6 +1,7 @@
 #!/bin/sh
 # Container entry point: `IMAGE [coretrain arguments]`, e.g. `IMAGE train
-# --max-steps 500` or `IMAGE plan --format json` (the image's CMD is `train`).
+# --max-steps 500`, `IMAGE plan --format json` or `IMAGE exec -- python my.py`
+# (your own program on the planned CPUs; the image's CMD is `train`).
 # tini (PID 1) runs this script; the final `exec` replaces the shell with
 # coretrain, so SIGTERM from `docker stop` / the kubelet reaches Python
 # directly. For a shell in the image use `--entrypoint bash`.

@@ -12,7 +12,7 @@ Environment variables (:func:`envvars`): every option of command C reads
 another command's option: always for ``train`` (the job; its deployments set them), and for
 another command's option when no other command has an option of that name that is
 declared differently (``--format`` of ``plan`` and ``models`` is not; the thread options
-``plan``, ``train`` and ``predict`` share are one declaration). A short variable a command
+``plan``, ``train``, ``predict`` and ``exec`` share are one declaration). A short variable a command
 does not read because of that is named in a one-line notice on stderr. A flag wins over
 both, the per-command variable over the short one.
 
@@ -40,6 +40,7 @@ from app import __version__, logs
 from app.budget.plan import PlanOptions
 from app.cluster.spec import ClusterOptions
 from app.commands import Exit
+from app.commands.execute import ExecConfig
 from app.commands.models import ModelsReport
 from app.commands.plan import PlanReport
 from app.commands.scaling import ScalingConfig
@@ -57,6 +58,7 @@ COMMANDS: dict[str, tuple[type, ...]] = {
     "models": (ModelsReport,),
     "predict": (PredictConfig, PlanOptions),
     "bench-scaling": (ScalingConfig,),
+    "exec": (ExecConfig, PlanOptions),
 }
 #: The command that owns every short ``CORETRAIN_<OPTION>`` of its options.
 OWNER = "train"
@@ -283,6 +285,22 @@ def bench_scaling_cmd(**values: Any) -> None:
     from app.commands import scaling
 
     click.echo(_guarded(lambda: scaling.run(build(ScalingConfig, values))))
+
+
+@cli.command("exec", context_settings={"allow_interspersed_args": False})
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- COMMAND [ARGS]...")
+@options_of("exec")
+def exec_cmd(command: tuple[str, ...], **values: Any) -> None:
+    """Run COMMAND with each runtime's thread variables (TensorFlow, OpenMP, BLAS, numexpr,
+    Go, JVM) and the affinity planned for this container's CPUs, in place of coretrain
+    (same PID), or as a child with --report. Exit: COMMAND's own; 127 not found, 126 not
+    executable."""
+    from app.commands import execute
+
+    def run() -> Exit:
+        return execute.run(build(ExecConfig, values), build(PlanOptions, values), command)
+
+    _exit(_guarded(run))
 
 
 def main() -> None:

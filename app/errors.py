@@ -83,6 +83,20 @@ class OutputLocked(AppError):
     exit_code = 75
 
 
+class CommandNotFound(AppError):
+    """``coretrain exec``: the program is not on PATH or not there. Exit 127, the shell's
+    code (POSIX.1-2024, Shell Command Language, 2.9.1.6 "Command Search and Execution")."""
+
+    exit_code = 127
+
+
+class CommandNotExecutable(AppError):
+    """``coretrain exec``: the program was found but can't be executed (not executable, a
+    directory, an unknown format). Exit 126, the shell's code (as :class:`CommandNotFound`)."""
+
+    exit_code = 126
+
+
 def short_message(exc: BaseException, limit: int = 300) -> str:
     """One informative line of an error, TensorFlow's included (no TensorFlow import).
 

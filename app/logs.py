@@ -49,8 +49,11 @@ def _formatter() -> JsonFormatter:
     )
 
 
-def setup(worker: int | None = None, level: int = logging.INFO) -> logging.Logger:
-    """Send the project's logger (and routed library loggers) to stdout as JSON lines.
+def setup(
+    worker: int | None = None, level: int = logging.INFO, stream: TextIO | None = None
+) -> logging.Logger:
+    """Send the project's logger (and routed library loggers) to ``stream`` (default
+    stdout; ``coretrain exec`` leaves stdout to its program) as JSON lines.
 
     Idempotent: replaces handlers installed by an earlier call. Returns the
     ``coretrain`` logger.
@@ -61,7 +64,7 @@ def setup(worker: int | None = None, level: int = logging.INFO) -> logging.Logge
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
         handler.close()
-    stdout = logging.StreamHandler(sys.stdout)
+    stdout = logging.StreamHandler(sys.stdout if stream is None else stream)
     stdout.setFormatter(_formatter())
     stdout.addFilter(_Defaults(worker))
     logger.addHandler(stdout)

@@ -34,6 +34,7 @@ G = TypeVar("G", bound="Cgroup")
 #: Where hybrid and v1 hosts mount the hierarchy with the ``cpu`` (``memory``) controller.
 CPU_MOUNT = "/sys/fs/cgroup/cpu"
 MEMORY_MOUNT = "/sys/fs/cgroup/memory"
+CPUSET_MOUNT = "/sys/fs/cgroup/cpuset"
 #: The kernel's default CFS period (sched-bwc.rst), microseconds.
 PERIOD_US = 100_000
 #: Largest v1 ``cpu.shares`` (MAX_SHARES = 2^18 in kernel/sched/sched.h); default is 1024.
@@ -58,7 +59,7 @@ def unavailable_reason(mount: str = CPU_MOUNT, controller: str = "cpu") -> str |
 
     Checks, in order: root; a cgroup v1 hierarchy with ``controller`` at ``mount`` (a cgroup
     v2-only host has none); CFS bandwidth control files and no quota on the mount root (the
-    groups made here must be the only limit), or the memory limit file; that a child group
+    groups made here must be the only limit), or the memory limit (cpuset) file; that a child group
     can really be created and removed (read-only mounts in unprivileged containers fail here).
     """
     if os.geteuid() != 0:
@@ -70,9 +71,10 @@ def unavailable_reason(mount: str = CPU_MOUNT, controller: str = "cpu") -> str |
             return f"cgroup v2-only host: no cgroup v1 {controller} hierarchy to create groups in"
         return f"{mount} is not a cgroup v1 hierarchy with the {controller} controller"
     root = Path(point)
-    if controller == "memory":
-        if not (root / "memory.limit_in_bytes").is_file():
-            return f"no memory.limit_in_bytes at {point}"
+    interface = {"memory": "memory.limit_in_bytes", "cpuset": "cpuset.cpus"}.get(controller)
+    if interface is not None:
+        if not (root / interface).is_file():
+            return f"no {interface} at {point}"
         return _probe(root)
     if not (root / "cpu.cfs_quota_us").is_file():
         return f"no CFS bandwidth control at {point} (kernel without CONFIG_CFS_BANDWIDTH)"
@@ -213,6 +215,29 @@ def memory_cgroup(
     with _fresh(MemoryCgroup, mount, "memory", prefix) as group:
         group.set_limit(limit_bytes)
         yield group
+
+
+@contextlib.contextmanager
+def cpuset_cgroup(
+    cpus: Sequence[int], prefix: str = "coretrain", mount: str = CPUSET_MOUNT
+) -> Iterator[Cgroup]:
+    """Create a fresh cpuset cgroup holding only ``cpus`` (its memory nodes: the parent's),
+    yield it, always remove it (as :func:`cpu_cgroup`). The kernel narrows the affinity of a
+    process that joins it to ``cpus`` (Documentation/admin-guide/cgroup-v1/cpusets.rst).
+    Raises OSError when it cannot be created (also for CPUs the parent does not have)."""
+    with _fresh(Cgroup, mount, "cpuset", prefix) as group:
+        mems = (group.path.parent / "cpuset.mems").read_text().strip()
+        (group.path / "cpuset.cpus").write_text(",".join(str(c) for c in cpus))
+        (group.path / "cpuset.mems").write_text(mems)
+        yield group
+
+
+def in_groups(groups: Sequence[Cgroup], argv: Sequence[str]) -> list[str]:
+    """``argv`` wrapped so it starts inside every group of ``groups`` (one per hierarchy),
+    as :meth:`Cgroup.command` does for one."""
+    joins = " && ".join(f'echo $$ > "${i}"' for i in range(len(groups)))
+    script = f'{joins} && shift {len(groups) - 1} && exec "$@"'
+    return ["sh", "-c", script, *(str(g.path / "cgroup.procs") for g in groups), *argv]
 
 
 @contextlib.contextmanager

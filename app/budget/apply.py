@@ -5,6 +5,8 @@ TensorFlow sizes its intra-op/inter-op pools once, when the first op runs, and
 reads ``TF_NUM_INTRAOP_THREADS`` / ``TF_NUM_INTEROP_THREADS`` /
 ``TF_ENABLE_ONEDNN_OPTS`` at that point (docs/architecture.md, "TensorFlow facts").
 ``import_tensorflow`` then imports it with its start-up notices kept off stderr.
+``restart`` and ``replace_process`` replace the process by a new program (``execve``): the
+job itself with a new plan, or ``coretrain exec``'s program.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import contextlib
 import importlib.metadata
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
 import tempfile
 from collections.abc import MutableMapping
 from types import ModuleType
+from typing import NoReturn
 
 from app.budget.plan import ONEDNN_ENV, ThreadPlan
 
@@ -92,10 +96,16 @@ def apply(plan: ThreadPlan, environ: MutableMapping[str, str] | None = None) -> 
         if name not in env:
             env[name] = default
             done.append(f"{name}={default}")
-    if plan.pin_cpus is not None:
-        os.sched_setaffinity(0, plan.pin_cpus)
-        done.append(f"sched_setaffinity({list(plan.pin_cpus)})")
-    return done
+    return done + set_affinity(plan)
+
+
+def set_affinity(plan: ThreadPlan) -> list[str]:
+    """Pin this process (and what it starts from now on) to ``plan.pin_cpus``; nothing
+    when the plan does not pin. Returns one line per change made."""
+    if plan.pin_cpus is None:
+        return []
+    os.sched_setaffinity(0, plan.pin_cpus)
+    return [f"sched_setaffinity({list(plan.pin_cpus)})"]
 
 
 def import_tensorflow() -> ModuleType:
@@ -202,9 +212,31 @@ def restart(extra_env: dict[str, str], keep_fds: tuple[int, ...] = ()) -> None:
     env.update(extra_env)
     for fd in keep_fds:
         os.set_inheritable(fd, True)
+    replace_process(sys.executable, list(sys.orig_argv), env)
+
+
+#: Signals Python ignores at start (SIGPIPE, SIGXFSZ: Python/pylifecycle.c); an ignored
+#: signal stays ignored across ``execve`` (execve(2)), so they are put back to the default
+#: before another program replaces this one, as ``subprocess`` does (``restore_signals``).
+PYTHON_IGNORED = tuple(
+    getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, name)
+)
+
+
+def replace_process(path: str, argv: list[str], env: dict[str, str]) -> NoReturn:
+    """``execve(path, argv, env)``: the same PID, the open file descriptors not marked
+    close-on-exec, the signal mask; the signals of :data:`PYTHON_IGNORED` at their
+    defaults, every handler reset by the kernel. Never returns; raises OSError when the
+    exec fails (the process then goes on as it was)."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, list(sys.orig_argv), env)
+    before = [(signum, signal.signal(signum, signal.SIG_DFL)) for signum in PYTHON_IGNORED]
+    try:
+        os.execve(path, argv, env)
+    except OSError:
+        for signum, handler in before:
+            signal.signal(signum, handler)
+        raise
 
 
 def tensorflow_version() -> str:

@@ -5,6 +5,9 @@
 # Checks, one PASS/FAIL/SKIP line each:
 #   plan-cpus        `run --cpus=1.5 IMAGE plan --format json` reports cpu_quota 1.5
 #   plan-cpuset      `run --cpuset-cpus=1 IMAGE plan` reports cpuset [1]
+#   exec-threads     `run --cpus=0.5 IMAGE exec -- python ...`: the program's BLAS pool and
+#                    TF_NUM_INTRAOP_THREADS are 1
+#   exec-exit-code   `run IMAGE exec -- sh -c 'exit 7'` exits 7
 #   train            `train` as the image user, --read-only root, tmpfs /tmp, a named
 #                    output volume and the data mounted read-only: exit 0, status
 #                    completed, checkpoints/ model/ logs/train.jsonl metrics.json written
@@ -88,6 +91,26 @@ elif "$ENGINE" run --rm --network none --cpuset-cpus=1 "$IMAGE" plan --format js
   pass plan-cpuset "--cpuset-cpus=1 → cpuset [1]"
 else
   fail plan-cpuset "--cpuset-cpus=1: $(head -c 600 "$WORK/plan-cpuset.json")"
+fi
+
+# --- exec: a user's own program on the planned CPUs -------------------------------------------
+# Under --cpus=0.5 the program's numpy BLAS pool and TensorFlow's variable say 1 thread (bare,
+# OpenBLAS would count every CPU it sees); its exit code is the container's.
+EXEC_PROBE='import json, os, threadpoolctl, numpy
+print(json.dumps([[p["num_threads"] for p in threadpoolctl.threadpool_info()], os.environ.get("TF_NUM_INTRAOP_THREADS")]))'
+if "$ENGINE" run --rm --network none --cpus=0.5 "$IMAGE" exec -- python -c "$EXEC_PROBE" \
+  >"$WORK/exec.out" 2>"$WORK/exec.err" &&
+  [ "$(tail -n 1 "$WORK/exec.out")" = '[[1], "1"]' ]; then
+  pass exec-threads "--cpus=0.5: exec -- python → BLAS [1], TF_NUM_INTRAOP_THREADS 1"
+else
+  fail exec-threads "--cpus=0.5: $(head -c 300 "$WORK/exec.out") $(tail -c 600 "$WORK/exec.err")"
+fi
+rc=0
+"$ENGINE" run --rm --network none "$IMAGE" exec -- sh -c 'exit 7' >/dev/null 2>&1 || rc=$?
+if [ "$rc" = 7 ]; then
+  pass exec-exit-code "exec -- sh -c 'exit 7' → the container exits 7"
+else
+  fail exec-exit-code "exec -- sh -c 'exit 7' → exit $rc"
 fi
 
 # --- a tiny data set, written by the image itself, mounted read-only below -------------------

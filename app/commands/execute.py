@@ -1,0 +1,180 @@
+"""``coretrain exec [plan options] -- COMMAND [ARGS…]``: any program, on the CPUs planned
+for it.
+
+The plan is made exactly as ``coretrain plan`` makes it (:func:`app.budget.detect_plan`,
+the same options and variables); each runtime's thread variables follow from it
+(:mod:`app.budget.runtimes`), the plan's affinity is applied, and the plan is logged once
+(event ``exec``: a JSON line on stderr, or ``--plan-out FILE``). Then the command replaces
+this process (``execve``: the same PID, signals and exit code are the program's own,
+nothing of coretrain stays), or, with ``--report``, runs as a child with its signals
+forwarded (:mod:`app.commands.supervise`) and an ``exec_end`` event reports its wall time,
+CPU seconds against the budget and the CFS throttling of the cgroup that holds the quota
+over its life (:mod:`app.budget.usage`); the exit code is still the child's (128 + N for a
+death by signal N).
+
+A command that can't be found is exit 127, one found but not executable 126 (the shell's
+codes, POSIX "Command Search and Execution"; env(1) uses the same); coretrain's own
+usage errors stay exit 2. No TensorFlow.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app import logs
+from app.atomic import write_json
+from app.budget import apply, detect_plan
+from app.budget.plan import PlanOptions, ThreadPlan
+from app.budget.runtimes import RuntimeEnv, runtime_env
+from app.budget.usage import Throttling
+from app.commands import Exit
+from app.commands.supervise import ChildEnd, spawn
+from app.errors import CommandNotExecutable, CommandNotFound, ConfigError
+from app.options import option
+
+
+@dataclass(frozen=True)
+class ExecConfig:
+    """How ``coretrain exec`` runs the command and where it logs the plan."""
+
+    report: bool = option(
+        False,
+        "Run the command as a child (signals forwarded, its exit code kept) and log its "
+        "wall time, CPU seconds and CFS throttling at its end, instead of replacing "
+        "coretrain by it.",
+        flag="--report/--no-report",
+    )
+    plan_out: Path | None = option(
+        None,
+        "Write the applied plan and variables (the exec event, JSON) to this file instead "
+        "of a line on stderr.",
+        shown_default="stderr",
+    )
+
+
+def resolve(command: str, environ: Mapping[str, str]) -> str:
+    """The file ``command`` names: itself when it has a ``/``, else the first executable
+    ``command`` on ``environ``'s PATH (as execvp). Raises CommandNotFound (127),
+    CommandNotExecutable (126)."""
+    if "/" in command:
+        path = command
+    else:
+        found = shutil.which(command, path=environ.get("PATH", os.defpath))
+        if found is None:
+            raise CommandNotFound(f"{command}: command not found")
+        path = found
+    if not os.path.exists(path):
+        raise CommandNotFound(f"{command}: no such file")
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        raise CommandNotExecutable(f"{command}: not an executable file")
+    return path
+
+
+def run(config: ExecConfig, options: PlanOptions, argv: Sequence[str]) -> Exit:
+    """Plan, set the variables and the affinity, log the plan, then run ``argv``: replace
+    this process by it (never returns) or, with ``config.report``, run it as a child and
+    return its exit code. Raises ConfigError (no command, a bad setting),
+    CommandNotFound (127), CommandNotExecutable (126), StorageError (``--plan-out``)."""
+    if not argv:
+        raise ConfigError("exec: no command given (coretrain exec [OPTIONS] -- COMMAND [ARGS]...)")
+    path = resolve(argv[0], os.environ)
+    plan = detect_plan("/", options)  # as `coretrain plan`: the same options and variables
+    variables = runtime_env(plan, os.environ)
+    env = variables.environ(os.environ)
+    done = apply.set_affinity(plan)
+    logs.setup(stream=sys.stderr)  # stdout is the program's
+    _log_plan(plan, variables, argv, done, config.plan_out)
+    if not config.report:
+        try:
+            apply.replace_process(path, list(argv), env)
+        except OSError as exc:
+            raise _not_runnable(argv[0], exc) from exc
+    throttling = Throttling(plan.cpu_stat)  # the cgroup that holds the quota
+    try:
+        end = spawn(path, argv, env)
+    except OSError as exc:
+        raise _not_runnable(argv[0], exc) from exc
+    _log_end(end, plan, throttling.read(), argv)
+    return Exit(end.exit_code)
+
+
+def _not_runnable(command: str, exc: OSError) -> CommandNotFound | CommandNotExecutable:
+    """The error of an exec that failed: 127 when the file went missing, else 126."""
+    kind = CommandNotFound if isinstance(exc, FileNotFoundError) else CommandNotExecutable
+    return kind(f"{command}: {exc.strerror or exc}")
+
+
+def _log_plan(
+    plan: ThreadPlan,
+    variables: RuntimeEnv,
+    argv: Sequence[str],
+    affinity: list[str],
+    plan_out: Path | None,
+) -> None:
+    """The ``exec`` event, once: on stderr, or as the JSON file ``plan_out``."""
+    kept = ", ".join(f"{k}={v}" for k, v in variables.kept.items()) or "none"
+    message = (
+        f"{argv[0]}: {plan.intra_op_threads} threads for a budget of {plan.cpu_budget:g} "
+        f"CPUs ({plan.budget_source}); the user's variables kept: {kept}"
+    )
+    fields: dict[str, Any] = {
+        "command": list(argv),
+        "pid": os.getpid(),
+        "plan": plan.to_json(),
+        "env": variables.set,
+        "kept": variables.kept,
+        "env_reasons": list(variables.reasons),
+        "affinity": affinity,
+    }
+    if plan_out is None:
+        logs.event("exec", message, **fields)
+    else:
+        record = {"event": "exec", "message": message, **fields}
+        write_json(plan_out, record, "--plan-out directory")
+
+
+def _log_end(
+    end: ChildEnd, plan: ThreadPlan, throttled: Mapping[str, float | None], argv: Sequence[str]
+) -> None:
+    """The ``exec_end`` event: a JSON line, or one sentence when stderr is a terminal."""
+    budget_s = end.wall_s * plan.cpu_budget
+    util = round(end.cpu_s / budget_s, 3) if budget_s > 0 else None
+    how = f"signal {end.signal}" if end.signal is not None else f"exit {end.exit_code}"
+    ratio, seconds = throttled["cpu_throttled_ratio"], throttled["cpu_throttled_s"]
+    message = (
+        f"{argv[0]} ended ({how}) after {end.wall_s:.1f} s: {end.cpu_s:.1f} CPU s of a "
+        f"{plan.cpu_budget:g}-CPU budget (cpu_util {util}); throttled "
+        + ("unknown (cpu.stat unreadable)" if seconds is None else f"{seconds:g} s")
+        + ("" if ratio is None else f" in {ratio:.0%} of CFS periods")
+        + (f"; signals forwarded: {', '.join(end.forwarded)}" if end.forwarded else "")
+    )
+    if sys.stderr.isatty():
+        print(f"coretrain exec: {message}", file=sys.stderr, flush=True)
+        return
+    logs.event(
+        "exec_end",
+        message,
+        level=logging.INFO if end.exit_code == 0 else logging.WARNING,
+        command=list(argv),
+        pid=end.pid,
+        exit_code=end.exit_code,
+        signal=end.signal,
+        forwarded=list(end.forwarded),
+        wall_s=round(end.wall_s, 3),
+        cpu_s=round(end.cpu_s, 3),
+        cpu_user_s=round(end.cpu_user_s, 3),
+        cpu_system_s=round(end.cpu_system_s, 3),
+        cpu_budget=plan.cpu_budget,
+        cpu_util=util,
+        cpu_throttled_ratio=ratio,
+        cpu_throttled_s=seconds,
+        cpu_stat=plan.cpu_stat,
+        max_rss_bytes=end.max_rss_bytes,
+    )
