@@ -21,6 +21,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
@@ -66,6 +67,14 @@ class DataCache:
     baseline_rmse: float
     #: The manifest's :data:`CHECKSUM` digest of each array file (name → hex).
     checksums: dict[str, str] = field(default_factory=dict)
+    #: The shared lock on the cache's marker that keeps it from eviction while this run
+    #: uses it (app/data/cache_marker.py ``hold``); None when not held.
+    hold: IO[bytes] | None = field(default=None, compare=False, repr=False)
+
+    def release(self) -> None:
+        """Let the cache go: eviction may remove it once no other run holds it."""
+        if self.hold is not None:
+            self.hold.close()
 
     def fingerprint(self, split: str) -> str:
         """What identifies the converted samples of ``split`` ("train"/"test"): a SHA-256
