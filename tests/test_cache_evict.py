@@ -168,3 +168,11 @@ def test_cache_keep_is_a_count_of_at_least_one(tmp_path: Path, keep: str) -> Non
                    "--cache-keep", keep)  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert "--cache-keep" in proc.stderr
+
+
+def test_every_use_of_a_cache_is_its_last_use(tmp_path: Path) -> None:
+    one = _prepare(tmp_path, 1)
+    one.release()
+    _used_at(one, 1000)
+    again = _prepare(tmp_path, 1)
+    assert (again.path / cache_marker.MARKER).stat().st_mtime > 1000

@@ -15,6 +15,7 @@ from app.atomic import open_dir
 from app.config import TrainConfig
 from app.data import cache, cache_marker, synthetic
 from app.errors import StorageError
+from app.training.inputs import sources
 from tests.conftest import prepare_cache
 
 KEY = "0123456789abcdef"
@@ -192,3 +193,16 @@ def test_a_marked_cache_removed_half_way_is_removed_by_the_next_run(tmp_path: Pa
             (made.path / name).unlink()
     again = prepare_cache(config)
     assert again.path == made.path and again.train_size == 40
+
+
+def test_an_empty_directory_under_the_cache_s_name_is_replaced_by_the_cache(
+    tmp_path: Path,
+) -> None:
+    """What an eviction leaves for a moment (marker unlinked, directory not yet removed):
+    nothing to lose, so the conversion's rename replaces it."""
+    shared = tmp_path / "shared"
+    config = _config(_data(tmp_path, 1), shared)
+    key = cache.source_key(sources(config))
+    (shared / key).mkdir(parents=True)
+    made = prepare_cache(config)
+    assert made.path == shared / key and made.train_size == 40

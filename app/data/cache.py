@@ -122,6 +122,9 @@ def _adopt(root: Dir, key: str) -> IO[bytes] | None:
     to remove, and in the way of the cache."""
     if cache_marker.owned(root, key) is not None or not root.is_dir(key):
         return None  # marked (removed while waiting for the lock), or gone
+    with root.sub(key, "data cache", create=False) as d:
+        if not d.names():
+            return None  # the moment an eviction has unlinked the marker, before rmdir
     try:
         load(root, key)
     except Corrupt:

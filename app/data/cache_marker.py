@@ -19,6 +19,7 @@ the marker's modification time, set by every :func:`hold`. Never imports TensorF
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -132,7 +133,8 @@ def hold(root: Dir, key: str) -> IO[bytes] | None:
     if _matches(key, _read(fd)) != "cache" or not _still_linked(root, key, fd):
         handle.close()
         return None
-    os.utime(fd)
+    with contextlib.suppress(OSError):  # a read-only volume: the cache is used all the same
+        os.utime(fd)
     return handle
 
 
