@@ -176,3 +176,64 @@ def test_every_use_of_a_cache_is_its_last_use(tmp_path: Path) -> None:
     _used_at(one, 1000)
     again = _prepare(tmp_path, 1)
     assert (again.path / cache_marker.MARKER).stat().st_mtime > 1000
+
+
+EXEC_USE = """
+import json, os, sys
+from pathlib import Path
+from app.config import TrainConfig
+from app.data.cache_store import HELD_FD_ENV
+from tests.conftest import prepare_cache
+
+data, shared = Path(sys.argv[1]), Path(sys.argv[2])
+config = TrainConfig(data_dir=data, output_dir=shared.parent / "out", cache_dir=shared)
+if sys.argv[3] == "first":  # a run that restarts itself with a new thread plan
+    held = prepare_cache(config)  # the run's inputs, alive until the exec
+    held.hand_over()
+    os.execv(sys.executable, [sys.executable, *sys.argv[:3], "again"])
+fd = int(os.environ[HELD_FD_ENV])
+print(json.dumps({"inherited": fd}), flush=True)
+sys.stdin.readline()
+c = prepare_cache(config)
+try:
+    os.fstat(fd)
+    closed = False
+except OSError:
+    closed = True
+print(json.dumps({"path": str(c.path), "closed": closed, "env": HELD_FD_ENV in os.environ}),
+      flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_run_restarting_itself_keeps_its_cache_held_across_the_exec(tmp_path: Path) -> None:
+    """Between a restart's exec and the new image's own hold, another process converting
+    other data with --cache-keep 1 finds the cache held; the new image then holds it
+    itself and closes what it inherited."""
+    script = tmp_path / "exec_use.py"
+    script.write_text(EXEC_USE)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    a = subprocess.Popen(
+        [sys.executable, str(script), str(_data(tmp_path, 1)), str(tmp_path / "shared"), "first"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO, env=env,
+    )  # fmt: skip
+    try:
+        assert _line(a)["inherited"] >= 0  # the new image, before it prepares its inputs
+        (used,) = _names(tmp_path)
+        b = _use(tmp_path, 2, 1, "once")
+        other = _line(b)["path"]
+        assert b.wait(timeout=120) == 0
+        assert _names(tmp_path) == {used, Path(other).name}
+        assert a.stdin is not None
+        a.stdin.write("go\n")
+        a.stdin.flush()
+        assert _line(a) == {"path": str(tmp_path / "shared" / used), "closed": True, "env": False}
+        a.stdin.close()
+        assert a.wait(timeout=120) == 0
+    finally:
+        if a.poll() is None:
+            a.kill()
+            a.wait()
+    c = _use(tmp_path, 2, 1, "once")
+    assert _line(c)["path"] == other and c.wait(timeout=120) == 0
+    assert _names(tmp_path) == {Path(other).name}

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
@@ -35,7 +36,14 @@ from app import logs
 from app.atomic import Dir, open_dir
 from app.data import bounds, cache_convert, cache_marker
 from app.data.cache_evict import Keep, evict
-from app.data.cache_store import FORMAT_VERSION, Corrupt, DataCache, corrupt_event, load
+from app.data.cache_store import (
+    FORMAT_VERSION,
+    HELD_FD_ENV,
+    Corrupt,
+    DataCache,
+    corrupt_event,
+    load,
+)
 from app.data.cache_workdir import OWNER, PARTIAL, claim, leave, remove_stale, swap_in
 from app.data.sources import ROLES, Sources, fingerprint
 from app.errors import Preempted, StorageError
@@ -84,9 +92,25 @@ def prepare(
             k = bounds.label_width(sources.path("train_labels"))
             _check_size(root, key, sources, k, max_bytes)
             cache = _build(root, key, sources, k, stop, threads, max_bytes)
+        _drop_inherited(cache)
         remove_stale(root)
         evict(root, key, keep or Keep())
         return cache
+
+
+def _drop_inherited(cache: DataCache) -> None:
+    """Close the lock on this cache that the previous image of this process handed over
+    (``DataCache.hand_over``), now that ``cache`` holds it; a descriptor that is not that
+    lock is left alone (a lock on another cache then lasts until the process ends)."""
+    raw = os.environ.pop(HELD_FD_ENV, "")
+    if not raw.isdigit() or cache.hold is None:
+        return
+    try:
+        same = os.path.samestat(os.fstat(int(raw)), os.fstat(cache.hold.fileno()))
+    except OSError:
+        return
+    if same:
+        os.close(int(raw))
 
 
 def _reuse(root: Dir, key: str) -> DataCache | None:

@@ -35,6 +35,8 @@ FORMAT_VERSION = 3
 CHECKSUM = "blake2b-256"
 HASH_CHUNK = 8 << 20
 MANIFEST = "manifest.json"
+#: The descriptor of the cache lock a restarted process inherited (internal).
+HELD_FD_ENV = "_CORETRAIN_CACHE_LOCK_FD"
 STATS = "stats.npz"
 #: The array file of each source role.
 FILES = {
@@ -75,6 +77,15 @@ class DataCache:
         """Let the cache go: eviction may remove it once no other run holds it."""
         if self.hold is not None:
             self.hold.close()
+
+    def hand_over(self) -> None:
+        """Keep the cache held across this process's ``exec`` (a restart with a new thread
+        plan): the lock's descriptor is left open in the new image, named by
+        :data:`HELD_FD_ENV`, until the new image holds the cache itself
+        (:func:`app.data.cache.prepare`)."""
+        if self.hold is not None:
+            os.set_inheritable(self.hold.fileno(), True)
+            os.environ[HELD_FD_ENV] = str(self.hold.fileno())
 
     def fingerprint(self, split: str) -> str:
         """What identifies the converted samples of ``split`` ("train"/"test"): a SHA-256
