@@ -65,6 +65,21 @@ class TrainConfig:
         metavar="BYTES",
         shown_default="the free space",
     )
+    cache_keep: int = option(
+        4,
+        "Data sets kept side by side in the cache directory: once a run has its cache, the "
+        "least recently used beyond this many (or --cache-keep-bytes) are removed, except "
+        "those a live run uses; only caches coretrain marked as its own.",
+        minimum=1,
+    )
+    cache_keep_bytes: int | None = option(
+        None,
+        "Bytes the data sets kept in the cache directory may take together (the run's own "
+        "cache always stays), under the same rule as --cache-keep.",
+        minimum=1,
+        metavar="BYTES",
+        shown_default="no bound",
+    )
     train_features: str | None = option(
         None, FILE_HELP, metavar="NAME", shown_default="train_features.txt[.gz]"
     )

@@ -17,7 +17,7 @@ import pytest
 
 from app.atomic import open_dir
 from app.config import TrainConfig
-from app.data import cache, cache_convert, cache_store
+from app.data import cache, cache_convert, cache_marker, cache_store
 from app.errors import DataError, Preempted
 from app.training.inputs import sources
 from tests.conftest import prepare_cache
@@ -51,7 +51,10 @@ def test_unchanged_sources_reuse_the_cache_and_changed_ones_convert_again(
     second = prepare_cache(config)
     assert second.path != first.path
     assert second.labels("test")[0].tolist() == [1.0, 2.0, 3.0]
-    assert not first.path.exists()  # the stale cache was removed
+    assert first.path.exists()  # another data set's cache: kept (--cache-keep 4)
+    first.release()
+    prepare_cache(config, keep=cache.Keep(1))
+    assert not first.path.exists()  # beyond --cache-keep 1, and nobody uses it any more
     assert sorted(p.name for p in config.resolved_cache_dir.iterdir()) == [second.path.name]
 
 
@@ -81,7 +84,10 @@ def test_a_stopped_conversion_keeps_its_finished_files_and_the_rerun_does_the_re
         prepare_cache(config, stop=lambda: (work / "train_features.json").exists())
     assert sorted(p.name for p in root.iterdir()) == [work.name]  # no final cache
     kept = sorted(p.name for p in work.iterdir())
-    assert kept == [cache.OWNER, "train_features.json", "train_features.npz", "train_x.f32"]
+    assert kept == [
+        cache_marker.MARKER, cache.OWNER, "train_features.json", "train_features.npz",
+        "train_x.f32",
+    ]  # fmt: skip
     logged.clear()
     resumed = prepare_cache(config)
     records = list(logged)
@@ -117,14 +123,21 @@ def test_the_cache_is_keyed_by_content_not_by_where_the_data_are(
     assert c.path != a.path
 
 
+def _mark_work(d: Path, key: str = "0123456789abcdef") -> None:
+    """``d`` made and marked as a conversion's work directory, as app/data/cache_workdir.py
+    does it."""
+    d.mkdir(parents=True)
+    (d / cache_marker.MARKER).write_bytes(cache_marker.content(cache_marker.WORK, key))
+
+
 def test_temporary_dirs_of_dead_conversions_are_removed(tiny_data: Path, tmp_path: Path) -> None:
     config = _config(tiny_data, tmp_path)
     root = config.resolved_cache_dir
     root.mkdir(parents=True)
     dead = root / ".0123456789abcdef.999999999.x"  # pid 999999999 does not exist
     alive = root / f".0123456789abcdef.{os.getpid()}.y"
-    dead.mkdir()
-    alive.mkdir()
+    for d in (dead, alive):
+        _mark_work(d)
     prepare_cache(config)
     assert not dead.exists() and alive.exists()
 
@@ -155,6 +168,7 @@ def test_a_tampered_cache_array_is_detected_and_converted_again(
     tampered = bytearray(original)
     tampered[1000] ^= 0x40  # one bit of one value: same size, same manifest
     (first.path / "train_x.f32").write_bytes(bytes(tampered))
+    first.release()  # no run uses it any more: it may be removed
     logged.clear()
     second = prepare_cache(config)
     corrupt = [r for r in logged if getattr(r, "event", "") == "cache_corrupt"]
@@ -251,7 +265,7 @@ def test_conversion_temp_dirs_live_by_their_owner_lock_not_their_pid(
     live = root / ".0123456789abcdef.999999999.live"  # no such pid here, but a live owner
     dead = root / f".0123456789abcdef.{os.getpid()}.dead"  # "our" pid, but nobody owns it
     for d in (live, dead):
-        d.mkdir(parents=True)
+        _mark_work(d)
         (d / cache.OWNER).write_bytes(b"")
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD_OWNER, str(live / cache.OWNER)],

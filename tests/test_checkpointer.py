@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from app.data import cache_marker
 from tests import kill_harness
 from tests.conftest import FIXTURES, SEED_RECIPE_ARGS, events, json_lines, run_cli
 from tests.runs import (
@@ -143,6 +144,9 @@ def fallback_run(
         for p in planted:
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_bytes(b"partial")
+        work = planted[-1].parent  # as a killed conversion leaves it: marked as coretrain's
+        key = work.name.split(".")[1]
+        (work / cache_marker.MARKER).write_bytes(cache_marker.content(cache_marker.WORK, key))
         with open(out / "logs" / "train.jsonl", "ab") as log:
             log.write(b'{"level": "INFO", "event": "progr')  # a record cut by the kill
         return train(ref_data(ref), out), [str(p) for p in planted]

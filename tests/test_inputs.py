@@ -98,7 +98,7 @@ def _bad_case(name: str, data: Path) -> tuple[Path, list[str], str, str]:
         if IS_ROOT:  # root reads any file whatever its mode: a directory can't be read
             path.unlink()
             path.mkdir()
-            return path, [], ": ", "cannot read: Is a directory"
+            return path, [], ": ", "data file is a directory, not a regular file"
         path.chmod(0)
         return path, [], ": ", "cannot read: Permission denied"
     if name == "truncated_gzip":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,50 @@ def test_the_fingerprint_follows_content_and_modification_time(tmp_path: Path) -
     # A change between the samples is told by the modification time an edit sets.
     os.utime(path, ns=(first["mtime_ns"] + 1, first["mtime_ns"] + 1))
     assert fingerprint(path) != first and fingerprint(path)["bytes"] == first["bytes"]
+
+
+def _special(path: Path, kind: str) -> None:
+    """Make ``path`` a FIFO, a character device (a symlink to /dev/null) or a socket."""
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        path.symlink_to("/dev/null")
+    else:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(path))
+        sock.close()
+
+
+@pytest.mark.parametrize(
+    ("kind", "named"),
+    [("fifo", "a FIFO"), ("device", "a character device"), ("socket", "a socket")],
+)
+def test_a_data_file_that_is_not_a_regular_file_is_refused_by_find(
+    tmp_path: Path, kind: str, named: str
+) -> None:
+    _special(tmp_path / "train_labels.txt", kind)
+    with pytest.raises(DataError, match=rf"labels\.txt: data file is {named}.*, not a regular"):
+        find(tmp_path, "train_labels")
+    with pytest.raises(DataError, match=rf"x\.lab: data file is {named}"):
+        _special(tmp_path / "x.lab", kind)
+        find(tmp_path, "train_labels", "x.lab")
+
+
+def test_a_fifo_among_the_data_files_is_exit_3_in_one_line_before_it_is_opened(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    """Opening a FIFO for reading blocks until a writer comes (forever, SIGTERM or not):
+    the run refuses it from its stat, and nothing ever opened it (a writer would block)."""
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    (data / "test_labels.txt").unlink()
+    os.mkfifo(data / "test_labels.txt")
+    proc = run_cli("train", "--data", str(data), "--output", str(tmp_path / "o"), timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert line == (
+        f"coretrain: {data / 'test_labels.txt'}: data file is a FIFO (named pipe), "
+        "not a regular file"
+    )
+    with pytest.raises(OSError, match="No such device or address"):  # ENXIO: no reader
+        os.close(os.open(data / "test_labels.txt", os.O_WRONLY | os.O_NONBLOCK))

@@ -13,6 +13,9 @@ The parts, each in its module:
   reading a cache back verified;
 * app/data/cache_workdir.py -- the work directory a conversion is built in: claimed, renamed
   into place, kept for resuming, removed when dead;
+* app/data/cache_marker.py -- what proves an entry is coretrain's, and the lock a run holds
+  on the cache it uses;
+* app/data/cache_evict.py -- several data sets side by side: which caches go, and when;
 * app/data/cache_convert.py -- the conversion itself: each file, the statistics, the
   manifest, progress.
 
@@ -21,20 +24,31 @@ Never imports TensorFlow.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 from app import logs
 from app.atomic import Dir, open_dir
-from app.data import bounds, cache_convert
-from app.data.cache_store import FORMAT_VERSION, MANIFEST, Corrupt, DataCache, corrupt_event, load
+from app.data import bounds, cache_convert, cache_marker
+from app.data.cache_evict import Keep, evict
+from app.data.cache_store import (
+    FORMAT_VERSION,
+    HELD_FD_ENV,
+    Corrupt,
+    DataCache,
+    corrupt_event,
+    load,
+)
 from app.data.cache_workdir import OWNER, PARTIAL, claim, leave, remove_stale, swap_in
 from app.data.sources import ROLES, Sources, fingerprint
 from app.errors import Preempted, StorageError
 
-__all__ = ["OWNER", "PARTIAL", "DataCache", "prepare", "source_key"]
+__all__ = ["OWNER", "PARTIAL", "DataCache", "Keep", "prepare", "source_key"]
 
 
 def prepare(
@@ -44,6 +58,7 @@ def prepare(
     threads: int = 1,
     below: Path | None = None,
     max_bytes: int | None = None,
+    keep: Keep | None = None,
 ) -> DataCache:
     """Return the cache of ``sources`` in ``cache_dir``, converting the text files if needed.
 
@@ -58,38 +73,96 @@ def prepare(
     DataError for bad input (file:line: problem), InputTooLarge (exit 3) when the cache
     would pass its bound, StorageError when the cache can't be written (or a name in it is
     a symlink or another owner's). A cache whose files don't match their digests is
-    logged (``cache_corrupt``) and converted again. Older caches in the same directory are
-    removed after a successful conversion; work directories of dead conversions (no
-    process holds their ``.owner`` lock) whenever the cache is used. Two runs converting
-    the same data into a shared cache directory at once both succeed: the second works in
-    a private directory, and its rename finds the first one's complete cache.
+    logged (``cache_corrupt``) and converted again.
+
+    The returned cache holds a shared lock on its marker (``DataCache.hold``) until it is
+    released or the process ends: no other run evicts it meanwhile. Then the directory is
+    tidied: work directories of dead conversions are removed, and the caches of other
+    data sets beyond ``keep`` (``--cache-keep``, ``--cache-keep-bytes``; None: the
+    defaults) by the rule of app/data/cache_evict.py; only entries with coretrain's
+    marker, never anything else.
+    Two runs converting the same data into a shared cache directory at once both succeed:
+    the second works in a private directory, and its rename finds the first one's complete
+    cache.
     """
     key = source_key(sources)
     with open_dir(Path(cache_dir), "cache directory", below=below) as root:
         cache = _reuse(root, key)
-        if cache is not None:
-            return cache
-        k = bounds.label_width(sources.path("train_labels"))
-        _check_size(root, key, sources, k, max_bytes)
-        return _build(root, key, sources, k, stop, threads, max_bytes)
+        if cache is None:
+            k = bounds.label_width(sources.path("train_labels"))
+            _check_size(root, key, sources, k, max_bytes)
+            cache = _build(root, key, sources, k, stop, threads, max_bytes)
+        _drop_inherited(cache)
+        remove_stale(root)
+        evict(root, key, keep or Keep())
+        return cache
+
+
+def _drop_inherited(cache: DataCache) -> None:
+    """Close the lock on this cache that the previous image of this process handed over
+    (``DataCache.hand_over``), now that ``cache`` holds it; a descriptor that is not that
+    lock is left alone (a lock on another cache then lasts until the process ends)."""
+    raw = os.environ.pop(HELD_FD_ENV, "")
+    if not raw.isdigit() or cache.hold is None:
+        return
+    try:
+        same = os.path.samestat(os.fstat(int(raw)), os.fstat(cache.hold.fileno()))
+    except OSError:
+        return
+    if same:
+        os.close(int(raw))
 
 
 def _reuse(root: Dir, key: str) -> DataCache | None:
-    """The complete, verified cache ``key`` in ``root``; None when there is none, or it
-    did not verify (logged, removed)."""
+    """The complete, verified cache ``key`` in ``root``, held; None when there is none, or
+    it did not verify (logged, removed). Raises StorageError when ``key`` is there but
+    can't be proven coretrain's, or did not verify and another run holds it."""
     root.check(key, "data cache")
     final = root.path / key
-    if not root.is_file(f"{key}/{MANIFEST}"):
+    if not root.is_dir(key):
+        return None
+    held = cache_marker.hold(root, key) or _adopt(root, key)
+    if held is None:
         return None
     try:
         cache = load(root, key)
     except Corrupt as exc:
+        held.close()
         corrupt_event(final / str(exc.args[0]), "the cached file")
-        root.remove(key)
-        return None
-    remove_stale(root, keep=key, temporary_only=True)
+        if cache_marker.remove_if_unused(root, key):
+            return None
+        raise StorageError(
+            f"{final}: data cache does not match its digests and another run is using it; "
+            "rerun when that run has ended"
+        ) from None
     logs.event("cache", f"reusing data cache {final}", path=str(final), reused=True)
-    return cache
+    return dataclasses.replace(cache, hold=held)
+
+
+def _adopt(root: Dir, key: str) -> IO[bytes] | None:
+    """The cache ``key`` made by an earlier coretrain, without a marker: marked and held
+    when its manifest's digests verify (the key names exactly these data and settings);
+    None when it is gone. Raises StorageError when it is something else: not coretrain's
+    to remove, and in the way of the cache."""
+    if cache_marker.owned(root, key) is not None or not root.is_dir(key):
+        return None  # marked (removed while waiting for the lock), or gone
+    with root.sub(key, "data cache", create=False) as d:
+        if not d.names():
+            return None  # the moment an eviction has unlinked the marker, before rmdir
+    try:
+        load(root, key)
+    except Corrupt:
+        raise StorageError(
+            f"{root.path / key}: in the way of the data cache and not coretrain's (no "
+            f"{cache_marker.MARKER} marker, no verified cache): move it away"
+        ) from None
+    with root.sub(key, "data cache", create=False) as d:
+        cache_marker.write(d, cache_marker.CACHE, key)
+    logs.event(
+        "cache", f"{root.path / key}: an earlier coretrain's cache, verified and marked",
+        path=str(root.path / key), adopted=True,
+    )  # fmt: skip
+    return cache_marker.hold(root, key)
 
 
 def _check_size(root: Dir, key: str, sources: Sources, k: int, max_bytes: int | None) -> None:
@@ -140,7 +213,9 @@ def _build(
         leave(root, work, keep)
         work.close()
         owner.close()
-    remove_stale(root, keep=key)
+    held = cache_marker.hold(root, key)
+    if held is None:
+        raise StorageError(f"{final}: the data cache was removed as soon as it was made")
     logs.event(
         "cache",
         f"data cache ready: {manifest['train_size']} train, {manifest['test_size']} test samples",
@@ -149,7 +224,7 @@ def _build(
         test_size=manifest["test_size"],
         num_outputs=manifest["num_outputs"],
     )
-    return load(root, key, verify=False)
+    return dataclasses.replace(load(root, key, verify=False), hold=held)
 
 
 def source_key(sources: Sources) -> str:

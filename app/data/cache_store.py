@@ -21,6 +21,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
@@ -34,6 +35,8 @@ FORMAT_VERSION = 3
 CHECKSUM = "blake2b-256"
 HASH_CHUNK = 8 << 20
 MANIFEST = "manifest.json"
+#: The descriptor of the cache lock a restarted process inherited (internal).
+HELD_FD_ENV = "_CORETRAIN_CACHE_LOCK_FD"
 STATS = "stats.npz"
 #: The array file of each source role.
 FILES = {
@@ -66,6 +69,23 @@ class DataCache:
     baseline_rmse: float
     #: The manifest's :data:`CHECKSUM` digest of each array file (name → hex).
     checksums: dict[str, str] = field(default_factory=dict)
+    #: The shared lock on the cache's marker that keeps it from eviction while this run
+    #: uses it (app/data/cache_marker.py ``hold``); None when not held.
+    hold: IO[bytes] | None = field(default=None, compare=False, repr=False)
+
+    def release(self) -> None:
+        """Let the cache go: eviction may remove it once no other run holds it."""
+        if self.hold is not None:
+            self.hold.close()
+
+    def hand_over(self) -> None:
+        """Keep the cache held across this process's ``exec`` (a restart with a new thread
+        plan): the lock's descriptor is left open in the new image, named by
+        :data:`HELD_FD_ENV`, until the new image holds the cache itself
+        (:func:`app.data.cache.prepare`)."""
+        if self.hold is not None:
+            os.set_inheritable(self.hold.fileno(), True)
+            os.environ[HELD_FD_ENV] = str(self.hold.fileno())
 
     def fingerprint(self, split: str) -> str:
         """What identifies the converted samples of ``split`` ("train"/"test"): a SHA-256

@@ -6,8 +6,10 @@ into place (:func:`swap_in`), so a reader never sees a partial cache; what a sto
 conversion finished stays there for the next run (:func:`leave`). The converting process
 holds an flock on the directory's ``.owner`` file (:data:`OWNER`): a second run converting
 the same data at once works in a private ``.<key>.<pid>.<random>`` directory instead
-(:func:`claim`), and a directory nobody holds is a dead conversion's, removed
-(:func:`remove_stale`). Never imports TensorFlow.
+(:func:`claim`). Each work directory is marked as coretrain's (app/data/cache_marker.py)
+once its ``.owner`` lock is held, so a marked work directory nobody holds is a dead
+conversion's, removed (:func:`remove_stale`); a directory without the marker is not
+coretrain's to remove, whatever its name. Never imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import IO
 
 from app import logs
 from app.atomic import Dir
+from app.data import cache_marker
 from app.data.cache_store import MANIFEST
 from app.errors import StorageError
 
@@ -66,16 +69,13 @@ def _in_use(root: Dir, name: str) -> bool:
         return False
 
 
-def remove_stale(root: Dir, keep: str, temporary_only: bool = False) -> None:
-    """Remove temporary directories left by killed conversions and (unless
-    ``temporary_only``) older caches other than ``keep``; only real directories."""
+def remove_stale(root: Dir) -> None:
+    """Remove the work directories of dead conversions: marked as coretrain's work
+    (app/data/cache_marker.py) and no live process holding their ``.owner``. Nothing else."""
     for name in root.names():
-        if name == keep or not root.is_dir(name):
+        if not (name.startswith(".") and root.is_dir(name)):
             continue
-        if name.startswith("."):
-            if not _in_use(root, name):
-                root.remove(name)
-        elif not temporary_only and root.is_file(f"{name}/{MANIFEST}"):
+        if cache_marker.owned(root, name) == "work" and not _in_use(root, name):
             root.remove(name)
 
 
@@ -87,6 +87,7 @@ def claim(root: Dir, key: str) -> tuple[Dir, IO[bytes]]:
     owner = open(partial.open(OWNER, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab")  # noqa: SIM115
     try:
         fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        cache_marker.write(partial, cache_marker.WORK, key)  # held first, then marked
         return partial, owner
     except BlockingIOError:
         owner.close()
@@ -94,6 +95,7 @@ def claim(root: Dir, key: str) -> tuple[Dir, IO[bytes]]:
     private = root.temp_dir(f".{key}.{os.getpid()}.")
     owner = open(private.create(OWNER, "cache owner lock"), "wb")  # noqa: SIM115 - held
     fcntl.flock(owner, fcntl.LOCK_EX)
+    cache_marker.write(private, cache_marker.WORK, key)
     return private, owner
 
 
@@ -113,7 +115,8 @@ def leave(root: Dir, work: Dir, keep: str) -> None:
 def swap_in(root: Dir, work: Dir, key: str) -> None:
     """Rename the finished ``work`` to ``key``; when another run sharing the directory
     finished the same data set first (ENOTEMPTY/EEXIST), its complete, identical cache is
-    used. Raises OSError."""
+    used. The work's marker becomes the cache's first. Raises OSError, StorageError."""
+    cache_marker.write(work, cache_marker.CACHE, key)
     try:
         root.publish(work, key)
     except OSError:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +56,7 @@ def find(data_dir: Path, role: str, name: str | None = None) -> Path:
     and the ``.gz`` name exist (which one is meant can't be known).
     """
     if name is not None:
-        return data_dir / name
+        return regular(data_dir / name)
     plain = data_dir / DEFAULT_NAMES[role]
     packed = plain.with_name(plain.name + GZIP_SUFFIX)
     found = [p for p in (plain, packed) if p.exists()]
@@ -69,7 +70,38 @@ def find(data_dir: Path, role: str, name: str | None = None) -> Path:
         raise DataError(
             f"{plain}: missing data file ({role.replace('_', ' ')}; also looked for {packed.name})"
         )
-    return found[0]
+    return regular(found[0])
+
+
+#: What a path that is not a regular file is, for the message.
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+)
+
+
+def regular(path: Path) -> Path:
+    """``path`` when it is a regular file (a symlink is followed: the data directory is the
+    operator's) or missing (reported where it is read); checked with ``stat``, before
+    anything opens it.
+
+    Raises DataError (exit 3) naming the file when it is a FIFO, a device, a socket or a
+    directory: opening a FIFO for reading blocks until a writer comes, a device or a
+    socket is no data set, and neither can be fingerprinted or resumed.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return path
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read: {exc.strerror}") from exc
+    if not stat.S_ISREG(st.st_mode):
+        kind = next((what for test, what in _KINDS if test(st.st_mode)), "not a file")
+        raise DataError(f"{path}: data file is {kind}, not a regular file")
+    return path
 
 
 def fingerprint(path: Path) -> dict[str, object]:

@@ -87,6 +87,7 @@ def load_data(
     data = cache_lib.prepare(
         found, cache_dir, stop=stop, threads=plan.intra_op_threads, below=below,
         max_bytes=config.max_cache_bytes,
+        keep=cache_lib.Keep(config.cache_keep, config.cache_keep_bytes),
     )  # fmt: skip
     if config.standardize:
         for role, stats in (

@@ -36,7 +36,7 @@ from app.release import preflight
 from app.signals import StopRequest
 from app.training import rerun, workspace
 from app.training.inputs import complete, load_data
-from app.training.outcome import FINISHED, Outcome, Result
+from app.training.outcome import FINISHED, Outcome, Replan, Result
 
 if TYPE_CHECKING:
     from app.training.session import Session
@@ -82,6 +82,8 @@ def train(
     try:
         run = session.start(ws, config, plan, inputs, reps, stop)
         outcome = run.controller().run(run.start)
+        if isinstance(outcome, Replan):
+            inputs.data.hand_over()  # the restart's exec keeps the cache held
         return _finish(run, outcome, t_start)
     except Exception as exc:
         reps.report_failure(exc)  # the other workers stop instead of waiting for this one
