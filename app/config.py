@@ -212,9 +212,10 @@ class TrainConfig:
     )
     publish_dir: Path | None = option(
         None,
-        "Publish the final model here as the next numbered version (TensorFlow Serving's "
-        "layout) unless it is worse than the newest version on this run's test set beyond "
-        "noise (--publish-tolerance); a rejected model ends with exit 7.",
+        "Publish the final model here (an existing directory: TensorFlow Serving's base "
+        "path) as a version numbered above every one there, unless it is worse than the "
+        "served version on this run's test set beyond noise (--publish-tolerance) or its "
+        "serving signature differs; a rejected model ends with exit 7.",
         directory=True,
         shown_default="none",
     )

@@ -108,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = Path(args.work)
     models = work / "models"
     subprocess.run(["rm", "-rf", str(models), str(work / "runs")], check=True)
+    models.mkdir(parents=True)  # TF Serving's base path: it exists before the first night
     sizes = [args.first + args.first * i // 5 for i in range(args.nights)]
     source = pool(work, sizes[-1], args.test, args.seed)
     rows = []

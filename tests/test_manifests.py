@@ -1062,6 +1062,8 @@ def test_the_nightly_flow_runs_the_documented_gate_in_the_shipped_environment(
     from tests.conftest import run_cli
 
     mounts = {m: tmp_path / m.strip("/") for m in ("/data", "/output", "/models", "/tmp")}
+    for local in mounts.values():
+        local.mkdir()  # the pod's volumes exist before it starts
     for night, rows in ((1, 1200), (2, 1500)):
         synthetic.generate(mounts["/data"], train=rows, test=300, seed=night)
         env = _shipped_env(container, mounts, f"nightly-{night}")

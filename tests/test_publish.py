@@ -116,6 +116,7 @@ def nights(tmp_path_factory: pytest.TempPathFactory) -> dict:
     data = root / "data"
     synthetic.generate(data, train=1500, test=300, seed=3)
     models = root / "models"
+    models.mkdir()  # TF Serving's base path exists before the first night
     # Night 1 is cut short (40 steps: it beats the mean predictor, not much more), night 2
     # trains on; the gate publishes night 2 as better or as the same up to noise.
     first = _train(data, root / "night1", models, 40)
@@ -294,8 +295,10 @@ def test_pruning_keeps_the_newest_versions(tmp_path: Path) -> None:
         (tmp_path / str(n) / "saved_model.pb").write_bytes(b"")
         if n != 1:  # version 1 was not published by coretrain: never pruned
             (tmp_path / str(n) / "coretrain.json").write_text(json.dumps({"weights": str(n)}))
+    (tmp_path / "0").symlink_to(tmp_path / "5")  # a link to a version: never removed
     with open_dir(tmp_path) as directory:
         _prune(directory, keep=2)
-        assert versions(tmp_path) == [1, 4, 5]
+        assert versions(tmp_path) == [0, 1, 4, 5] and (tmp_path / "0").is_symlink()
         _prune(directory, keep=0)
-    assert versions(tmp_path) == [1, 4, 5]
+    assert versions(tmp_path) == [0, 1, 4, 5]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0", "1", "4", "5"]  # no leftovers

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
+import os
 import shutil
 import subprocess
 import sys
@@ -20,7 +22,7 @@ import numpy as np
 import pytest
 
 from app.config import TrainConfig
-from app.errors import Preempted
+from app.errors import ConfigError, Preempted, StorageError
 from app.release import layout
 from tests.conftest import prepare_cache, run_cli
 
@@ -76,6 +78,58 @@ def test_of_two_names_of_one_number_the_later_is_served(tmp_path: Path) -> None:
     assert layout.next_number(tmp_path) == 8
     (tmp_path / "-3").mkdir()
     assert layout.entries(tmp_path)[0].number == -3 and layout.next_number(tmp_path) == 8
+
+
+def test_a_symlinked_version_is_what_tf_serving_loads_and_never_pruned(tmp_path: Path) -> None:
+    _model_dir(tmp_path / "real")
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "3").symlink_to(tmp_path / "real")
+    (served,) = layout.entries(tmp_path / "models")
+    assert served.is_model and served.is_link and served.what == "a model"
+
+
+def test_an_entry_that_cant_be_read_is_named_not_a_crash(tmp_path: Path) -> None:
+    """``coretrain models`` as a user without root's override: a version directory it can't
+    enter is listed as unreadable (Python 3.11's is_file raises on EACCES)."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or os.geteuid() != 0:
+        pytest.skip("needs root and util-linux setpriv to drop the permission override")
+    _model_dir(tmp_path / "1")
+    _model_dir(tmp_path / "2")
+    (tmp_path / "2").chmod(0)
+    drop = "-dac_override,-dac_read_search"
+    proc = subprocess.run(
+        [setpriv, f"--inh-caps={drop}", f"--bounding-set={drop}", "--", sys.executable, "-m",
+         "app", "models", str(tmp_path), "--format", "json"],
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1],
+    )  # fmt: skip
+    (tmp_path / "2").chmod(0o755)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert [(r["version"], r["model"], r["what"]) for r in rows] == [
+        (1, True, "a model"), (2, False, "unreadable: Permission denied")
+    ]  # fmt: skip
+
+
+def test_a_record_written_by_another_program_is_listed(tmp_path: Path) -> None:
+    _model_dir(tmp_path / "1")
+    (tmp_path / "1" / layout.META_FILE).write_text('{"metrics": [], "publish": {"published": '
+                                                   'true, "candidate_rmse": "x"}}')  # fmt: skip
+    proc = run_cli("models", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[1].split()[:3] == ["1", "-", "-"]
+
+
+def test_nothing_is_published_above_the_largest_version(tmp_path: Path) -> None:
+    from app.release import preflight
+
+    (tmp_path / "9223372036854775807").mkdir()
+    assert layout.no_room(tmp_path) is not None
+    with pytest.raises(StorageError, match="largest it can serve"):
+        preflight.check(tmp_path)
+    with pytest.raises(ConfigError, match="does not exist"):
+        preflight.check(tmp_path / "mistyped")
+    assert not (tmp_path / "mistyped").exists()
 
 
 def test_models_marks_what_tf_serving_serves(tmp_path: Path) -> None:
@@ -147,6 +201,20 @@ def _rmse(model, data) -> float:
     return float(np.sqrt(np.mean(np.square(err))))
 
 
+def test_a_champion_with_non_finite_outputs_is_no_comparison_and_strict_json() -> None:
+    from app.release import gate
+
+    nan = np.full(50, np.nan)
+    decision = gate.judge(np.full(50, 0.01), nan, 2, baseline=0.5)
+    assert decision.published and "no comparison" in decision.reason
+    record = decision.to_json()
+    assert record["champion_rmse"] is None and math.isnan(decision.champion_rmse)
+    json.dumps(record, allow_nan=False)  # strict JSON: no NaN, no Infinity
+    assert gate.Decision.from_json(record) == gate.Decision(
+        **{**decision.__dict__, "champion_rmse": None}
+    )
+
+
 def test_a_worse_candidate_is_refused_with_each_rmse_in_its_place(data, tmp_path: Path) -> None:
     """The gate gets the candidate and the champion the right way round."""
     from app.release.publish import publish
@@ -160,8 +228,9 @@ def test_a_worse_candidate_is_refused_with_each_rmse_in_its_place(data, tmp_path
     assert decision.candidate_rmse == pytest.approx(_rmse(worse, data), rel=1e-4)
     assert decision.champion_rmse == pytest.approx(_rmse(good, data), rel=1e-4)
     assert layout.versions(models) == [1]
+    (tmp_path / "m2").mkdir()
     better = publish(_export(good, tmp_path / "again"), tmp_path / "m2", data, {})
-    assert better.published and better.version == 1
+    assert better.published and better.version == 1 and better.directory == str(tmp_path / "m2")
 
 
 def test_publishes_above_every_entry_tf_serving_counts(data, tmp_path: Path, logged) -> None:
@@ -214,6 +283,7 @@ def test_weights_already_published_are_not_published_again(data, tmp_path: Path)
     from app.release.publish import publish
 
     models = tmp_path / "models"
+    models.mkdir()
     export = _export(_linear(data), tmp_path / "cand")
     first = publish(export, models, data, {})
     again = publish(export, models, data, {})
@@ -261,3 +331,19 @@ def test_the_keras_file_loads_without_this_package(data, tmp_path: Path) -> None
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_what_a_killed_publish_left_is_removed_and_nothing_else(data, tmp_path: Path) -> None:
+    from app.release import publish as publish_lib
+
+    models = tmp_path / "models"
+    for name, evidence in ((".3.k1ll3d", publish_lib.BUILDING), (".pruned.2.99", "coretrain.json"),
+                           (".4.notes", None), (".pruned.old", None)):  # fmt: skip
+        (models / name).mkdir(parents=True)
+        (models / name / "saved_model.pb").write_bytes(b"partial")
+        if evidence:
+            (models / name / evidence).write_text("{}")
+    decision = publish_lib.publish(_export(_linear(data), tmp_path / "cand"), models, data, {})
+    assert decision.published and decision.version == 1
+    assert sorted(p.name for p in models.iterdir()) == [".4.notes", ".lock", ".pruned.old", "1"]
+    assert not (models / "1" / publish_lib.BUILDING).exists()

@@ -30,10 +30,14 @@ def done(tiny_data: Path, tmp_path: Path):
     (ws.model / layout.SAVED_MODEL_DIR).mkdir(parents=True)
     (ws.model / layout.SAVED_MODEL_DIR / layout.SAVED_MODEL_FILE).write_bytes(b"pb")
     (ws.model / layout.KERAS_FILE).write_bytes(b"keras")
-    decision = {"published": True, "reason": "better", "candidate_rmse": 0.1, "version": 4}
+    decision = {
+        "published": True, "reason": "better", "candidate_rmse": 0.1, "version": 4,
+        "directory": str(config.publish_dir),
+    }  # fmt: skip
     summary = {
         "status": "completed", "final_step": 30, "weights": "abc", "last_eval_rmse": 0.1,
         "steps_per_loop": 5, "target_loss": config.target_loss, "publish": decision,
+        "export_files": layout.files_digest(ws.model),
     }  # fmt: skip
     ws.metrics.write_text(json.dumps(summary))
     version = tmp_path / "models" / "4"
@@ -64,7 +68,16 @@ def test_target_reached_needs_the_same_target(done) -> None:
 
 @pytest.mark.parametrize(
     "change",
-    ["more steps", "another seed", "no export", "no version", "unfinished", "workers", "no digest"],
+    [
+        "more steps",
+        "another seed",
+        "no export",
+        "damaged export",
+        "another publish dir",
+        "unfinished",
+        "workers",
+        "no digest",
+    ],
 )
 def test_anything_missing_or_different_goes_on(done, change: str) -> None:
     config, data, ws = done
@@ -76,8 +89,10 @@ def test_anything_missing_or_different_goes_on(done, change: str) -> None:
         config = dataclasses.replace(config, seed=config.seed + 1)
     elif change == "no export":
         (ws.model / layout.KERAS_FILE).unlink()
-    elif change == "no version":
-        (config.publish_dir / "4" / layout.META_FILE).write_text(json.dumps({"weights": "x"}))
+    elif change == "damaged export":
+        (ws.model / layout.SAVED_MODEL_DIR / layout.SAVED_MODEL_FILE).write_bytes(b"pX")
+    elif change == "another publish dir":
+        config = dataclasses.replace(config, publish_dir=config.publish_dir.parent / "other")
     elif change == "unfinished":
         ws.metrics.write_text(json.dumps({**summary, "status": "preempted"}))
     elif change == "workers":
@@ -85,3 +100,16 @@ def test_anything_missing_or_different_goes_on(done, change: str) -> None:
     elif change == "no digest":
         ws.metrics.write_text(json.dumps({**summary, "weights": None}))
     assert rerun.finished(ws, config, data, workers) is None
+
+
+def test_a_version_withdrawn_since_is_not_published_again(done, logged) -> None:
+    """The operator rolled version 4 back (moved it out): the rerun respects that."""
+    config, data, ws = done
+    (config.publish_dir / "4").rename(config.publish_dir / "rolled-back")
+    result = rerun.finished(ws, config, data, 1)
+    assert result.decision.published and result.decision.version == 4
+    assert result.decision.reason == rerun.WITHDRAWN
+    events = [r.event for r in logged]
+    assert events == ["publish_withdrawn", "already_finished", "end"]
+    assert "was withdrawn" in logged[1].getMessage()
+    assert layout.entries(config.publish_dir) == []

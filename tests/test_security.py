@@ -238,6 +238,7 @@ def test_nothing_the_run_writes_is_open_to_others_even_with_umask_000(
     tiny_data: Path, tmp_path: Path
 ) -> None:
     out, models = tmp_path / "out", tmp_path / "models"
+    models.mkdir(mode=0o750)
     # Long enough to beat the mean predictor, so a version is published and checked too.
     args = ["--data", str(tiny_data), "--output", str(out), "--max-steps", "40"]
     args += [*TINY_TRAIN_ARGS, "--publish-dir", str(models)]

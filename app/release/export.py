@@ -29,15 +29,17 @@ from app.atomic import Dir, open_dir
 from app.data.cache import DataCache
 from app.errors import StorageError
 from app.model import stock
-from app.release.layout import KERAS_FILE, SAVED_MODEL_DIR
+from app.release.layout import KERAS_FILE, SAVED_MODEL_DIR, files_digest
 
 
 @dataclass(frozen=True)
 class Exported:
-    """A written export: its directory and :func:`weights_digest` of its weights."""
+    """A written export: its directory, :func:`weights_digest` of its weights and
+    app/release/layout.py ``files_digest`` of its files (a rerun checks them unchanged)."""
 
     path: Path
     weights: str
+    files: str = ""
 
 
 def weights_digest(model: keras.Model) -> str:
@@ -112,6 +114,7 @@ def export(model: keras.Model, cache: DataCache, standardize: bool, directory: P
         with tmp:
             try:
                 _write_export(served, wrap(stock(model), cache, standardize), tmp)
+                files = files_digest(Path(tmp.via))
                 _swap_in(parent, tmp, final.name)
             except OSError as exc:
                 raise StorageError(f"{final}: cannot write the export: {exc.strerror}") from exc
@@ -119,7 +122,7 @@ def export(model: keras.Model, cache: DataCache, standardize: bool, directory: P
                 raise StorageError(f"{final}: cannot write the export: {exc.message}") from exc
             finally:
                 parent.remove(tmp.path.name)
-    return Exported(final, weights_digest(served))
+    return Exported(final, weights_digest(served), files)
 
 
 def _write_export(served: keras.Model, portable: keras.Model, tmp: Dir) -> None:

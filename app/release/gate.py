@@ -38,7 +38,8 @@ _BLOCK = 50
 class Decision:
     """What the gate decided and why. RMSEs in raw label units; ``difference`` is
     ``candidate / champion − 1`` and ``interval`` its bootstrap interval (None without a
-    champion to compare with); ``rule`` is "noise" or "tolerance"."""
+    champion to compare with); ``rule`` is "noise" or "tolerance"; ``version`` the number
+    published (or already holding the weights) in ``directory``."""
 
     published: bool
     reason: str
@@ -50,10 +51,12 @@ class Decision:
     difference: float | None = None
     interval: tuple[float, float] | None = None
     version: int | None = None
+    directory: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out = dict(self.__dict__)
-        out["interval"] = list(self.interval) if self.interval else None
+        """The decision as strict JSON: a non-finite number is null."""
+        out = {k: _finite(v) for k, v in self.__dict__.items()}
+        out["interval"] = [_finite(v) for v in self.interval] if self.interval else None
         out["confidence"] = CONFIDENCE if self.rule == "noise" else None
         return out
 
@@ -63,15 +66,32 @@ class Decision:
         summary's); None for a record that isn't one (another program's, an older one's)."""
         if not isinstance(record, dict) or not isinstance(record.get("published"), bool):
             return None
-        names = {f.name for f in fields(cls)}
-        known = {k: v for k, v in record.items() if k in names}
-        if isinstance(known.get("interval"), list) and len(known["interval"]) == 2:
-            known["interval"] = tuple(known["interval"])
-        try:
-            return cls(**{"reason": "", "candidate_rmse": None, "champion_rmse": None,
-                          "champion_version": None, **known})  # fmt: skip
-        except TypeError:
-            return None
+        kinds = {f.name: _KINDS.get(f.name, (str,)) for f in fields(cls)}
+        known = {k: v for k, v in record.items() if _fits(v, kinds.get(k))}
+        known["published"] = record["published"]
+        interval = record.get("interval")
+        if isinstance(interval, list) and all(isinstance(v, (int, float)) for v in interval):
+            known["interval"] = tuple(interval) if len(interval) == 2 else None
+        return cls(**{"reason": "", "candidate_rmse": None, "champion_rmse": None,
+                      "champion_version": None, **known})  # fmt: skip
+
+
+#: The types a recorded decision's fields must have to be read back (else left out).
+_KINDS: dict[str, tuple[type, ...]] = {
+    "candidate_rmse": (int, float), "champion_rmse": (int, float), "difference": (int, float),
+    "tolerance": (int, float), "champion_version": (int,), "version": (int,), "interval": (),
+    "directory": (str,),
+}  # fmt: skip
+
+
+def _fits(value: Any, kinds: tuple[type, ...] | None) -> bool:
+    """Whether a recorded field's ``value`` has one of its ``kinds`` (never a bool)."""
+    return kinds is not None and isinstance(value, kinds) and not isinstance(value, bool)
+
+
+def _finite(value: Any) -> Any:
+    """``value``, or None for a non-finite float (JSON has no NaN or Infinity)."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def rmse(errors: np.ndarray) -> float:
@@ -113,6 +133,12 @@ def judge(
             False,
             f"test RMSE {cand:.6g} is not below the mean predictor's {baseline:.6g}: the "
             "model has learned nothing (check the training data)",
+        )
+    if champ is not None and not math.isfinite(champ):
+        return decided(
+            True,
+            f"champion version {champion_version}'s test RMSE on these data is {champ}: no "
+            f"comparison; test RMSE {cand:.6g} beats the mean predictor",
         )
     if champion is None or champ is None:
         if champion_version is None:

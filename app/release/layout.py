@@ -14,6 +14,7 @@ A version coretrain published holds :data:`META_FILE` (app/release/publish.py).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -43,23 +44,45 @@ def version_number(name: str) -> int | None:
     return number if _INT64[0] <= number <= _INT64[1] else None
 
 
+#: The largest version TF Serving can read (int64): nothing can be published above it.
+MAX_VERSION = _INT64[1]
+
+
 @dataclass(frozen=True)
 class Entry:
     """A child of a publish directory that TF Serving counts as version ``number``;
-    ``is_model`` when it is a directory with ``saved_model.pb`` (a SavedModel to load)."""
+    ``is_model`` when it is (or, as TF Serving follows symlinks, leads to) a directory with
+    ``saved_model.pb``, a SavedModel to load; ``is_link`` when the child is a symlink
+    (coretrain never removes one)."""
 
     number: int
     path: Path
     is_model: bool
+    is_link: bool = False
 
     @property
     def what(self) -> str:
         """What the entry is, for a message."""
         if self.is_model:
             return "a model"
-        if self.path.is_symlink() or not self.path.is_dir():
-            return "not a directory"
+        try:
+            if not self.path.is_dir():
+                return "not a directory"
+            (self.path / SAVED_MODEL_FILE).stat()
+        except FileNotFoundError:
+            return "a directory without saved_model.pb"
+        except OSError as exc:
+            return f"unreadable: {exc.strerror}"
         return "a directory without saved_model.pb"
+
+
+def _is_model(child: Path) -> bool:
+    """Whether ``child`` holds a readable ``saved_model.pb`` (symlinks followed, as TF
+    Serving follows them); an entry that can't be read is not one."""
+    try:
+        return (child / SAVED_MODEL_FILE).is_file()
+    except OSError:  # EACCES, ELOOP, … on Python 3.11
+        return False
 
 
 def entries(directory: Path) -> list[Entry]:
@@ -71,8 +94,7 @@ def entries(directory: Path) -> list[Entry]:
     for child in sorted(directory.iterdir(), key=lambda p: p.name):
         number = version_number(child.name)
         if number is not None:
-            model = not child.is_symlink() and (child / SAVED_MODEL_FILE).is_file()
-            found.append(Entry(number, child, model))
+            found.append(Entry(number, child, _is_model(child), child.is_symlink()))
     return sorted(found, key=lambda e: (e.number, e.path.name))
 
 
@@ -83,9 +105,22 @@ def served(directory: Path) -> Entry | None:
 
 
 def next_number(directory: Path) -> int:
-    """The version to publish next: above every entry TF Serving counts (at least 1)."""
+    """The version to publish next: above every entry TF Serving counts (at least 1; above
+    :data:`MAX_VERSION` when an entry holds it, which nothing can be published above)."""
     found = entries(directory)
     return max(found[-1].number, 0) + 1 if found else 1
+
+
+def no_room(directory: Path) -> str | None:
+    """Why nothing can be published in ``directory`` (an entry holds the largest version TF
+    Serving reads); None when a version can be."""
+    if next_number(directory) <= MAX_VERSION:
+        return None
+    top = entries(directory)[-1]
+    return (
+        f"{top.path}: TF Serving reads this name as version {MAX_VERSION}, the largest it "
+        "can serve, so no version can be published above it (rename or remove it)"
+    )
 
 
 def models(directory: Path) -> list[Entry]:
@@ -114,6 +149,24 @@ def read_meta(version: Path) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
+def _field(meta: dict[str, Any], group: str, name: str) -> Any:
+    """``meta[group][name]`` of a record another program may have written: None unless both
+    levels are what coretrain writes (an object, then a plain value)."""
+    part = meta.get(group)
+    value = part.get(name) if isinstance(part, dict) else None
+    return value if isinstance(value, (str, int, float)) or value is None else None
+
+
+def files_digest(export: Path) -> str:
+    """sha256 (hex, first 32 digits) of every regular file under ``export`` (a run's
+    ``model/``): relative paths and contents, in sorted order. Raises OSError."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in export.rglob("*") if p.is_file() and not p.is_symlink()):
+        digest.update(str(path.relative_to(export)).encode() + b"\0")
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:32]
+
+
 def published_as(directory: Path, weights: str) -> int | None:
     """The version in ``directory`` whose record holds the weights digest ``weights``
     (app/release/export.py ``weights_digest``); None when no version does."""
@@ -139,20 +192,20 @@ class Listed:
         return Decision.from_json(self.meta.get("publish"))
 
     def to_json(self) -> dict[str, Any]:
-        metrics = self.meta.get("metrics", {})
-        decision = self.decision
+        meta, decision = self.meta, self.decision
+        plain = {k: v for k, v in meta.items() if isinstance(v, (str, int, float))}
         return {
             "version": self.entry.number,
             "served": self.served,
             "model": self.entry.is_model,
             "what": self.entry.what,
-            "published_at": self.meta.get("published_at"),
+            "published_at": plain.get("published_at"),
             "test_rmse": decision.candidate_rmse if decision else None,
-            "baseline_rmse": metrics.get("baseline_rmse"),
-            "final_step": metrics.get("final_step"),
-            "train_size": metrics.get("train_size"),
-            "data": self.meta.get("data_key"),
-            "weights": self.meta.get("weights"),
+            "baseline_rmse": _field(meta, "metrics", "baseline_rmse"),
+            "final_step": _field(meta, "metrics", "final_step"),
+            "train_size": _field(meta, "metrics", "train_size"),
+            "data": plain.get("data_key"),
+            "weights": plain.get("weights"),
             "path": str(self.entry.path),
         }
 

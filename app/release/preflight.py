@@ -10,15 +10,26 @@ from pathlib import Path
 
 from app import logs
 from app.atomic import open_dir, probe_writable
+from app.errors import ConfigError, StorageError
 from app.release import layout
 
 
 def check(directory: Path) -> None:
-    """Raise StorageError (exit 4) naming ``directory`` when a version can't be written in
-    it; log a ``publish_dir_entries`` warning naming each entry TF Serving counts as a
-    version that is not a model, and the number this run would publish as."""
-    with open_dir(directory, "publish directory") as pub:
+    """Raise ConfigError (exit 2) when ``directory`` does not exist (a mistyped path must
+    not publish where nothing serves), StorageError (exit 4) naming it when a version can't
+    be written in it or numbered above its entries; log a ``publish_dir_entries`` warning
+    naming each entry TF Serving counts as a version that is not a model, and the number
+    this run would publish as."""
+    if not directory.is_dir():
+        raise ConfigError(
+            f"{directory}: the publish directory does not exist (create it, or check the "
+            "path: TF Serving must read the same one)"
+        )
+    with open_dir(directory, "publish directory", create=False) as pub:
         probe_writable(pub, "publish directory")
+    full = layout.no_room(directory)
+    if full is not None:
+        raise StorageError(full)
     strange = [e for e in layout.entries(directory) if not e.is_model]
     if strange:
         names = ", ".join(f"{e.path.name!r} ({e.what})" for e in strange)

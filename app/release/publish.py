@@ -52,6 +52,11 @@ from app.release.gate import Decision
 from app.release.layout import KERAS_FILE, META_FILE, SAVED_MODEL_DIR
 
 LOCK_NAME = ".lock"
+#: Written first into a version being built, removed just before it is renamed into place:
+#: a directory ``.N.*`` holding it is what a killed publish left (removed under the lock).
+BUILDING = ".coretrain-building"
+#: A pruned version's name while it is removed (no longer a version to TF Serving).
+PRUNING = ".pruned."
 #: How long a run waits for another run's publishing to finish (seconds).
 LOCK_WAIT_S = 600.0
 
@@ -152,17 +157,22 @@ def publish(
     symlink or another owner's directory where the job writes: app/atomic.py), or the
     candidate can't be loaded; Preempted when ``stop`` asks while waiting for the lock.
     """
-    with open_dir(directory, "publish directory") as pub:
+    with open_dir(directory, "publish directory", create=False) as pub:
         probe_writable(pub, "publish directory")
         candidate = load(exported.path / SAVED_MODEL_DIR)
         errors = evaluate(candidate, data)
         with _locked(pub, stop):
             twin = layout.published_as(directory, exported.weights)
             if twin is not None:
-                return _duplicate(twin, gate.rmse(errors))
+                return _duplicate(twin, gate.rmse(errors), directory)
             decision = _judge(errors, champion(directory), data, tolerance, allow_signature_change)
+            decision = dataclasses.replace(decision, directory=str(directory))
             if not decision.published:
                 return decision
+            full = layout.no_room(directory)
+            if full is not None:
+                raise StorageError(full)
+            _remove_leftovers(pub)
             number = layout.next_number(directory)
             record = {**meta, "weights": exported.weights, "publish": decision.to_json()}
             _write_version(exported.path, pub, number, record)
@@ -189,11 +199,11 @@ def _rule(tolerance: float | None) -> tuple[str, float]:
     return ("noise", gate.NOISE_TOLERANCE) if tolerance is None else ("tolerance", tolerance)
 
 
-def _duplicate(number: int, rmse: float) -> Decision:
+def _duplicate(number: int, rmse: float, directory: Path) -> Decision:
     """The decision for weights that are version ``number`` already: nothing is written."""
     why = f"these weights are version {number} already: nothing published"
     logs.event("already_published", why, version=number)
-    return Decision(True, why, rmse, None, number, version=number)
+    return Decision(True, why, rmse, None, number, version=number, directory=str(directory))
 
 
 @contextmanager
@@ -228,9 +238,11 @@ def _write_version(export_dir: Path, directory: Dir, number: int, meta: dict[str
     try:
         with directory.temp_dir(f".{number}.") as tmp:
             try:
+                tmp.write_bytes(BUILDING, b"a model version coretrain is building\n")
                 shutil.copytree(export_dir / SAVED_MODEL_DIR, tmp.via, dirs_exist_ok=True)
                 shutil.copy2(export_dir / KERAS_FILE, f"{tmp.via}/{KERAS_FILE}")
                 tmp.write_json(META_FILE, meta)
+                os.unlink(BUILDING, dir_fd=tmp.fd)
                 directory.publish(tmp, str(number))  # whole or not at all
             finally:
                 directory.remove(tmp.path.name)
@@ -239,13 +251,40 @@ def _write_version(export_dir: Path, directory: Dir, number: int, meta: dict[str
     logs.event("published", f"published model version {number} in {directory.path}", version=number)
 
 
+def _remove_leftovers(directory: Dir) -> None:
+    """Under the lock, no other run builds or prunes: remove what killed ones left, only
+    what carries coretrain's own evidence (a version being built, with :data:`BUILDING`;
+    a version being pruned, with :data:`META_FILE`). Both names are hidden from TF Serving."""
+    for name in directory.names():
+        building = name.startswith(".") and name[1:].split(".")[0].isdigit()
+        evidence = BUILDING if building else META_FILE if name.startswith(PRUNING) else None
+        if evidence and directory.is_dir(name) and directory.is_file(f"{name}/{evidence}"):
+            directory.remove(name)
+            logs.event("publish_cleanup", f"removed {directory.path / name}, left by a killed run")
+
+
 def _prune(directory: Dir, keep: int) -> None:
-    """Remove the oldest versions coretrain published (with :data:`META_FILE`) beyond
-    ``keep`` (0 = keep all); never the newest, never an entry it did not publish."""
-    found = [e for e in layout.entries(directory.path) if e.is_model and layout.read_meta(e.path)]
+    """Remove the oldest versions coretrain published (with :data:`META_FILE`, not a
+    symlink) beyond ``keep`` (0 = keep all); never the newest, never an entry it did not
+    publish. A version is first renamed to a hidden name (no longer a version to TF
+    Serving), then removed; one that can't be renamed stays whole, with a warning."""
+    found = [
+        e for e in layout.entries(directory.path)
+        if e.is_model and not e.is_link and layout.read_meta(e.path)
+    ]  # fmt: skip
     if keep < 1 or len(found) <= keep:
         return
     for entry in found[: len(found) - keep]:
-        if directory.is_dir(entry.path.name):
-            directory.remove(entry.path.name)
+        hidden = f"{PRUNING}{entry.path.name.strip()}.{os.getpid()}"
+        try:
+            directory.rename(entry.path.name, hidden)
+        except OSError as exc:
+            logs.event(
+                "prune_failed",
+                f"could not remove model version {entry.number} ({entry.path}): {exc.strerror}",
+                level=logging.WARNING,
+                version=entry.number,
+            )
+            continue
+        directory.remove(hidden)
         logs.event("pruned", f"removed model version {entry.number} (--publish-keep {keep})")

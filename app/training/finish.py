@@ -76,7 +76,9 @@ def finish(
             logs.event("end", _finished(summary), **summary)
         case _:
             exported = _export(ws, model, data, standardize)
-            summary.update(export=str(exported.path), weights=exported.weights)
+            summary.update(
+                export=str(exported.path), weights=exported.weights, export_files=exported.files
+            )
             if publish is not None:
                 decision = _published(publish(exported))
                 summary["publish"] = decision.to_json()

@@ -4,9 +4,12 @@ A retried Job, or a CronJob that runs twice, reruns work that is done. Before th
 are fitted and before TensorFlow starts, :func:`finished` looks for the evidence that this
 very run is over in the output directory: ``metrics.json`` of a finished run at
 ``--max-steps`` (or its target reached) with the digest of the exported weights, the export
-itself (``model/``), the identity in ``checkpoints/run.json`` equal to this run's (data
-fingerprints, identity options, workers: app/training/identity.py), and, with
-``--publish-dir``, a version there that holds those weights. All present: the run ends
+itself (``model/``, its files as written), the identity in ``checkpoints/run.json`` equal
+to this run's (data fingerprints, identity options, workers: app/training/identity.py),
+and, with
+``--publish-dir``, a version there that holds those weights (or, when this run published
+them there and the version has been removed since, a rollback to respect: a
+``publish_withdrawn`` warning, and they are not published again). All present: the run ends
 with exit 0 and one ``already_finished`` event; nothing is exported, published or written
 but the log. Anything missing or different, or a multi-worker run (its workers would wait
 for a chief that ended): the run goes on as usual (a resume, which exports and offers the
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +35,8 @@ from app.training.outcome import Completed, Outcome, Result, TargetReached
 from app.training.workspace import Workspace
 
 _OUTCOMES = {"completed": Completed, "target_reached": TargetReached}
+#: The reason of a recorded decision whose version was removed from the publish directory.
+WITHDRAWN = "withdrawn from the publish directory since: not published again"
 
 
 def finished(ws: Workspace, config: TrainConfig, data: DataCache, workers: int) -> Result | None:
@@ -39,7 +45,7 @@ def finished(ws: Workspace, config: TrainConfig, data: DataCache, workers: int) 
     if workers > 1:  # the workers would wait for a chief that ended: resume and dedupe instead
         return None
     summary = _summary(ws.metrics)
-    if summary is None or not _at_end(summary, config) or not _exported(ws.model):
+    if summary is None or not _at_end(summary, config) or not _exported(ws.model, summary):
         return None
     record = identity.read(ws.checkpoints) or {}
     mine = identity.of_run(config, data, workers).to_json()
@@ -50,6 +56,8 @@ def finished(ws: Workspace, config: TrainConfig, data: DataCache, workers: int) 
         return None
     step = int(summary["final_step"])
     where = f"; published as version {decision.version}" if decision else ""
+    if decision is not None and decision.reason == WITHDRAWN:
+        where = f"; version {decision.version} was withdrawn from {config.publish_dir}"
     logs.event(
         "already_finished",
         f"{ws.output}: this run finished at step {step} with these data and options (model "
@@ -85,17 +93,33 @@ def _at_end(summary: dict[str, Any], config: TrainConfig) -> bool:
     return bool(summary["final_step"] == config.max_steps)
 
 
-def _exported(model: Path) -> bool:
-    """Whether the export is in place (both of its files)."""
-    saved = model / layout.SAVED_MODEL_DIR / layout.SAVED_MODEL_FILE
-    return (model / layout.KERAS_FILE).is_file() and saved.is_file()
+def _exported(model: Path, summary: dict[str, Any]) -> bool:
+    """Whether the export is in place as it was written (its files' digest)."""
+    try:
+        return layout.files_digest(model) == summary.get("export_files")
+    except OSError:
+        return False
 
 
 def _still_published(directory: Path | None, summary: dict[str, Any]) -> Decision | None:
     """The recorded publish decision when ``directory`` still holds the weights as a
-    version; None without a directory, a published decision or such a version."""
+    version, or when this run published them there and the version has been removed since
+    (a rollback: not published again, with a ``publish_withdrawn`` warning); None without
+    a directory, a published decision in it or such a version."""
     decision = Decision.from_json(summary.get("publish"))
     if directory is None or decision is None or not decision.published:
         return None
     number = layout.published_as(directory, str(summary["weights"]))
-    return None if number is None else dataclasses.replace(decision, version=number)
+    if number is not None:
+        return dataclasses.replace(decision, version=number)
+    if decision.directory != str(directory) or decision.version is None:
+        return None
+    logs.event(
+        "publish_withdrawn",
+        f"version {decision.version} of these weights, published in {directory} by this run, "
+        "is no longer there (rolled back?): not published again; to publish them again, "
+        "train into a new --output",
+        level=logging.WARNING,
+        version=decision.version,
+    )
+    return dataclasses.replace(decision, reason=WITHDRAWN)
