@@ -145,8 +145,12 @@ def nights(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 def _written(output: Path, models: Path) -> list[Path]:
-    """Every file and directory a run writes but its log: the output's and the versions'."""
-    found = [p for p in (*output.rglob("*"), *models.rglob("*")) if "logs" not in p.parts]
+    """Every file and directory a run writes but its log and the data cache (whose marker
+    records each use, for eviction): the output's and the versions'."""
+    found = [
+        p for p in (*output.rglob("*"), *models.rglob("*"))
+        if "logs" not in p.parts and "cache" not in p.relative_to(output.parent).parts
+    ]  # fmt: skip
     return sorted(p for p in found if p.name != ".lock")
 
 
