@@ -239,6 +239,59 @@ def test_the_logged_plan_is_coretrain_plans(tmp_path: Path) -> None:
     assert logged["env"]["GOMAXPROCS"] == "2"
 
 
+@pytest.mark.parametrize("closed", ["2>&-", ">&-"])
+@pytest.mark.parametrize("mode", ["exec", "exec --report"])
+def test_a_closed_stdout_or_stderr_still_runs_the_program(closed: str, mode: str) -> None:
+    """Python starts with sys.stderr (or stdout) None when the descriptor is closed."""
+    line = f"{' '.join(coretrain())} {mode} -- sh -c 'echo ran > \"$0\"; exit 3' {{}} {closed}"
+    with contextlib.ExitStack() as stack:
+        marker = Path(stack.enter_context(_tmpdir())) / "ran"
+        proc = subprocess.run(
+            ["sh", "-c", line.format(marker)], capture_output=True, text=True,
+            env=clean_env(), cwd=REPO, timeout=60,
+        )  # fmt: skip
+        assert proc.returncode == 3, proc.stdout + proc.stderr
+        assert marker.read_text() == "ran\n"
+    assert "Traceback" not in proc.stdout + proc.stderr and '"event"' not in proc.stdout
+
+
+@contextlib.contextmanager
+def _tmpdir() -> Iterator[str]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        yield tmp
+
+
+def test_a_script_without_a_shebang_runs_under_sh(tmp_path: Path) -> None:
+    script = tmp_path / "plain.sh"
+    script.write_text("echo plain ran; exit 5\n")
+    script.chmod(0o755)
+    for report in ([], ["--report"]):
+        proc = exec_cli(*report, "--", str(script))
+        assert (proc.returncode, proc.stdout) == (5, "plain ran\n"), proc.stderr
+
+
+def test_plan_out_writes_through_what_is_not_a_regular_file(tmp_path: Path) -> None:
+    target = tmp_path / "target.json"
+    target.write_text("old")
+    (tmp_path / "link.json").symlink_to(target)
+    proc = exec_cli("--plan-out", str(tmp_path / "link.json"), "--", "true")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "link.json").is_symlink()  # the link kept, its target written
+    assert json.loads(target.read_text())["event"] == "exec"
+    fifo = tmp_path / "plan.fifo"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE, text=True)
+    proc = exec_cli("--plan-out", str(fifo), "--", "true")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(reader.communicate(timeout=30)[0])["event"] == "exec"
+    assert fifo.is_fifo()  # never replaced by a file
+    missing = exec_cli("--plan-out", str(tmp_path / "no" / "such" / "p.json"), "--", "true")
+    assert missing.returncode == 2 and not (tmp_path / "no").exists()
+    assert missing.stderr.strip().splitlines()[-1].startswith("coretrain: ")
+
+
 def test_a_users_omp_num_threads_is_kept_and_named() -> None:
     names = [v.name for v in RUNTIME_VARIABLES]
     script = f"import json, os; print(json.dumps({{n: os.environ.get(n) for n in {names!r}}}))"

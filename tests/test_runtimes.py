@@ -104,6 +104,11 @@ def test_tensorflows_own_variables_are_the_plans_settings() -> None:
         ("-Xmx1g", "-Xmx1g -XX:ActiveProcessorCount=2", False),
         ("  ", "-XX:ActiveProcessorCount=2", False),
         ("-XX:ActiveProcessorCount=7 -Xmx1g", None, True),
+        (
+            "-Dmsg=-XX:ActiveProcessorCount=9",
+            "-Dmsg=-XX:ActiveProcessorCount=9 -XX:ActiveProcessorCount=2",
+            False,
+        ),  # part of another option's value: not one
     ],
 )
 def test_the_jvm_count_is_appended_to_the_users_options(user, expected, kept) -> None:

@@ -228,8 +228,9 @@ def replace_process(path: str, argv: list[str], env: dict[str, str]) -> NoReturn
     close-on-exec, the signal mask; the signals of :data:`PYTHON_IGNORED` at their
     defaults, every handler reset by the kernel. Never returns; raises OSError when the
     exec fails (the process then goes on as it was)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:  # None: the descriptor was closed when Python started
+            stream.flush()
     before = [(signum, signal.signal(signum, signal.SIG_DFL)) for signum in PYTHON_IGNORED]
     try:
         os.execve(path, argv, env)

@@ -156,8 +156,9 @@ class RuntimeEnv:
 
 def _java_options(user: str, option: str) -> tuple[str | None, str]:
     """(new ``JAVA_TOOL_OPTIONS`` or None to keep the user's, reason): the planned CPU
-    count appended unless the user's options already name ``-XX:ActiveProcessorCount``."""
-    if JVM_CPU_OPTION in user:
+    count appended unless the user's options already hold a ``-XX:ActiveProcessorCount=``
+    option (a word of its own, not a part of another option's value)."""
+    if any(word.startswith(f"{JVM_CPU_OPTION}=") for word in user.split()):
         return None, f"{JAVA_TOOL_OPTIONS} kept: the user's value sets {JVM_CPU_OPTION}"
     if user.strip():
         return f"{user} {option}", f"{JAVA_TOOL_OPTIONS}: {option} appended to the user's value"

@@ -13,20 +13,24 @@ over its life (:mod:`app.budget.usage`); the exit code is still the child's (128
 death by signal N).
 
 A command that can't be found is exit 127, one found but not executable 126 (the shell's
-codes, POSIX "Command Search and Execution"; env(1) uses the same); coretrain's own
-usage errors stay exit 2. No TensorFlow.
+codes, POSIX "Command Search and Execution"; env(1) uses the same); a file the kernel
+can't execute (a script without ``#!``) runs under ``/bin/sh``, as execvp(3) runs it;
+coretrain's own usage errors stay exit 2. No TensorFlow.
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import logging
 import os
 import shutil
+import stat
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from app import logs
 from app.atomic import write_json
@@ -36,7 +40,7 @@ from app.budget.runtimes import RuntimeEnv, runtime_env
 from app.budget.usage import Throttling
 from app.commands import Exit
 from app.commands.supervise import ChildEnd, spawn
-from app.errors import CommandNotExecutable, CommandNotFound, ConfigError
+from app.errors import CommandNotExecutable, CommandNotFound, ConfigError, StorageError
 from app.options import option
 
 
@@ -89,20 +93,44 @@ def run(config: ExecConfig, options: PlanOptions, argv: Sequence[str]) -> Exit:
     variables = runtime_env(plan, os.environ)
     env = variables.environ(os.environ)
     done = apply.set_affinity(plan)
-    logs.setup(stream=sys.stderr)  # stdout is the program's
+    logs.setup(stream=_stderr())  # stdout is the program's
     _log_plan(plan, variables, argv, done, config.plan_out)
     if not config.report:
-        try:
-            apply.replace_process(path, list(argv), env)
-        except OSError as exc:
-            raise _not_runnable(argv[0], exc) from exc
+        _replace(path, list(argv), env)
     throttling = Throttling(plan.cpu_stat)  # the cgroup that holds the quota
     try:
         end = spawn(path, argv, env)
     except OSError as exc:
-        raise _not_runnable(argv[0], exc) from exc
+        if exc.errno != errno.ENOEXEC:
+            raise _not_runnable(argv[0], exc) from exc
+        end = spawn(SHELL, [SHELL, path, *argv[1:]], env)
     _log_end(end, plan, throttling.read(), argv)
     return Exit(end.exit_code)
+
+
+#: What runs a file the kernel can't execute (no ``#!``, not a binary), as execvp(3) and
+#: the shells do (POSIX "Command Search and Execution": ENOEXEC).
+SHELL = "/bin/sh"
+
+
+def _replace(path: str, argv: list[str], env: dict[str, str]) -> None:
+    """Replace this process by ``argv`` (never returns); a file the kernel can't execute
+    runs under :data:`SHELL`. Raises CommandNotFound/CommandNotExecutable."""
+    try:
+        apply.replace_process(path, argv, env)
+    except OSError as exc:
+        if exc.errno != errno.ENOEXEC:
+            raise _not_runnable(argv[0], exc) from exc
+    try:
+        apply.replace_process(SHELL, [SHELL, path, *argv[1:]], env)
+    except OSError as exc:
+        raise _not_runnable(argv[0], exc) from exc
+
+
+def _stderr() -> TextIO:
+    """Where coretrain's own lines go: stderr, or nowhere when it was closed at start
+    (never stdout: that is the program's)."""
+    return sys.stderr if sys.stderr is not None else open(os.devnull, "w")
 
 
 def _not_runnable(command: str, exc: OSError) -> CommandNotFound | CommandNotExecutable:
@@ -136,8 +164,32 @@ def _log_plan(
     if plan_out is None:
         logs.event("exec", message, **fields)
     else:
-        record = {"event": "exec", "message": message, **fields}
-        write_json(plan_out, record, "--plan-out directory")
+        _write_plan(plan_out, {"event": "exec", "message": message, **fields})
+
+
+def _write_plan(path: Path, record: dict[str, Any]) -> None:
+    """``record`` as JSON to ``path``: written through when it is not a regular file (a
+    FIFO, a terminal, ``/dev/stderr``, ``/dev/fd/N``: as a shell's ``>`` would, never
+    replaced), else atomically into the file it names (a symlink's target). Raises
+    ConfigError (exit 2) when its directory does not exist, StorageError (exit 4) when it
+    can't be written."""
+    try:
+        found = os.stat(path)  # symlinks followed
+    except FileNotFoundError:
+        found = None
+    except OSError as exc:
+        raise StorageError(f"{path}: --plan-out: {exc.strerror}") from exc
+    if found is not None and not stat.S_ISREG(found.st_mode):
+        try:
+            with open(path, "w") as out:
+                out.write(json.dumps(record) + "\n")
+        except OSError as exc:
+            raise StorageError(f"{path}: --plan-out: {exc.strerror}") from exc
+        return
+    target = Path(os.path.realpath(path))
+    if not target.parent.is_dir():
+        raise ConfigError(f"{path}: --plan-out directory {target.parent} does not exist")
+    write_json(target, record, "--plan-out directory")
 
 
 def _log_end(
@@ -155,7 +207,7 @@ def _log_end(
         + ("" if ratio is None else f" in {ratio:.0%} of CFS periods")
         + (f"; signals forwarded: {', '.join(end.forwarded)}" if end.forwarded else "")
     )
-    if sys.stderr.isatty():
+    if sys.stderr is not None and sys.stderr.isatty():
         print(f"coretrain exec: {message}", file=sys.stderr, flush=True)
         return
     logs.event(
