@@ -70,7 +70,8 @@ def test_a_request_without_a_quota_is_reported_and_the_pools_use_the_cpuset() ->
 
 @pytest.mark.parametrize(
     "quota, cpus, source",
-    [(1.5, 16, "cpu quota (test)"), (None, 4, "cpuset"), (2.0, 1, "cpu quota (test)")],
+    # quota 2 over a cpuset of 1 CPU: the cpuset sets the budget (1), not the quota
+    [(1.5, 16, "cpu quota (test)"), (None, 4, "cpuset"), (2.0, 1, "cpuset")],
 )
 def test_the_plan_names_what_set_its_budget(quota, cpus, source) -> None:
     plan = make_plan(budget(quota, cpus), overrides=Overrides())

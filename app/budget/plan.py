@@ -321,6 +321,8 @@ def _cpu_budget(budget: CpuBudget, ov: Overrides) -> tuple[float, str, str]:
         why = f"cpu budget {cpus:g}: no CPU quota, {visible} CPUs in cpuset"
         return cpus, "cpuset", why + _request_note(budget.cpu_request)
     why = f"cpu budget {cpus:g} = min(quota {budget.cpu_quota:g}, cpuset {visible})"
+    if visible < budget.cpu_quota:  # the cpuset binds, not the quota
+        return cpus, "cpuset", why
     return cpus, f"cpu quota ({budget.quota_source})", why
 
 
