@@ -134,8 +134,8 @@ def test_temporary_dirs_of_dead_conversions_are_removed(tiny_data: Path, tmp_pat
     config = _config(tiny_data, tmp_path)
     root = config.resolved_cache_dir
     root.mkdir(parents=True)
-    dead = root / ".0123456789abcdef.999999999.x"  # pid 999999999 does not exist
-    alive = root / f".0123456789abcdef.{os.getpid()}.y"
+    dead = root / ".0123456789abcdef.999999999.0000000a"  # pid 999999999 does not exist
+    alive = root / f".0123456789abcdef.{os.getpid()}.0000000b"
     for d in (dead, alive):
         _mark_work(d)
     prepare_cache(config)
@@ -262,8 +262,8 @@ def test_conversion_temp_dirs_live_by_their_owner_lock_not_their_pid(
     a temporary dir is in use while its .owner file is flock-ed, whatever pid it names."""
     config = TrainConfig(data_dir=tiny_data, output_dir=tmp_path / "out")
     root = config.resolved_cache_dir
-    live = root / ".0123456789abcdef.999999999.live"  # no such pid here, but a live owner
-    dead = root / f".0123456789abcdef.{os.getpid()}.dead"  # "our" pid, but nobody owns it
+    live = root / ".0123456789abcdef.999999999.0000000c"  # no such pid here, but a live owner
+    dead = root / f".0123456789abcdef.{os.getpid()}.0000000d"  # "our" pid, but nobody owns it
     for d in (live, dead):
         _mark_work(d)
         (d / cache.OWNER).write_bytes(b"")

@@ -94,8 +94,10 @@ def _raw(made_by: str, kind: str, key: str) -> bytes:
     [
         (KEY, cache_marker.content("data-cache", KEY), "cache"),
         (f".partial-{KEY}", cache_marker.content("cache-work", KEY), "work"),
-        (f".{KEY}.7.ab12", cache_marker.content("cache-work", KEY), "work"),
-        (f".{KEY}.7.ab12", cache_marker.content("data-cache", KEY), "work"),  # cut at rename
+        (f".{KEY}.7.ab12cd34", cache_marker.content("cache-work", KEY), "work"),
+        (f".{KEY}.7.ab12cd34", cache_marker.content("data-cache", KEY), "work"),  # cut at rename
+        (f".{KEY}.bak", cache_marker.content("data-cache", KEY), None),  # a user's backup copy
+        (f".{KEY}.7.ab12", cache_marker.content("cache-work", KEY), None),  # not claim's name
         (KEY, cache_marker.content("cache-work", KEY), None),  # work kind under a key name
         (KEY, cache_marker.content("data-cache", "fedcba9876543210"), None),  # other key
         (".partial-x", cache_marker.content("cache-work", KEY), None),

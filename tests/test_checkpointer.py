@@ -139,7 +139,7 @@ def fallback_run(
             ckpt / "ckpt-4.index.tempstate987654321",
             ckpt / "checkpoint.tmp0123456789abcdef0123456789abcdef",
             out / ".model.k1ll3d" / "model.keras",
-            out / "cache" / f".{next((out / 'cache').iterdir()).name}.999999999.x" / "train_x.f32",
+            out / "cache" / f".{next((out / 'cache').iterdir()).name}.999999999.0000000e" / "train_x.f32",
         ]
         for p in planted:
             p.parent.mkdir(parents=True, exist_ok=True)

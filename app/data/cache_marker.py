@@ -70,8 +70,13 @@ def _read(fd: int) -> tuple[str, str] | None:
 
 
 def is_work_name(name: str, key: str) -> bool:
-    """Whether ``name`` is one a conversion of ``key`` works under."""
-    return name == f".partial-{key}" or name.startswith(f".{key}.")
+    """Whether ``name`` is one a conversion of ``key`` works under: ``.partial-<key>``, or
+    the private ``.<key>.<pid>.<8 hex digits>`` (app/data/cache_workdir.py ``claim``) — not
+    any name that merely starts like one (a user's ``.<key>.bak``)."""
+    return (
+        name == f".partial-{key}"
+        or re.fullmatch(rf"\.{re.escape(key)}\.\d+\.[0-9a-f]{{8}}", name) is not None
+    )
 
 
 def _matches(name: str, found: tuple[str, str] | None) -> str | None:
@@ -156,6 +161,8 @@ def remove_if_unused(root: Dir, name: str) -> bool:
         for entry in d.names():
             if entry != MARKER:
                 d.remove(entry)
+        if any(entry != MARKER for entry in d.names()):
+            return False  # something could not be removed: the marker keeps it provably ours
         d.remove(MARKER)
     try:
         os.rmdir(name, dir_fd=root.fd)

@@ -174,6 +174,8 @@ def load(root: Dir, key: str, verify: bool = True) -> DataCache:
     with root.sub(key, "data cache", create=False) as d:
         try:
             manifest = json.loads(d.read_bytes(MANIFEST))
+            if not isinstance(manifest, dict) or not isinstance(manifest.get("checksums"), dict):
+                raise ValueError(f"{MANIFEST}: not a coretrain manifest")
             checksums = manifest["checksums"]
             for name in [*FILES.values(), STATS] if verify else ():
                 if digest(d, name) != checksums.get(name):
