@@ -118,6 +118,11 @@ def test_random_kill_9_never_blocks_the_next_run(tiny_data: Path, tmp_path: Path
 
 
 @pytest.fixture(scope="module")
+def _key(out: Path) -> str:
+    """The key of the one data cache in ``out/cache``."""
+    return next(p.name for p in (out / "cache").iterdir() if not p.name.startswith("."))
+
+
 def fallback_run(
     pool: ThreadPoolExecutor, reference: Future[Done], tmp_path_factory: pytest.TempPathFactory
 ) -> Future[tuple[Done, list[str]]]:
@@ -139,7 +144,7 @@ def fallback_run(
             ckpt / "ckpt-4.index.tempstate987654321",
             ckpt / "checkpoint.tmp0123456789abcdef0123456789abcdef",
             out / ".model.k1ll3d" / "model.keras",
-            out / "cache" / f".{next((out / 'cache').iterdir()).name}.999999999.0000000e" / "train_x.f32",
+            out / "cache" / f".{_key(out)}.999999999.0000000e" / "train_x.f32",
         ]
         for p in planted:
             p.parent.mkdir(parents=True, exist_ok=True)
