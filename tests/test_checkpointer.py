@@ -117,12 +117,12 @@ def test_random_kill_9_never_blocks_the_next_run(tiny_data: Path, tmp_path: Path
 # Fallback past missing and truncated checkpoints, leftovers of killed writes
 
 
-@pytest.fixture(scope="module")
 def _key(out: Path) -> str:
     """The key of the one data cache in ``out/cache``."""
     return next(p.name for p in (out / "cache").iterdir() if not p.name.startswith("."))
 
 
+@pytest.fixture(scope="module")
 def fallback_run(
     pool: ThreadPoolExecutor, reference: Future[Done], tmp_path_factory: pytest.TempPathFactory
 ) -> Future[tuple[Done, list[str]]]:
