@@ -347,8 +347,8 @@ def open_dir(
     mount point, and each component after it is opened with O_NOFOLLOW and must be ours.
     Raises StorageError naming the directory (not writable, a symlink, another owner).
     """
-    path = Path(path)
-    top = Path(below) if below is not None else path
+    path = Path(os.path.abspath(path))  # "." and ".." named lexically, symlinks as given
+    top = Path(os.path.abspath(below)) if below is not None else path
     rest = path.relative_to(top).parts if top != path else ()
     try:
         if create:

@@ -208,3 +208,20 @@ def test_an_empty_directory_under_the_cache_s_name_is_replaced_by_the_cache(
     (shared / key).mkdir(parents=True)
     made = prepare_cache(config)
     assert made.path == shared / key and made.train_size == 40
+
+
+def test_the_current_directory_is_a_cache_directory(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--cache-dir .`` (README: ``.`` is a place teams point it at)."""
+    from app.config import TrainConfig
+    from tests.conftest import prepare_cache
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".bashrc").write_text("keep")
+    monkeypatch.chdir(home)
+    data = prepare_cache(
+        TrainConfig(data_dir=tiny_data, output_dir=tmp_path / "o", cache_dir=Path("."))
+    )
+    assert data.path.parent.resolve() == home and (home / ".bashrc").read_text() == "keep"
