@@ -281,3 +281,23 @@ def test_conversion_temp_dirs_live_by_their_owner_lock_not_their_pid(
         holder.wait()
     prepare_cache(config)  # reused: the owner is gone now, so is its directory
     assert not live.exists()
+
+
+def test_another_data_sets_stopped_conversion_is_kept_for_it_to_resume(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    """A stopped conversion of other data (its resumable .partial-<key>, nobody holding it)
+    survives a run on these data; a dead private work directory is removed."""
+    config = _config(tiny_data, tmp_path)
+    root = config.resolved_cache_dir
+    root.mkdir(parents=True)
+    other = "fedcba9876543210"
+    resumable = root / f".partial-{other}"
+    dead = root / f".{other}.999999999.0000000f"
+    for d in (resumable, dead):
+        d.mkdir()
+        (d / cache_marker.MARKER).write_bytes(cache_marker.content(cache_marker.WORK, other))
+    (resumable / "train_x.f32").write_bytes(b"finished part")
+    prepare_cache(config)
+    assert (resumable / "train_x.f32").read_bytes() == b"finished part"
+    assert not dead.exists()

@@ -93,7 +93,7 @@ def prepare(
             _check_size(root, key, sources, k, max_bytes)
             cache = _build(root, key, sources, k, stop, threads, max_bytes)
         _drop_inherited(cache)
-        remove_stale(root)
+        remove_stale(root, key)
         evict(root, key, keep or Keep())
         return cache
 

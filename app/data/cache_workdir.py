@@ -69,13 +69,16 @@ def _in_use(root: Dir, name: str) -> bool:
         return False
 
 
-def remove_stale(root: Dir) -> None:
+def remove_stale(root: Dir, key: str) -> None:
     """Remove the work directories of dead conversions: marked as coretrain's work
-    (app/data/cache_marker.py) and no live process holding their ``.owner``. Nothing else."""
+    (app/data/cache_marker.py), no live process holding their ``.owner``, and not another
+    data set's resumable ``.partial-<key>`` (a stopped conversion keeps its finished files
+    for its own data's next run, which converts only the rest). Nothing else."""
     for name in root.names():
         if not (name.startswith(".") and root.is_dir(name)):
             continue
-        if cache_marker.owned(root, name) == "work" and not _in_use(root, name):
+        resumable = name.startswith(PARTIAL) and name != f"{PARTIAL}{key}"
+        if not resumable and cache_marker.owned(root, name) == "work" and not _in_use(root, name):
             root.remove(name)
 
 
