@@ -112,6 +112,11 @@ def interval(candidate: np.ndarray, champion: np.ndarray, seed: int = 0) -> tupl
     return float(lo), float(hi)
 
 
+def rule_of(tolerance: float | None) -> tuple[str, float]:
+    """(rule, tolerance) of ``--publish-tolerance``: the noise rule when unset."""
+    return ("noise", NOISE_TOLERANCE) if tolerance is None else ("tolerance", tolerance)
+
+
 def judge(
     candidate: np.ndarray | None, champion: np.ndarray | None, champion_version: int | None,
     baseline: float, tolerance: float | None = None,
@@ -119,7 +124,7 @@ def judge(
     """The rule of the module docstring on per-row mean squared errors (n,) of the candidate
     and the champion on the same rows (``champion`` None: none, or it can't be evaluated on
     these data); ``tolerance`` None for the noise rule."""
-    rule, tol = ("noise", NOISE_TOLERANCE) if tolerance is None else ("tolerance", tolerance)
+    rule, tol = rule_of(tolerance)
     cand = rmse(candidate) if candidate is not None else None
     champ = rmse(champion) if champion is not None else None
 

@@ -190,13 +190,9 @@ def _judge(
     change = signature_change(champ, data)
     if change is not None and not allow_signature_change:
         rmse = gate.rmse(errors)
-        return Decision(False, change, rmse, None, number, *_rule(tolerance))
+        return Decision(False, change, rmse, None, number, *gate.rule_of(tolerance))
     champion_errors = evaluate(champ, data) if champ is not None and change is None else None
     return gate.judge(errors, champion_errors, number, data.baseline_rmse, tolerance)
-
-
-def _rule(tolerance: float | None) -> tuple[str, float]:
-    return ("noise", gate.NOISE_TOLERANCE) if tolerance is None else ("tolerance", tolerance)
 
 
 def _duplicate(number: int, rmse: float, directory: Path) -> Decision:
