@@ -33,11 +33,12 @@ def check(directory: Path) -> None:
     strange = [e for e in layout.entries(directory) if not e.is_model]
     if strange:
         names = ", ".join(f"{e.path.name!r} ({e.what})" for e in strange)
+        number = layout.next_number(directory)
         logs.event(
             "publish_dir_entries",
             f"{directory}: TF Serving counts {names} as versions but can't load them; this "
-            f"run publishes above them, as version {layout.next_number(directory)}",
+            f"run publishes above them, as version {number}",
             level=logging.WARNING,
             entries=[str(e.path) for e in strange],
-            next_version=layout.next_number(directory),
+            next_version=number,
         )
