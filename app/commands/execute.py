@@ -27,10 +27,10 @@ import os
 import shutil
 import stat
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from app import logs
 from app.atomic import write_json
@@ -96,33 +96,34 @@ def run(config: ExecConfig, options: PlanOptions, argv: Sequence[str]) -> Exit:
     logs.setup(stream=_stderr())  # stdout is the program's
     _log_plan(plan, variables, argv, done, config.plan_out)
     if not config.report:
-        _replace(path, list(argv), env)
+        _as_execvp(apply.replace_process, path, list(argv), env)  # never returns
     throttling = Throttling(plan.cpu_stat)  # the cgroup that holds the quota
-    try:
-        end = spawn(path, argv, env)
-    except OSError as exc:
-        if exc.errno != errno.ENOEXEC:
-            raise _not_runnable(argv[0], exc) from exc
-        end = spawn(SHELL, [SHELL, path, *argv[1:]], env)
+    end = _as_execvp(spawn, path, list(argv), env)
     _log_end(end, plan, throttling.read(), argv)
     return Exit(end.exit_code)
 
+
+T = TypeVar("T")
 
 #: What runs a file the kernel can't execute (no ``#!``, not a binary), as execvp(3) and
 #: the shells do (POSIX "Command Search and Execution": ENOEXEC).
 SHELL = "/bin/sh"
 
 
-def _replace(path: str, argv: list[str], env: dict[str, str]) -> None:
-    """Replace this process by ``argv`` (never returns); a file the kernel can't execute
-    runs under :data:`SHELL`. Raises CommandNotFound/CommandNotExecutable."""
+def _as_execvp(
+    start: Callable[[str, list[str], dict[str, str]], T], path: str, argv: list[str],
+    env: dict[str, str],
+) -> T:  # fmt: skip
+    """``start(path, argv, env)`` (replace this process, or spawn a child), retried under
+    :data:`SHELL` when the kernel can't execute the file (ENOEXEC), as execvp(3) does.
+    Raises CommandNotFound (127), CommandNotExecutable (126)."""
     try:
-        apply.replace_process(path, argv, env)
+        return start(path, argv, env)
     except OSError as exc:
         if exc.errno != errno.ENOEXEC:
             raise _not_runnable(argv[0], exc) from exc
     try:
-        apply.replace_process(SHELL, [SHELL, path, *argv[1:]], env)
+        return start(SHELL, [SHELL, path, *argv[1:]], env)
     except OSError as exc:
         raise _not_runnable(argv[0], exc) from exc
 
