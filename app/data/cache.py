@@ -121,11 +121,14 @@ def _reuse(root: Dir, key: str) -> DataCache | None:
     final = root.path / key
     if not root.is_dir(key):
         return None
-    held = cache_marker.hold(root, key) or _adopt(root, key)
+    held, adopted = cache_marker.hold(root, key), False
+    if held is None:
+        held = _adopt(root, key)
+        adopted = held is not None
     if held is None:
         return None
     try:
-        cache = load(root, key)
+        cache = load(root, key, verify=not adopted)  # an adopted cache was verified just now
     except Corrupt as exc:
         held.close()
         corrupt_event(final / str(exc.args[0]), "the cached file")
