@@ -11,7 +11,8 @@ Each measurement runs in its own process (:mod:`benchmarks.worker`) on the same
   note otherwise). Its process runs helper threads (pandas 3.1 used ~1.7 CPUs here), so
   ``pandas_one_cpu`` also runs it with its affinity set to one CPU: one process on one
   core, like the one-thread converter;
-* ``converter Nt``: :func:`app.data.parallel.convert_file` with N threads (one process),
+* ``converter Nt``: :func:`app.data.formats.textfile.parallel.convert_file` with N threads (one
+  process),
   into a temporary file; 1 is one pass.
 
 MB are 10^6 bytes of text. ``cpu_s_measured`` is the measured process's CPU time (all its
@@ -69,7 +70,7 @@ def _pandas(spec: dict[str, Any]) -> dict[str, Any]:
 def _convert(spec: dict[str, Any]) -> dict[str, Any]:
     import resource
 
-    from app.data import parallel
+    from app.data.formats.textfile import parallel
 
     with tempfile.TemporaryDirectory(dir=spec.get("tmp")) as tmp:
         done, wall, cpu = worker.timed(
@@ -91,7 +92,7 @@ def _profile(spec: dict[str, Any]) -> dict[str, Any]:
     import cProfile
     import pstats
 
-    from app.data import textfile
+    from app.data.formats import textfile
 
     profile = cProfile.Profile()
     profile.enable()

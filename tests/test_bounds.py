@@ -20,9 +20,10 @@ import pytest
 
 from app.atomic import file_system
 from app.budget import memory as memory_rule
-from app.data import bounds, textfile
-from app.data.sources import ROLES, Sources
-from app.data.textfile import files, reader
+from app.data.cache import bounds
+from app.data.formats import textfile
+from app.data.formats.sources import ROLES, Sources
+from app.data.formats.textfile import opener, reader
 from app.errors import DataError, InputTooLarge
 from benchmarks.cgroup_run import MEMORY_MOUNT, MemoryCgroup, memory_cgroup, unavailable_reason
 from tests.conftest import REPO, TINY_TRAIN_ARGS, events, json_lines, run_cli
@@ -142,7 +143,7 @@ def test_a_labels_file_with_an_absurd_column_count_is_refused_on_its_first_line(
     assert proc.returncode == 3, proc.stderr
     assert _one_line(proc) == (
         f"coretrain: {labels}:1: more than {bounds.MAX_OUTPUTS} label columns (the limit, "
-        "app/data/bounds.py): not a label file?"
+        "app/data/cache/bounds.py): not a label file?"
     )
     assert _arrays(out) == []
 
@@ -252,7 +253,7 @@ def test_label_columns_are_counted_on_the_first_line_up_to_the_limit(tmp_path: P
         bounds.label_width(path)
     assert str(caught.value) == (
         f"{path}:1: more than {bounds.MAX_OUTPUTS} label columns (the limit, "
-        "app/data/bounds.py): not a label file?"
+        "app/data/cache/bounds.py): not a label file?"
     )
 
 
@@ -346,7 +347,7 @@ def test_a_blank_first_label_line_is_named_before_the_lines_after_its_data_are_r
     of data: its problem is the one named, not that of a later line (over the line limit
     here; reads of 4 bytes, a limit of 100)."""
     monkeypatch.setattr(reader, "_READ_BYTES", 4)
-    monkeypatch.setattr(files, "MAX_LINE_BYTES", 100)
+    monkeypatch.setattr(opener, "MAX_LINE_BYTES", 100)
     path = tmp_path / "train_labels.txt"
     path.write_bytes(b"\n\n1 2\n" + b"1" * 200 + b"\n")
     with pytest.raises(DataError) as caught:

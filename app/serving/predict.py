@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from app import logs
 from app.config import PredictConfig
-from app.data import textfile
+from app.data.formats import textfile
 from app.errors import StorageError
 from app.release.layout import resolve_model
 

@@ -4,7 +4,7 @@ split and the baselines.
 The text files are parsed once into the binary cache (or the cache is reused) and checked,
 so bad input fails in a fraction of a second with one line (exit 3); the run's expected
 peak memory is compared with the memory limit (exit 8); the validation rows are drawn by
-seed (app/data/split.py) and the baselines fitted (app/training/baselines.py). No
+seed (app/data/input/split.py) and the baselines fitted (app/training/baselines.py). No
 TensorFlow here.
 """
 
@@ -21,9 +21,9 @@ from app.budget import memory
 from app.budget.plan import ThreadPlan
 from app.config import TrainConfig
 from app.data import cache as cache_lib
-from app.data import split as split_lib
-from app.data.sources import ROLES, Sources, find
-from app.data.split import Split
+from app.data.formats.sources import ROLES, Sources, find
+from app.data.input import split as split_lib
+from app.data.input.split import Split
 from app.errors import DataError
 from app.training import baselines
 from app.training.workspace import Workspace
@@ -57,7 +57,7 @@ def complete(config: TrainConfig, plan: ThreadPlan, data: cache_lib.DataCache) -
 
 
 def sources(config: TrainConfig) -> Sources:
-    """The data files (found in ``config.data_dir``: app/data/sources.py) and the parse
+    """The data files (found in ``config.data_dir``: app/data/formats/sources.py) and the parse
     settings of ``config``. Raises DataError (a missing file), ConfigError (two
     candidates for one role)."""
     return Sources(
@@ -80,7 +80,7 @@ def load_data(
     Large files are parsed in as many threads as TensorFlow gets intra-op threads.
     ``below``: the directory the operator named that ``cache_dir`` lies in (the
     workspace's ``cache_top``). Raises DataError for bad input (InputTooLarge past the
-    cache's bound: app/data/bounds.py), and when NaN/Inf values (let in by
+    cache's bound: app/data/cache/bounds.py), and when NaN/Inf values (let in by
     --allow-nonfinite) make the standardisation statistics non-finite.
     """
     found = sources(config)

@@ -1,13 +1,14 @@
 """Converting the four text files into a cache's arrays, statistics and manifest.
 
-Each file is parsed (:func:`app.data.parallel.convert_file`, in several threads when it
-pays) into the work directory (app/data/cache_workdir.py), and its result is kept there as
+Each file is parsed (:func:`app.data.formats.textfile.parallel.convert_file`, in several threads
+when it
+pays) into the work directory (app/data/cache/workdir.py), and its result is kept there as
 soon as that file is done (its array, then ``<role>.json`` with its row count and digest,
 ``<role>.npz`` with its column sums), so a conversion stopped by SIGTERM, or killed, goes
 on at the next run with the files not yet done; a kept array that does not match its
 recorded digest is logged (``cache_corrupt``) and converted again. The statistics come
 from the column sums; the manifest is written last. Progress (bytes, rate, ETA) is logged
-every :data:`PROGRESS_EVERY_S` seconds. Bounds (app/data/bounds.py): the bytes written
+every :data:`PROGRESS_EVERY_S` seconds. Bounds (app/data/cache/bounds.py): the bytes written
 while converting. Never imports TensorFlow.
 """
 
@@ -25,8 +26,8 @@ import numpy as np
 
 from app import logs
 from app.atomic import Dir
-from app.data import bounds, parallel
-from app.data.cache_store import (
+from app.data.cache import bounds
+from app.data.cache.store import (
     CHECKSUM,
     FILES,
     FORMAT_VERSION,
@@ -37,7 +38,8 @@ from app.data.cache_store import (
     npz,
     read_npz,
 )
-from app.data.sources import ROLES, Sources, fingerprint
+from app.data.formats.sources import ROLES, Sources, fingerprint
+from app.data.formats.textfile import parallel
 from app.errors import DataError
 
 #: Seconds between two ``cache_progress`` events while a file converts.

@@ -70,7 +70,7 @@ class DataCache:
     #: The manifest's :data:`CHECKSUM` digest of each array file (name → hex).
     checksums: dict[str, str] = field(default_factory=dict)
     #: The shared lock on the cache's marker that keeps it from eviction while this run
-    #: uses it (app/data/cache_marker.py ``hold``); None when not held.
+    #: uses it (app/data/cache/marker.py ``hold``); None when not held.
     hold: IO[bytes] | None = field(default=None, compare=False, repr=False)
 
     def release(self) -> None:

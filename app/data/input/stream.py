@@ -1,11 +1,11 @@
-"""Streamed training batches: the rows of :data:`app.data.order.WINDOW_STEPS` steps read as
+"""Streamed training batches: the rows of :data:`app.data.input.order.WINDOW_STEPS` steps read as
 one chunk, in blocks, ahead of the step that needs them.
 
 Why chunks (measured at the seed's scale, docs/performance.md "Streaming"): a batch of
 1,000 rows read one row at a time costs 2,000 ``preadv`` calls from Python, and from a
 disk that the page cache can't cover (a container whose memory limit is below the split)
-1,000 random 16 KB reads. The order (:mod:`app.data.order`) shuffles blocks of
-:data:`~app.data.order.BLOCK_ROWS` consecutive rows and then each window of
+1,000 random 16 KB reads. The order (:mod:`app.data.input.order`) shuffles blocks of
+:data:`~app.data.input.order.BLOCK_ROWS` consecutive rows and then each window of
 ``WINDOW_STEPS`` batches, so the rows of one window are whole blocks: a chunk is read as
 a few thousand reads of ~62 KB, in file order, by a background thread while the steps
 before it train, and standardised right after each read while it is still in the CPU's
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.data import order
 from app.data.cache import DataCache
+from app.data.input import order
 from app.errors import StorageError
 
 #: Chunks a reader holds at once: the one the steps gather from and the next one.

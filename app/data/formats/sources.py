@@ -3,7 +3,7 @@
 Each of the four roles (:data:`ROLES`) is looked up in the data directory as its default
 name or that name plus ``.gz`` (data as it arrives compressed), unless a name was given
 explicitly; two candidates for one role is a usage error, not a guess. Whether a file is
-gzip is decided by its magic bytes when it is read (app/data/textfile/files.py), whatever
+gzip is decided by its magic bytes when it is read (app/data/formats/textfile/opener.py), whatever
 its name. The fingerprint that keys the binary cache is made of what the files *are* —
 size, modification time and a sample of their bytes — not of where they were mounted, so
 a cache built on the host is reused in a container that mounts the same files elsewhere.

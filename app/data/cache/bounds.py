@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.atomic import file_system
-from app.data import textfile
-from app.data.sources import Sources
+from app.data.formats import textfile
+from app.data.formats.sources import Sources
 from app.errors import DataError, InputTooLarge
 
 #: Most label columns (K) a data set may have. The seed's task has K = 3; 10,000 keeps one
@@ -45,7 +45,7 @@ def label_width(path: Path) -> int:
     if k is None:
         raise DataError(
             f"{path}:1: more than {MAX_OUTPUTS} label columns (the limit, "
-            "app/data/bounds.py): not a label file?"
+            "app/data/cache/bounds.py): not a label file?"
         )
     if k == 0:
         next(textfile.iter_chunks(path, chunk_rows=1), None)  # raises: no data, or after line 1
