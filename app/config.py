@@ -18,8 +18,8 @@ from typing import Any
 from app.options import check_bounds, option
 
 FILE_HELP = (
-    "File name in --data (a .gz file is read as gzip, recognised by its content). Without "
-    "it the file is found by its default name, plain or with .gz."
+    "File name in --data: text (plain or gzip) or a .npy array, recognised by its content. "
+    "Without it the file is found by its default name: .txt, .txt.gz or .npy."
 )
 FORMULATIONS = ("auto", "fast", "plain")
 PRECISIONS = ("auto", "float32", "bfloat16")
@@ -41,9 +41,11 @@ class TrainConfig:
     """
 
     data_dir: Path = option(
-        help="Directory with train/test feature and label files (read only).",
+        help="Directory with train/test feature and label files (read only), or one .npz "
+        "or HDF5 file holding the arrays train_features, train_labels, test_features and "
+        "test_labels.",
         flag="--data",
-        directory=True,
+        metavar="DIR|FILE",
     )
     output_dir: Path = option(
         help="Directory for checkpoints/, model/, logs/, metrics.json, cache/.",
@@ -81,16 +83,16 @@ class TrainConfig:
         shown_default="no bound",
     )
     train_features: str | None = option(
-        None, FILE_HELP, metavar="NAME", shown_default="train_features.txt[.gz]"
+        None, FILE_HELP, metavar="NAME", shown_default="train_features.txt[.gz] or .npy"
     )
     train_labels: str | None = option(
-        None, FILE_HELP, metavar="NAME", shown_default="train_labels.txt[.gz]"
+        None, FILE_HELP, metavar="NAME", shown_default="train_labels.txt[.gz] or .npy"
     )
     test_features: str | None = option(
-        None, FILE_HELP, metavar="NAME", shown_default="test_features.txt[.gz]"
+        None, FILE_HELP, metavar="NAME", shown_default="test_features.txt[.gz] or .npy"
     )
     test_labels: str | None = option(
-        None, FILE_HELP, metavar="NAME", shown_default="test_labels.txt[.gz]"
+        None, FILE_HELP, metavar="NAME", shown_default="test_labels.txt[.gz] or .npy"
     )
     height: int = option(20, "Feature rows H (a line holds H×W floats).", minimum=1, identity=True)
     width: int = option(195, "Feature columns W.", minimum=1, identity=True)
@@ -305,8 +307,9 @@ class PredictConfig:
         directory=True,
     )
     features: Path = option(
-        help="Features in the training format: one sample of H×W floats per line (.gz read "
-        "as gzip).",
+        help="Features in any training format, recognised by content: text (one sample of "
+        "H×W floats per line, plain or gzip), .npy, or a .npz / HDF5 file's array features "
+        "(else test_features, else its only array).",
     )
     out: Path = option(
         help="Where to write the predictions: one line of K values per input line, or a "
@@ -317,7 +320,7 @@ class PredictConfig:
     )
     allow_nonfinite: bool = option(
         False,
-        "Accept NaN/Inf tokens in the features file.",
+        "Accept NaN/Inf values in the features file.",
         flag="--allow-nonfinite/--reject-nonfinite",
     )
 

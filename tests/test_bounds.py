@@ -22,7 +22,9 @@ from app.atomic import file_system
 from app.budget import memory as memory_rule
 from app.data.cache import bounds
 from app.data.formats import textfile
+from app.data.formats.base import Shape
 from app.data.formats.sources import ROLES, Sources
+from app.data.formats.text import TextArray
 from app.data.formats.textfile import opener, reader
 from app.errors import DataError, InputTooLarge
 from benchmarks.cgroup_run import MEMORY_MOUNT, MemoryCgroup, memory_cgroup, unavailable_reason
@@ -32,6 +34,11 @@ from tests.runs import mount_tmpfs, umount
 LINE = b"0.5 -1.25 3 4.0 -0 100\n"  # six fields: features of --height 2 --width 3
 SMALL = ["--height", "2", "--width", "3"]
 MEMORY_REASON = unavailable_reason(MEMORY_MOUNT, "memory")
+
+
+def _labels(path: Path) -> Sources:
+    """A data set whose training labels are ``path``."""
+    return Sources(dict.fromkeys(ROLES, path), height=1, width=1)
 
 
 def _small_data(directory: Path, lines: int = 4) -> Path:
@@ -152,8 +159,8 @@ def test_the_estimate_of_a_plain_and_a_gzip_file_is_their_cache_size(tmp_path: P
     plain = tmp_path / "x.txt"
     plain.write_bytes(LINE * 100_000)
     _gzip_of_repeats(tmp_path / "x.gz", LINE * 1000, 100)
-    assert bounds.cache_bytes(plain, 6) == 100_000 * 6 * 4
-    assert bounds.cache_bytes(tmp_path / "x.gz", 6) == 100_000 * 6 * 4
+    assert TextArray(plain).estimate(Shape(6)) == 100_000 * 6 * 4
+    assert TextArray(tmp_path / "x.gz").estimate(Shape(6)) == 100_000 * 6 * 4
 
 
 # --- the bounds, in process ---------------------------------------------------------------
@@ -237,7 +244,7 @@ def test_the_cache_estimate_is_the_lines_times_the_width_in_float32(
     for path in paths.values():
         path.write_bytes(text)
     sources = Sources(paths, height=2, width=3)
-    assert bounds.cache_bytes(paths["train_labels"], 5) == lines * 5 * 4
+    assert TextArray(paths["train_labels"]).estimate(Shape(5)) == lines * 5 * 4
     assert bounds.estimate(sources, 2, ("train_features", "test_labels")) == {
         "train_features": lines * 6 * 4,
         "test_labels": lines * 2 * 4,
@@ -247,10 +254,10 @@ def test_the_cache_estimate_is_the_lines_times_the_width_in_float32(
 def test_label_columns_are_counted_on_the_first_line_up_to_the_limit(tmp_path: Path) -> None:
     path = tmp_path / "train_labels.txt"
     path.write_bytes(b"1 " * bounds.MAX_OUTPUTS + b"\n")
-    assert bounds.label_width(path) == bounds.MAX_OUTPUTS
+    assert bounds.label_width(_labels(path)) == bounds.MAX_OUTPUTS
     path.write_bytes(b"1 " * (bounds.MAX_OUTPUTS + 1) + b"\n")
     with pytest.raises(DataError) as caught:
-        bounds.label_width(path)
+        bounds.label_width(_labels(path))
     assert str(caught.value) == (
         f"{path}:1: more than {bounds.MAX_OUTPUTS} label columns (the limit, "
         "app/data/cache/bounds.py): not a label file?"
@@ -335,7 +342,7 @@ def test_labels_without_a_first_line_are_bad_data_naming_the_file(
     path = tmp_path / ("train_labels.txt.gz" if packed else "train_labels.txt")
     path.write_bytes(gzip.compress(content) if packed else content)
     with pytest.raises(DataError) as caught:
-        bounds.label_width(path)
+        bounds.label_width(_labels(path))
     separator = "" if problem[0].isdigit() else " "
     assert str(caught.value) == f"{path}:{separator}{problem}"
 
@@ -351,7 +358,7 @@ def test_a_blank_first_label_line_is_named_before_the_lines_after_its_data_are_r
     path = tmp_path / "train_labels.txt"
     path.write_bytes(b"\n\n1 2\n" + b"1" * 200 + b"\n")
     with pytest.raises(DataError) as caught:
-        bounds.label_width(path)
+        bounds.label_width(_labels(path))
     assert str(caught.value) == f"{path}:1: blank line followed by more data on line 3"
 
 
@@ -361,7 +368,7 @@ def test_a_first_label_line_longer_than_the_line_limit_is_refused(tmp_path: Path
     path = tmp_path / "train_labels.txt.gz"
     path.write_bytes(gzip.compress(b"1" + b" " * (textfile.MAX_LINE_BYTES + 1), 1))
     with pytest.raises(DataError) as caught:
-        bounds.label_width(path)
+        bounds.label_width(_labels(path))
     assert str(caught.value) == f"{path}:1: line longer than {textfile.MAX_LINE_BYTES} bytes"
 
 

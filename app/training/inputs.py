@@ -21,7 +21,7 @@ from app.budget import memory
 from app.budget.plan import ThreadPlan
 from app.config import TrainConfig
 from app.data import cache as cache_lib
-from app.data.formats.sources import ROLES, Sources, find
+from app.data.formats.sources import ROLES, Sources, find, in_container
 from app.data.input import split as split_lib
 from app.data.input.split import Split
 from app.errors import DataError
@@ -57,11 +57,18 @@ def complete(config: TrainConfig, plan: ThreadPlan, data: cache_lib.DataCache) -
 
 
 def sources(config: TrainConfig) -> Sources:
-    """The data files (found in ``config.data_dir``: app/data/formats/sources.py) and the parse
-    settings of ``config``. Raises DataError (a missing file), ConfigError (two
-    candidates for one role)."""
+    """The data files (found in the directory ``config.data_dir``, or its four arrays when
+    it is a .npz or HDF5 file: app/data/formats/sources.py) and the parse settings of
+    ``config``. Raises DataError (a missing file), ConfigError (two candidates for one
+    role)."""
+    data = config.data_dir
+    if data.is_file():
+        return Sources(
+            paths=dict.fromkeys(ROLES, data), height=config.height, width=config.width,
+            allow_nonfinite=config.allow_nonfinite, members=in_container(data),
+        )  # fmt: skip
     return Sources(
-        paths={role: find(config.data_dir, role, getattr(config, role)) for role in ROLES},
+        paths={role: find(data, role, getattr(config, role)) for role in ROLES},
         height=config.height,
         width=config.width,
         allow_nonfinite=config.allow_nonfinite,
@@ -96,7 +103,7 @@ def load_data(
         ):
             if not all(np.isfinite(s).all() for s in stats):
                 raise DataError(
-                    f"{found.path(role)}: NaN/Inf values (allowed by --allow-nonfinite) "
+                    f"{found.label(role)}: NaN/Inf values (allowed by --allow-nonfinite) "
                     "make the standardisation statistics NaN/Inf; train with --no-standardize, "
                     "or remove them"
                 )

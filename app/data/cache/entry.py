@@ -60,7 +60,7 @@ def prepare(
     max_bytes: int | None = None,
     keep: Keep | None = None,
 ) -> DataCache:
-    """Return the cache of ``sources`` in ``cache_dir``, converting the text files if needed.
+    """Return the cache of ``sources`` in ``cache_dir``, converting the data if needed.
 
     ``threads``: threads that parse a large plain-text file, each a byte range of it at
     a time (:mod:`app.data.formats.textfile.parallel`); the caller sizes it from the CPU budget. 1
@@ -90,7 +90,7 @@ def prepare(
     with open_dir(Path(cache_dir), "cache directory", below=below) as root:
         cache = _reuse(root, key)
         if cache is None:
-            k = bounds.label_width(sources.path("train_labels"))
+            k = bounds.label_width(sources)
             _check_size(root, key, sources, k, max_bytes)
             cache = _build(root, key, sources, k, stop, threads, max_bytes)
         _drop_inherited(cache)
@@ -191,14 +191,14 @@ def _build(
     resumed = [role for role in ROLES if work.is_file(f"{role}.json")]
     logs.event(
         "cache",
-        f"converting text data into {final}"
+        f"converting the data into {final}"
         + (f" (resuming: {', '.join(resumed)} already done)" if resumed else ""),
         path=str(final),
         reused=False,
         resumed=resumed,
     )
     keep = ""  # what is kept of a resumable work directory: "finished" files, or "all"
-    progress = convert.Progress(sum(sources.path(role).stat().st_size for role in ROLES))
+    progress = convert.Progress(sum(sources.array(role).size for role in ROLES))
     guard = bounds.Guard(bounds.bound(root.path, max_bytes))
     resumable = work.path.name.startswith(PARTIAL)
     try:
@@ -236,4 +236,6 @@ def source_key(sources: Sources) -> str:
     and the parse settings. Raises DataError naming a missing or unreadable file."""
     parts: list[object] = [FORMAT_VERSION, sources.height, sources.width, sources.allow_nonfinite]
     parts += [fingerprint(sources.path(role)) for role in ROLES]
+    if sources.members:  # the arrays of a container (a text data set's key is unchanged)
+        parts.append([sources.members.get(role) for role in ROLES])
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]

@@ -100,17 +100,18 @@ def read_features(cache: DataCache, ids: np.ndarray, out: np.ndarray, stats: Sta
     """Read training rows ``ids`` (sorted) of the features into ``out`` (len(ids), H, W, 1),
     one ``preadv`` per run, standardising every :data:`STANDARDIZE_BYTES`. Raises
     StorageError if the file is shorter than the manifest says."""
-    path = cache.path / "train_x.f32"
+    path, base = cache.where("train_x.f32")
     row = 4 * cache.height * cache.width
     flat = out.reshape(len(ids), cache.height, cache.width)
     buf = memoryview(out.reshape(-1).view(np.uint8).data)
     starts, ends = runs(ids)
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no readahead past a block
+        os.posix_fadvise(fd, base, 0, os.POSIX_FADV_RANDOM)  # no readahead past a block
         done = 0
         for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
-            if os.preadv(fd, [buf[a * row : b * row]], int(ids[a]) * row) != (b - a) * row:
+            at = base + int(ids[a]) * row
+            if os.preadv(fd, [buf[a * row : b * row]], at) != (b - a) * row:
                 raise StorageError(f"{path}: cache file is truncated; delete {cache.path}")
             if stats is not None and (b - done) * row >= STANDARDIZE_BYTES:
                 _standardize(flat[done:b], stats)

@@ -50,6 +50,7 @@ import numpy as np
 
 from app.atomic import FILE_MODE
 from app.data.formats import textfile
+from app.data.formats.base import Converted
 from app.data.formats.textfile import blocks, opener
 from app.errors import DataError, InputTooLarge, Preempted
 
@@ -70,22 +71,6 @@ MIN_RANGE_BYTES = 4 << 20
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _SCAN_BYTES = 1 << 16  # read at a time when looking for the end of a line
 _COUNT_BYTES = 1 << 20  # read at a time when counting lines
-
-
-@dataclass(frozen=True)
-class Converted:
-    """What :func:`convert_file` wrote: ``rows`` samples of ``width`` float32 values.
-
-    ``sums`` / ``sums_sq``: float64 column sums of the values and of their squares,
-    shape (width,). ``threads``: threads that parsed (1 for one pass); ``ranges``: byte
-    ranges the file was cut into (1 for one pass).
-    """
-
-    rows: int
-    sums: np.ndarray
-    sums_sq: np.ndarray
-    threads: int
-    ranges: int
 
 
 def split_lines(
