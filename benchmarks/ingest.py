@@ -11,6 +11,11 @@ Each measurement runs in its own process (:mod:`benchmarks.worker`) on the same
   note otherwise). Its process runs helper threads (pandas 3.1 used ~1.7 CPUs here), so
   ``pandas_one_cpu`` also runs it with its affinity set to one CPU: one process on one
   core, like the one-thread converter;
+* ``npy in place``: the same samples as a float32 ``.npy`` (written once from the text by
+  the project's parser), read as the cache reads an array used in place: its rows through
+  the format seam (:class:`app.data.formats.npy.NpyArray`), checked for NaN/Inf, summed
+  and digested, nothing written. Its MB/s counts the *text's* bytes (the same samples), so
+  it compares with the text rows directly;
 * ``converter Nt``: :func:`app.data.formats.textfile.parallel.convert_file` with N threads (one
   process),
   into a temporary file; 1 is one pass.
@@ -88,6 +93,38 @@ def _convert(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _npy_in_place(spec: dict[str, Any]) -> dict[str, Any]:
+    import hashlib
+
+    import numpy as np
+
+    from app.data.formats.base import Shape, add_sums
+    from app.data.formats.npy import NpyArray
+
+    def scan() -> int:
+        array, width = NpyArray(Path(spec["path"])), spec["width"]
+        digest, rows = hashlib.blake2b(digest_size=32), 0
+        total, total_sq = np.zeros(width), np.zeros(width)
+        for chunk in array.chunks(Shape(width), allow_nonfinite=False):
+            digest.update(chunk.data)
+            add_sums(chunk, total, total_sq)
+            rows += len(chunk)
+        return rows
+
+    rows, wall, cpu = worker.timed(scan)
+    return {"rows": rows, "wall_s": wall, "cpu_self_s": cpu}
+
+
+def _make_npy(spec: dict[str, Any]) -> dict[str, Any]:
+    import numpy as np
+
+    from app.data.formats import textfile
+
+    rows = np.concatenate(list(textfile.iter_chunks(spec["path"], width=spec["width"])))
+    np.save(spec["out"], rows, allow_pickle=False)
+    return {"rows": len(rows)}
+
+
 def _profile(spec: dict[str, Any]) -> dict[str, Any]:
     import cProfile
     import pstats
@@ -132,6 +169,8 @@ WORKERS = {
     "decode_csv": _decode_csv,
     "pandas": _pandas,
     "convert": _convert,
+    "npy_in_place": _npy_in_place,
+    "make_npy": _make_npy,
     "profile": _profile,
     "generate": _generate,
 }
@@ -235,12 +274,19 @@ def measure(
     # Interleaved rounds (1 thread, 2 threads, 1 thread, ...): a disturbance then hits
     # both counts alike rather than all rounds of one.
     runs: dict[str, list[dict[str, Any]]] = {f"converter_{t}t": [] for t in threads}
+    npy = scratch / "train_features.npy"
+    worker.run(MODULE, {"kind": "make_npy", "path": str(src), "width": width, "out": str(npy)}, env)
+    runs["npy_in_place"] = []
     for r in range(rounds):
         for t in threads:
             log(f"ingest: converter, {t} thread(s), round {r + 1}/{rounds} ...")
             spec = {"kind": "convert", "path": str(src), "width": width, "threads": t}
             spec["tmp"] = str(scratch)
             runs[f"converter_{t}t"].append(_rates(worker.run(MODULE, spec, env), nbytes))
+        log(f"ingest: .npy read in place, round {r + 1}/{rounds} ...")
+        spec = {"kind": "npy_in_place", "path": str(npy), "width": width}
+        runs["npy_in_place"].append(_rates(worker.run(MODULE, spec, env), nbytes))
+    npy.unlink()
     for name, results in runs.items():
         out[name] = _median(results)
     log(f"ingest: converter with 1 thread on the first {decode_csv_lines} lines (memory) ...")
@@ -273,6 +319,9 @@ def ratios(part: dict[str, Any], threads: list[int]) -> dict[str, Any]:
             rate(one, "mb_per_s"), rate("pandas_one_cpu", "mb_per_s")
         ),
         "converter_1t_over_decode_csv": div(rate(one, "mb_per_s"), rate("decode_csv", "mb_per_s")),
+        "npy_in_place_over_converter_1t": div(
+            rate("npy_in_place", "mb_per_s"), rate(one, "mb_per_s")
+        ),
     }
     for t in threads:
         if t > 1:
