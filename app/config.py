@@ -18,8 +18,9 @@ from typing import Any
 from app.options import check_bounds, option
 
 FILE_HELP = (
-    "File name in --data: text (plain or gzip) or a .npy array, recognised by its content. "
-    "Without it the file is found by its default name: .txt, .txt.gz or .npy."
+    "File name in --data: text (plain or gzip) or a .npy array, recognised by its content "
+    "(the array's name when --data is a .npz or HDF5 file). Without it the file is found by "
+    "its default name: .txt, .txt.gz or .npy (the array named after it)."
 )
 FORMULATIONS = ("auto", "fast", "plain")
 PRECISIONS = ("auto", "float32", "bfloat16")

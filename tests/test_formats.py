@@ -319,3 +319,16 @@ def test_text_npy_npz_and_hdf5_train_to_the_same_test_rmse_bit_for_bit(
         predicted.append(np.load(out))
     for got in predicted[1:]:
         np.testing.assert_array_equal(got, predicted[0])
+
+
+def test_a_containers_arrays_may_be_named_by_option(tmp_path: Path, arrays: dict) -> None:
+    from app.training.inputs import sources
+
+    renamed = {"X": arrays["train_features"], **{r: arrays[r] for r in ROLES[1:]}}
+    np.savez(tmp_path / "d.npz", **renamed)
+    config = TrainConfig(data_dir=tmp_path / "d.npz", output_dir=tmp_path / "o", train_features="X")
+    found = sources(config)
+    assert [found.label(r) for r in ROLES] == [
+        f"{tmp_path}/d.npz:{name}" for name in ("X", *ROLES[1:])
+    ]
+    assert prepare_cache(config).train_size == 240

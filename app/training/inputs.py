@@ -65,7 +65,8 @@ def sources(config: TrainConfig) -> Sources:
     if data.is_file():
         return Sources(
             paths=dict.fromkeys(ROLES, data), height=config.height, width=config.width,
-            allow_nonfinite=config.allow_nonfinite, members=in_container(data),
+            allow_nonfinite=config.allow_nonfinite,
+            members=in_container(data, {role: getattr(config, role) for role in ROLES}),
         )  # fmt: skip
     return Sources(
         paths={role: find(data, role, getattr(config, role)) for role in ROLES},

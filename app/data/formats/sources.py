@@ -63,11 +63,12 @@ class Sources:
         return open_array(self.path(role), self.members.get(role))
 
 
-def in_container(path: Path) -> dict[str, str]:
+def in_container(path: Path, names: Mapping[str, str | None]) -> dict[str, str]:
     """The members of the four roles in the container ``path`` (``--data FILE``): the
-    arrays named after them."""
+    array ``names[role]`` when given (``--train-features NAME``), else the one named after
+    the role."""
     regular(path)
-    return {role: role for role in ROLES}
+    return {role: names.get(role) or role for role in ROLES}
 
 
 def find(data_dir: Path, role: str, name: str | None = None) -> Path:
