@@ -17,11 +17,13 @@ Each run is ``coretrain train`` with ``--max-steps`` steps (default 10), ``--for
 plain --precision float32`` (no timing of candidates: the same step for both), in a fresh
 cache directory; the report gives for each: the seconds from the ``start`` event to the
 first steps (``steps_per_loop``), the conversion's or the in-place scan's seconds (``cache``
-events), the bytes the process wrote (``ru_oublock`` × 512, from ``wait4``: the bytes it
+events), the bytes the process wrote (``ru_oublock`` × 512 of the children's rusage: the bytes it
 dirtied, whether or not written back yet) and the bytes left in the cache directory
-(``train_x.f32`` and the rest), and the ratios npy / text. The text's cache is removed
-before the ``.npy`` is built, so the disk holds one of them at a time: the runs are one
-after the other (text first), not interleaved. Prints a table on stderr and the JSON report
+(``train_x.f32`` and the rest), and the ratios npy / text. The ``.npy`` files are written
+to disk and dropped from the page cache before the run (:func:`drop_cached`), as the text
+does not fit in it. The text's cache is removed before the ``.npy`` is built, so the disk
+holds one of them at a time: the runs are one after the other (text first), not
+interleaved. Prints a table on stderr and the JSON report
 on stdout (also ``--out``).
 """
 
@@ -77,8 +79,21 @@ def build_npy(text_dir: Path, out: Path, height: int, width: int) -> dict[str, A
         array.flush()
         del array, flat
         os.replace(part, out / f"{role}.npy")
-        sizes[role] = (out / f"{role}.npy").stat().st_size
+        sizes[role] = drop_cached(out / f"{role}.npy")
     return {"bytes": sizes, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def drop_cached(path: Path) -> int:
+    """Write ``path`` to disk and drop its pages from the page cache (``fsync``, then
+    ``posix_fadvise(POSIX_FADV_DONTNEED)``), so that the run reads it from the disk as the
+    text run reads its 31.9 GB (more than the page cache holds); its size."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
 
 
 def _stamp(record: dict[str, Any]) -> float:
