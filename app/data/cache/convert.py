@@ -183,6 +183,17 @@ def _converted_event(sources: Sources, role: str, rows: int, threads: int, **ext
     )
 
 
+def _check_rows(sources: Sources, sizes: dict[str, int]) -> None:
+    """Raises DataError when the features and labels of a split differ in rows."""
+    for split in ("train", "test"):
+        nf, nl = sizes[f"{split}_features"], sizes[f"{split}_labels"]
+        if nf != nl:
+            raise DataError(
+                f"{sources.label(f'{split}_labels')}: {nl} label rows but "
+                f"{sources.label(f'{split}_features')} has {nf} feature rows"
+            )
+
+
 def convert(run: Run) -> dict[str, Any]:
     """Convert the four files of ``run.sources`` into ``run.work`` (those a stopped run
     finished are kept), then write ``stats.npz`` and the manifest; return the manifest.
@@ -200,13 +211,7 @@ def convert(run: Run) -> dict[str, Any]:
         sizes[role], sums[role] = rows, (total, total_sq)
         if place is not None:
             in_place[FILES[role]] = {"path": str(place.path), "offset": place.offset}
-    for split in ("train", "test"):
-        nf, nl = sizes[f"{split}_features"], sizes[f"{split}_labels"]
-        if nf != nl:
-            raise DataError(
-                f"{sources.label(f'{split}_labels')}: {nl} label rows but "
-                f"{sources.label(f'{split}_features')} has {nf} feature rows"
-            )
+    _check_rows(sources, sizes)
     n_train = sizes["train_features"]
     f_mean, f_std = _std(*sums["train_features"], n_train)
     l_mean, l_std = _std(*sums["train_labels"], n_train)
