@@ -40,10 +40,10 @@ from app import __version__, logs
 from app.budget.plan import PlanOptions
 from app.cluster.spec import ClusterOptions
 from app.commands import Exit
+from app.commands.bench_scaling import ScalingConfig
 from app.commands.execute import ExecConfig
 from app.commands.models import ModelsReport
 from app.commands.plan import PlanReport
-from app.commands.scaling import ScalingConfig
 from app.config import GenerateConfig, PredictConfig, TrainConfig
 from app.errors import AppError, Preempted
 from app.options import flag_of
@@ -282,7 +282,7 @@ def predict_cmd(**values: Any) -> None:
 @options_of("bench-scaling")
 def bench_scaling_cmd(**values: Any) -> None:
     """Measure how training scales with threads and worker processes on this machine."""
-    from app.commands import scaling
+    from app.commands import bench_scaling as scaling
 
     click.echo(_guarded(lambda: scaling.run(build(ScalingConfig, values))))
 

@@ -91,9 +91,9 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
     from app.config import TrainConfig
     from app.data import cache as cache_lib
     from app.data import pipeline
-    from app.training import workspace
-    from app.training.inputs import sources
+    from app.training.inputs.load import sources
     from app.training.run import train
+    from app.training.state import workspace
 
     window, steps = spec["window"], spec["steps"]
     with tempfile.TemporaryDirectory(dir=spec["tmp"]) as out:
@@ -158,7 +158,7 @@ def _prepare(spec: dict[str, Any]) -> dict[str, Any]:
     """Convert the whole data set into the cache, as ``train`` does first (timed)."""
     from app.config import TrainConfig
     from app.data import cache as cache_lib
-    from app.training.inputs import sources
+    from app.training.inputs.load import sources
 
     with tempfile.TemporaryDirectory(dir=spec["tmp"]) as out:
         config = TrainConfig(

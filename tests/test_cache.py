@@ -19,7 +19,7 @@ from app.atomic import open_dir
 from app.config import TrainConfig
 from app.data import cache, cache_convert, cache_marker, cache_store
 from app.errors import DataError, Preempted
-from app.training.inputs import sources
+from app.training.inputs.load import sources
 from tests.conftest import prepare_cache
 
 

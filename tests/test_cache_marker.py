@@ -15,7 +15,7 @@ from app.atomic import open_dir
 from app.config import TrainConfig
 from app.data import cache, cache_marker, synthetic
 from app.errors import StorageError
-from app.training.inputs import sources
+from app.training.inputs.load import sources
 from tests.conftest import prepare_cache
 
 KEY = "0123456789abcdef"

@@ -24,7 +24,7 @@ def _train(data: Path, out: Path, steps: int, *extra: str) -> tuple[int, list[di
 def test_explicit_choices_and_recorded_ones(tmp_path: Path) -> None:
     from app.config import TrainConfig
     from app.errors import ConfigError
-    from app.training import choose
+    from app.training.state import choose
 
     config = TrainConfig(
         data_dir=tmp_path, output_dir=tmp_path, formulation="plain", precision="float32"
@@ -43,7 +43,7 @@ def test_explicit_choices_and_recorded_ones(tmp_path: Path) -> None:
 
 
 def test_checkpoints_without_a_record_are_float32(tmp_path: Path) -> None:
-    from app.training import choose
+    from app.training.state import choose
 
     (tmp_path / "ckpt-3.index").write_bytes(b"")
     assert choose.recorded(tmp_path) == {"formulation": "fast", "precision": "float32"}
@@ -72,7 +72,7 @@ def test_auto_measures_bfloat16_only_where_native_and_its_parity_holds(
 ) -> None:  # fmt: skip
     from app import config as config_lib
     from app.config import TrainConfig
-    from app.training import choose
+    from app.training.state import choose
 
     def measure(candidates: list, data: object, config: object) -> dict:
         return {c: 5.0 if c == ("plain", "float32") else 10.0 for c in candidates}
@@ -166,7 +166,7 @@ plan = detect_plan("/", PlanOptions(), bfloat16=precision != "float32")  # as th
 apply.apply(plan)
 apply.import_tensorflow()
 from app.config import TrainConfig
-from app.training import choose
+from app.training.state import choose
 from tests.conftest import prepare_cache
 config = TrainConfig(data_dir=data_dir, output_dir=out, batch_size=40, precision=precision)
 data = prepare_cache(config)

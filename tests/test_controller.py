@@ -16,14 +16,14 @@ import pytest
 
 from app import logs
 from app.errors import TrainingDiverged
-from app.training.controller import (
+from app.training.loop.controller import (
     CALIBRATION_STEPS,
     TARGET_CALL_SECONDS,
     Controller,
     Meter,
     Schedule,
 )
-from app.training.outcome import Completed, Replan, Stopped, TargetReached
+from app.training.loop.outcome import Completed, Replan, Stopped, TargetReached
 
 
 @dataclass

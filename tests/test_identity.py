@@ -15,7 +15,7 @@ import pytest
 from app.config import TrainConfig
 from app.errors import ClusterError, ConfigError, StorageError
 from app.options import identity_fields
-from app.training import identity
+from app.training.state import identity
 from tests.conftest import TINY_TRAIN_ARGS, events, json_lines, prepare_cache, run_cli
 
 #: The options that change what the weights mean, as the config declares them. A new

@@ -46,7 +46,7 @@ from app import cli
 from app.config import TrainConfig
 from app.data import parallel
 from app.data.sources import ROLES
-from app.training.inputs import load_data
+from app.training.inputs.load import load_data
 
 EXAMPLES = int(os.environ.get("CORETRAIN_HYPOTHESIS_EXAMPLES", "300"))
 H, W = 2, 3

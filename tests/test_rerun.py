@@ -1,4 +1,4 @@
-"""A finished run rerun (app/training/rerun.py): nothing to do only when every piece of
+"""A finished run rerun (app/training/state/rerun.py): nothing to do only when every piece of
 evidence is there, in real files; anything missing or different goes on as a resume."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from app.config import TrainConfig
 from app.release import layout
-from app.training import identity, rerun, workspace
-from app.training.outcome import Completed, TargetReached
+from app.training.loop.outcome import Completed, TargetReached
+from app.training.state import identity, rerun, workspace
 from tests.conftest import prepare_cache
 
 

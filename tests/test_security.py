@@ -22,7 +22,7 @@ from app.atomic import Dir, open_dir
 from app.config import TrainConfig
 from app.data import cache
 from app.errors import StorageError
-from app.training.inputs import sources
+from app.training.inputs.load import sources
 from tests.conftest import REPO, TINY_TRAIN_ARGS, events, json_lines, run_cli
 from tests.runs import IS_ROOT, mount_tmpfs, umount
 

@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent(
     from app.config import TrainConfig
     from app.data import split, stream
     from app.training import session
-    from app.training.inputs import Inputs
+    from app.training.inputs.load import Inputs
     from tests.conftest import prepare_cache
 
     data, tmp, limit = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])

@@ -13,7 +13,7 @@ import pytest
 from app.budget.cgroups.detect import CpuBudget
 from app.budget.plan import Overrides, make_plan
 from app.budget.usage import CpuStat, Throttling, read_cpu_stat
-from app.training.budget_watch import BudgetWatch, warn_when_throttled
+from app.training.extras.budget_watch import BudgetWatch, warn_when_throttled
 from tests.conftest import FIXTURES
 
 V1 = "nr_periods 200\nnr_throttled 50\nthrottled_time 2500000000\n"

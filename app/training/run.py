@@ -1,16 +1,16 @@
 """The training entry point, ``train(ws, config, plan) -> Result``: the recipe, phase by phase.
 
-1. **open**: the JSON log file in the workspace (app/training/workspace.py) and the
+1. **open**: the JSON log file in the workspace (app/training/state/workspace.py) and the
    ``start`` event (versions, config, plan, cluster).
 2. **inputs**, before TensorFlow: the binary cache, the memory check, the validation split
-   and the baselines (app/training/inputs.py), so bad input fails in a fraction of a
+   and the baselines (app/training/inputs/load.py), so bad input fails in a fraction of a
    second with one line.
 3. **session**, TensorFlow from here on: the replicas (one process, or a worker of N:
-   app/training/replicas.py), the run's identity, the formulation and precision, the
+   app/training/loop/replicas.py), the run's identity, the formulation and precision, the
    trainer, the restored checkpoint, the input pipeline (app/training/session.py).
 4. **loop**: the controller trains to the absolute step ``--max-steps`` (or the target
-   loss, a stop, a budget change) and returns how it ended (app/training/controller.py,
-   app/training/outcome.py); a restarted job continues and ends at the same total.
+   loss, a stop, a budget change) and returns how it ended (app/training/loop/controller.py,
+   app/training/loop/outcome.py); a restarted job continues and ends at the same total.
 5. **finish**: the exported step, the summary, the export and publishing, the ``end``
    event (app/training/finish.py).
 
@@ -34,9 +34,9 @@ from app.config import TrainConfig
 from app.errors import Preempted
 from app.release import preflight
 from app.signals import StopRequest
-from app.training import rerun, workspace
-from app.training.inputs import complete, load_data
-from app.training.outcome import FINISHED, Outcome, Replan, Result
+from app.training.inputs.load import complete, load_data
+from app.training.loop.outcome import FINISHED, Outcome, Replan, Result
+from app.training.state import rerun, workspace
 
 if TYPE_CHECKING:
     from app.training.session import Session
@@ -50,11 +50,11 @@ def train(
     cluster: Cluster | None = None,
 ) -> Result:
     """Train to ``config.max_steps`` (or the target loss) and export; return the outcome
-    (app/training/outcome.py) with the summary (also ``metrics.json``: ``status``,
+    (app/training/loop/outcome.py) with the summary (also ``metrics.json``: ``status``,
     ``final_step``, ``exported_step``, ``test_rmse``, ``baseline_rmse`` in raw label
     units, ``examples_per_sec``, ``wall_seconds``, ``plan``, …).
 
-    ``ws`` is this process's workspace (:func:`app.training.workspace.for_run` of
+    ``ws`` is this process's workspace (:func:`app.training.state.workspace.for_run` of
     ``config`` and ``cluster``). With ``cluster`` this process is one worker of a
     multi-worker run (docs/distributed.md): ``config.batch_size`` is per worker, only the
     chief (worker 0) writes checkpoints/, model/ and metrics.json. Raises DataError (bad
@@ -76,7 +76,8 @@ def train(
     if stop():
         raise Preempted("stopped by signal before training started")
     import_tensorflow()
-    from app.training import replicas, session
+    from app.training import session
+    from app.training.loop import replicas
 
     reps = replicas.create(cluster)
     try:

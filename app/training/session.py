@@ -1,6 +1,6 @@
 """The TensorFlow part of a run, set up: what the loop trains and what it hands to the end.
 
-:func:`start` takes the run from its inputs (app/training/inputs.py) to the first step:
+:func:`start` takes the run from its inputs (app/training/inputs/load.py) to the first step:
 the run's identity checked against the checkpoints it would resume, the formulation and
 precision chosen, the trainer built, the newest valid checkpoint and the best validated
 step restored, the input pipeline fed from the restored step. The :class:`Session` it
@@ -28,16 +28,16 @@ from app.config import TrainConfig
 from app.errors import NotPublished, Preempted
 from app.release.export import Exported
 from app.release.gate import Decision
-from app.training import choose, identity
-from app.training.best import Best
-from app.training.budget_watch import BudgetWatch, warn_when_throttled
-from app.training.checkpointer import Checkpointer
-from app.training.controller import Controller, Meter, Schedule
-from app.training.inputs import Inputs
-from app.training.outcome import REPLAN_AT_ENV, Outcome
-from app.training.replicas import Replicas
-from app.training.trainer import Trainer
-from app.training.workspace import Workspace
+from app.training.extras.budget_watch import BudgetWatch, warn_when_throttled
+from app.training.inputs.load import Inputs
+from app.training.loop.controller import Controller, Meter, Schedule
+from app.training.loop.outcome import REPLAN_AT_ENV, Outcome
+from app.training.loop.replicas import Replicas
+from app.training.loop.trainer import Trainer
+from app.training.state import choose, identity
+from app.training.state.best import Best
+from app.training.state.checkpointer import Checkpointer
+from app.training.state.workspace import Workspace
 
 WARNING = 30
 
@@ -65,7 +65,7 @@ class Session:
         return self.config.batch_size * self.reps.count
 
     def controller(self) -> Controller:
-        """The loop of the run (app/training/controller.py): its schedule, meter, progress
+        """The loop of the run (app/training/loop/controller.py): its schedule, meter, progress
         actions (the throttling warning, TensorBoard on the chief) and budget watch."""
         config, plan, single = self.config, self.plan, self.reps.cluster is None
         schedule = Schedule(
@@ -96,7 +96,7 @@ class Session:
         """The TensorBoard action (the chief only: one set of curves per run)."""
         if not self.ws.is_chief:
             return []
-        from app.training.summaries import Summaries
+        from app.training.extras.summaries import Summaries
 
         config, plan = self.config.to_json(), self.plan.to_json()
         run = {"config": config, "plan": plan, "version": __version__}
@@ -193,7 +193,7 @@ def _same_run(
     ws: Workspace, config: TrainConfig, inputs: Inputs, reps: Replicas
 ) -> identity.Identity:
     """This run's identity, checked against the checkpoints it would resume (on the chief)
-    and agreed by every worker (app/training/identity.py). Raises ConfigError (another
+    and agreed by every worker (app/training/state/identity.py). Raises ConfigError (another
     run's checkpoints), StorageError (an unreadable record), ClusterError (workers differ)."""
     mine = identity.of_run(config, inputs.data, reps.count)
     if reps.is_chief:

@@ -5,7 +5,7 @@ are fitted and before TensorFlow starts, :func:`finished` looks for the evidence
 very run is over in the output directory: ``metrics.json`` of a finished run at
 ``--max-steps`` (or its target reached) with the digest of the exported weights, the export
 itself (``model/``, its files as written), the identity in ``checkpoints/run.json`` equal
-to this run's (data fingerprints, identity options, workers: app/training/identity.py),
+to this run's (data fingerprints, identity options, workers: app/training/state/identity.py),
 and, with
 ``--publish-dir``, a version there that holds those weights (or, when this run published
 them there and the version has been removed since, a rollback to respect: a
@@ -30,9 +30,9 @@ from app.config import TrainConfig
 from app.data.cache import DataCache
 from app.release import layout
 from app.release.gate import Decision
-from app.training import identity
-from app.training.outcome import Completed, Outcome, Result, TargetReached
-from app.training.workspace import Workspace
+from app.training.loop.outcome import Completed, Outcome, Result, TargetReached
+from app.training.state import identity
+from app.training.state.workspace import Workspace
 
 _OUTCOMES = {"completed": Completed, "target_reached": TargetReached}
 #: The reason of a recorded decision whose version was removed from the publish directory.

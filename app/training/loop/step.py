@@ -28,8 +28,8 @@ import tensorflow as tf
 
 from app import model as model_lib
 from app.config import TrainConfig
-from app.training import recipe
-from app.training.replicas import Replicas
+from app.training.loop import recipe
+from app.training.loop.replicas import Replicas
 
 #: Lower bound of the RMSE a surrogate gradient divides by (a perfect fit has RMSE 0).
 _RMSE_FLOOR = 1e-12
@@ -139,5 +139,5 @@ class TrainStep:
 
 def repeated(x: tf.Tensor, y: tf.Tensor) -> Any:
     """An endless iterator of the one batch (x, y): the step timed on a real batch without
-    the input pipeline (app/training/choose.py, app/training/scaling.py)."""
+    the input pipeline (app/training/state/choose.py, app/bench/step_scaling.py)."""
     return iter(tf.data.Dataset.from_tensors((x, y)).repeat())

@@ -26,7 +26,7 @@ import tensorflow as tf
 from app import logs
 from app.atomic import Dir
 from app.errors import StorageError, short_message
-from app.training.replicas import Replicas
+from app.training.loop.replicas import Replicas
 
 PREFIX = "best"
 _NUMBERED = re.compile(rf"^{PREFIX}-(\d+)\.index$")

@@ -4,7 +4,7 @@ split and the baselines.
 The text files are parsed once into the binary cache (or the cache is reused) and checked,
 so bad input fails in a fraction of a second with one line (exit 3); the run's expected
 peak memory is compared with the memory limit (exit 8); the validation rows are drawn by
-seed (app/data/split.py) and the baselines fitted (app/training/baselines.py). No
+seed (app/data/split.py) and the baselines fitted (app/training/inputs/baselines.py). No
 TensorFlow here.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from app import logs
-from app.budget import memory
+from app.budget.memory import MIB
 from app.budget.plan import ThreadPlan
 from app.config import TrainConfig
 from app.data import cache as cache_lib
@@ -25,8 +25,8 @@ from app.data import split as split_lib
 from app.data.sources import ROLES, Sources, find
 from app.data.split import Split
 from app.errors import DataError
-from app.training import baselines
-from app.training.workspace import Workspace
+from app.training.inputs import baselines, peak_memory
+from app.training.state.workspace import Workspace
 
 
 @dataclass(frozen=True)
@@ -104,17 +104,17 @@ def load_data(
 
 
 def check_memory(config: TrainConfig, data: cache_lib.DataCache, plan: ThreadPlan) -> None:
-    """The expected peak memory against the memory limit (app/budget/memory.py), logged as
-    the ``memory`` event. Raises MemoryBudgetExceeded (exit 8) when it can't fit."""
-    found = memory.estimate(
+    """The expected peak memory against the memory limit (app/training/inputs/peak_memory.py),
+    logged as the ``memory`` event. Raises MemoryBudgetExceeded (exit 8) when it can't fit."""
+    found = peak_memory.peak(
         rows=data.train_size, height=data.height, width=data.width,
         outputs=data.num_outputs, batch_size=config.batch_size, memory_limit=plan.memory_limit,
     )  # fmt: skip
     logs.event(
         "memory",
-        f"expected peak memory {found.total / memory.MIB:,.0f} MiB"
-        + (f" of a {plan.memory_limit / memory.MIB:,.0f} MiB limit" if plan.memory_limit else ""),
+        f"expected peak memory {found.total / MIB:,.0f} MiB"
+        + (f" of a {plan.memory_limit / MIB:,.0f} MiB limit" if plan.memory_limit else ""),
         memory_limit=plan.memory_limit,
         **found.to_json(),
     )
-    memory.check(found, plan.memory_limit, config.batch_size)
+    peak_memory.check(found, plan.memory_limit, config.batch_size)

@@ -1,4 +1,4 @@
-"""Saving and restoring the training step's state (app/training/step.py) when the controller
+"""Saving and restoring the training step's state (app/training/loop/step.py) when the controller
 asks; never deciding when.
 
 Restore falls back: newest valid checkpoint first, never a silent restart.
@@ -36,9 +36,9 @@ import tensorflow as tf
 from app import logs
 from app.atomic import Dir
 from app.errors import StorageError, TrainingDiverged, short_message
-from app.training import best
-from app.training.replicas import Replicas
-from app.training.step import TrainStep
+from app.training.loop.replicas import Replicas
+from app.training.loop.step import TrainStep
+from app.training.state import best
 
 PREFIX = "ckpt"
 _NUMBERED = re.compile(rf"^{PREFIX}-(\d+)\.index$")

@@ -1,10 +1,10 @@
 """The Trainer owns *what* is trained: the step on the run's data, and its evaluation.
 
-It knows no intervals (:mod:`app.training.controller` decides when to train, evaluate
+It knows no intervals (:mod:`app.training.loop.controller` decides when to train, evaluate
 and save) and is the same for one process and N workers: the replicas are passed in
-(:mod:`app.training.replicas`), a single process being one replica of one. The step
+(:mod:`app.training.loop.replicas`), a single process being one replica of one. The step
 itself, with the model, optimizer and the multi-worker loss, is
-:class:`app.training.step.TrainStep`; the Trainer feeds it the run's batches (standardised
+:class:`app.training.loop.step.TrainStep`; the Trainer feeds it the run's batches (standardised
 with the training statistics) and evaluates the model on the validation or test rows.
 """
 
@@ -23,8 +23,8 @@ from app.data import pipeline, stream
 from app.data import split as split_lib
 from app.data.cache import DataCache
 from app.data.split import Split
-from app.training.replicas import Replicas
-from app.training.step import TrainStep
+from app.training.loop.replicas import Replicas
+from app.training.loop.step import TrainStep
 
 
 @dataclass(frozen=True)

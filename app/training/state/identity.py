@@ -69,7 +69,7 @@ HORIZON = "lr_horizon"
 
 
 class Agreeing(Protocol):
-    """What :func:`agree` needs of app.training.replicas.Replicas."""
+    """What :func:`agree` needs of app.training.loop.replicas.Replicas."""
 
     count: int
     index: int

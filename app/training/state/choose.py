@@ -19,7 +19,7 @@ by later runs and resumes there. In a multi-worker run the chief decides and sen
 choice to the others.
 
 A run keeps its precision once it has checkpoints: it is recorded next to them
-(``checkpoints/run.json``, with the run's identity: app/training/identity.py) and a resume
+(``checkpoints/run.json``, with the run's identity: app/training/state/identity.py) and a resume
 uses it, so an exact resume stays exact.
 """
 
@@ -44,9 +44,9 @@ from app.budget.plan import ThreadPlan
 from app.config import TrainConfig
 from app.data.cache import DataCache
 from app.errors import ConfigError
-from app.training import identity
-from app.training.replicas import Replicas
-from app.training.step import TrainStep, repeated
+from app.training.loop.replicas import Replicas
+from app.training.loop.step import TrainStep, repeated
+from app.training.state import identity
 
 WARMUP_STEPS = 2
 TIMED_STEPS = 2
@@ -68,7 +68,7 @@ class Choice:
 
 
 def recorded(checkpoints: Path) -> dict[str, Any] | None:
-    """The record of the checkpoints in ``checkpoints`` (app/training/identity.py), with the
+    """The record of the checkpoints in ``checkpoints`` (app/training/state/identity.py), with the
     formulation and precision they were trained in; None for a fresh start. Checkpoints
     without the record were written before precision was a choice: float32, the fast
     formulation. Raises StorageError for a record that can't be read beside checkpoints."""
@@ -205,7 +205,7 @@ def _ms_per_step(step: Any, count: int) -> float:
 def train_step(
     formulation: str, precision: str, x: tf.Tensor, y: tf.Tensor, config: TrainConfig
 ) -> Callable[[], tf.Tensor]:
-    """The run's training step (:class:`app.training.step.TrainStep`, one process) of the
+    """The run's training step (:class:`app.training.loop.step.TrainStep`, one process) of the
     candidate on a fresh model, over the batch ``x`` (B, H, W, 1), ``y`` (B, K) repeated:
     each call runs one step, as the trainer runs it, and returns its loss (1,)."""
     candidate = dataclasses.replace(config, formulation=formulation, precision=precision)

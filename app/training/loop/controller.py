@@ -9,12 +9,12 @@ run, in calls of up to K steps (``--steps-per-loop``), and after each call decid
   (the best validated step, exported at the end);
 * **checkpoint** when the step is a multiple of ``checkpoint_every``, the last step, the
   target was reached, or a stop was requested (the only place a checkpoint is decided);
-* **stop** on an agreed stop request (:class:`~app.training.outcome.Stopped`), when the
+* **stop** on an agreed stop request (:class:`~app.training.loop.outcome.Stopped`), when the
   evaluated RMSE is below ``target_loss`` (``TargetReached``), at ``max_steps``
   (``Completed``), or when the CPU budget changed so that the thread plan must change
   (``Replan``, after a checkpoint: the caller restarts TensorFlow with the new plan); a
   non-finite loss or evaluated RMSE raises TrainingDiverged (exit 5) before anything is
-  saved. The outcome is returned as its type (app/training/outcome.py).
+  saved. The outcome is returned as its type (app/training/loop/outcome.py).
 
 A call never crosses an evaluation or checkpoint step or the last step: K is cut to the
 next boundary, so every interval is honoured at the step the user asked for. With K = 0
@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 from app import logs
 from app.errors import TrainingDiverged
-from app.training.outcome import Completed, Outcome, Replan, Stopped, TargetReached
+from app.training.loop.outcome import Completed, Outcome, Replan, Stopped, TargetReached
 
 WARNING = 30
 #: Warn when the evaluated RMSE is not below the mean predictor from this evaluation on.
@@ -49,7 +49,7 @@ _NAMES = {"val_rmse": "validation RMSE", "test_rmse": "test RMSE"}
 
 
 class StepResult(Protocol):
-    """What a trainer returns for one call (see app.training.trainer.Steps)."""
+    """What a trainer returns for one call (see app.training.loop.trainer.Steps)."""
 
     @property
     def losses(self) -> Any: ...  # a sequence of floats, one per step run
