@@ -97,7 +97,7 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
 
     window, steps = spec["window"], spec["steps"]
     with tempfile.TemporaryDirectory(dir=spec["tmp"]) as out:
-        config = TrainConfig(
+        config = TrainConfig.of(
             data_dir=Path(spec["data"]),
             output_dir=Path(out),
             cache_dir=Path(spec["cache"]),
@@ -125,7 +125,7 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
             pipeline.train_input = in_memory  # type: ignore[assignment]
         else:
             data = cache_lib.prepare(sources(config), config.resolved_cache_dir)
-            input_ms = _input_ms(data, plan, spec["batch"], config.seed)
+            input_ms = _input_ms(data, plan, spec["batch"], config.recipe.seed)
         summary = train(workspace.for_run(config), config, plan).summary
         records = [json.loads(line) for line in (Path(out) / "logs" / "train.jsonl").open()]
     progress = [r for r in records if r.get("event") == "progress"][1:]  # drop warm-up
@@ -161,7 +161,7 @@ def _prepare(spec: dict[str, Any]) -> dict[str, Any]:
     from app.training.inputs.load import sources
 
     with tempfile.TemporaryDirectory(dir=spec["tmp"]) as out:
-        config = TrainConfig(
+        config = TrainConfig.of(
             data_dir=Path(spec["data"]), output_dir=Path(out), cache_dir=Path(spec["cache"])
         )
         data, wall, cpu = worker.timed(

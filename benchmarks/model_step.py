@@ -112,7 +112,6 @@ def _worker_probe(spec: dict[str, Any]) -> dict[str, Any]:
 def _worker_step(spec: dict[str, Any]) -> dict[str, Any]:
     """The run's training step (app/training/loop/step.py, as ``auto`` times it) with the seed's
     recipe, the peers' step; under ``xla`` its update compiled with ``jit_compile``."""
-    import dataclasses
 
     import numpy as np
     import tensorflow as tf
@@ -120,21 +119,21 @@ def _worker_step(spec: dict[str, Any]) -> dict[str, Any]:
     from app.config import TrainConfig
     from app.training.loop.replicas import Replicas
     from app.training.loop.step import TrainStep
-    from app.training.state.choose import train_step
+    from app.training.state.choose import Choice, train_step
 
     batch, k = spec["batch"], spec["outputs"]
     h, w = spec["height"], spec["width"]
     rng = np.random.default_rng(0)
     x = tf.constant(rng.standard_normal((batch, h, w, 1), dtype=np.float32))
     y = tf.constant(rng.standard_normal((batch, k), dtype=np.float32))
-    config = TrainConfig(
+    config = TrainConfig.of(
         data_dir=Path("."), output_dir=Path("."), batch_size=batch, optimizer="sgd",
         learning_rate=0.1, momentum=0.8, lr_schedule="exponential", keep_prob=0.5,
     )  # fmt: skip
     formulation, precision = spec["formulation"], spec.get("precision", "float32")
     if spec.get("xla", False):
-        candidate = dataclasses.replace(config, formulation=formulation, precision=precision)
-        step = TrainStep(candidate, (h, w, k), Replicas())
+        candidate = Choice(formulation, precision, "a candidate", {})
+        step = TrainStep(config.recipe, config.schedule.max_steps, candidate, (h, w, k), Replicas())
         zero = tf.constant(0.0)
         fn = tf.function(lambda: step.update(x, y, zero)[0], jit_compile=True)
     else:

@@ -135,14 +135,13 @@ def test_a_non_finite_number_is_a_one_line_usage_error(
 
 def _readers() -> dict[str, set[int]]:
     """Every variable any command reads → the declarations (fields) that read it."""
-    import dataclasses
-
     from app import cli
+    from app.options import option_fields
 
     readers: dict[str, set[int]] = {}
     for command, classes in cli.COMMANDS.items():
         for cls in classes:
-            for field in dataclasses.fields(cls):
+            for field in option_fields(cls):
                 for name in cli.envvars(command, field):
                     readers.setdefault(name, set()).add(id(field))
     return readers

@@ -175,14 +175,14 @@ def test_only_the_chief_writes_to_the_output_directory_itself(tmp_path: Path) ->
     chief = resolve({}, workers=2, worker_index=0, hosts="w{index}")
     other = resolve({}, workers=2, worker_index=1, hosts="w{index}")
     assert chief is not None and other is not None
-    config = TrainConfig(data_dir=tmp_path / "data", output_dir=tmp_path / "out")
+    config = TrainConfig.of(data_dir=tmp_path / "data", output_dir=tmp_path / "out")
     assert workspace.for_run(config, None).own == config.output_dir
     assert workspace.for_run(config, chief).own == config.output_dir
     assert workspace.for_run(config, other).own == tmp_path / "out/workers/worker-1"
     assert workspace.for_run(config, chief).cache == config.resolved_cache_dir
     assert workspace.for_run(config, other).cache == tmp_path / "out/workers/worker-1/cache"
-    shared = TrainConfig(
-        data_dir=config.data_dir, output_dir=config.output_dir, cache_dir=Path("/c")
+    shared = TrainConfig.of(
+        data_dir=config.data.data_dir, output_dir=config.output_dir, cache_dir=Path("/c")
     )
     assert workspace.for_run(shared, other).cache == Path("/c/worker-1")
     assert workspace.for_run(shared, chief).cache == Path("/c")

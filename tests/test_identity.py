@@ -35,11 +35,11 @@ def test_the_identity_options_are_the_declared_ones() -> None:
 @pytest.fixture(scope="module")
 def data(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     out = tmp_path_factory.mktemp("identity")
-    return prepare_cache(TrainConfig(data_dir=tiny_data, output_dir=out))
+    return prepare_cache(TrainConfig.of(data_dir=tiny_data, output_dir=out))
 
 
 def _config(tmp_path: Path, **changes: object) -> TrainConfig:
-    return TrainConfig(data_dir=tmp_path, output_dir=tmp_path, **changes)  # type: ignore[arg-type]
+    return TrainConfig.of(data_dir=tmp_path, output_dir=tmp_path, **changes)  # type: ignore[arg-type]
 
 
 def _recorded(tmp_path: Path, mine: identity.Identity) -> Path:

@@ -10,7 +10,6 @@ output directory's other checks). The runs go in the background (tests/runs.py).
 
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import os
 import shutil
@@ -169,10 +168,10 @@ def test_allow_nonfinite_accepts_what_the_default_rejects(tmp_path: Path) -> Non
     """The option reaches the converter (in process: the 2×3 data can't train the CNN)."""
     data = _good_data(tmp_path / "data")
     shutil.copyfile(CORPUS / "good" / "nonfinite.txt", data / "test_features.txt")
-    config = TrainConfig(data_dir=data, output_dir=tmp_path / "out", height=2, width=3)
+    config = TrainConfig.of(data_dir=data, output_dir=tmp_path / "out", height=2, width=3)
     with pytest.raises(DataError, match=r"test_features\.txt:2: field 2: non-finite"):
         prepare_cache(config)
-    loaded = prepare_cache(dataclasses.replace(config, allow_nonfinite=True))
+    loaded = prepare_cache(config.with_options(allow_nonfinite=True))
     x = np.asarray(loaded.features("test")).reshape(2, 6)
     assert np.isnan(x[1, 1]) and x[1, 2] == -np.inf and x[1, 3] == np.inf
 

@@ -30,7 +30,7 @@ SECRET = b"do not touch\n"
 
 
 def _key(data: Path, out: Path) -> str:
-    return cache.source_key(sources(TrainConfig(data_dir=data, output_dir=out)))
+    return cache.source_key(sources(TrainConfig.of(data_dir=data, output_dir=out)))
 
 
 def _plant(out: Path, name: str, kind: str, victim: Path) -> Path:

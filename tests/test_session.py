@@ -30,10 +30,10 @@ SCRIPT = textwrap.dedent(
     from tests.conftest import prepare_cache
 
     data, tmp, limit = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
-    config = TrainConfig(data_dir=data, output_dir=tmp / "out", cache_dir=tmp / "cache",
+    config = TrainConfig.of(data_dir=data, output_dir=tmp / "out", cache_dir=tmp / "cache",
                          batch_size=40, max_steps=12, validation_fraction=0.25, seed=3)
     c = prepare_cache(config)
-    rows = split.split(c.train_size, config.validation_fraction, config.seed)
+    rows = split.split(c.train_size, config.data.validation_fraction, config.recipe.seed)
     inputs = Inputs(c, rows, None)
     plan = types.SimpleNamespace(memory_limit=limit, tfdata_threads=1)
     reps = types.SimpleNamespace(count=1, index=0)

@@ -20,7 +20,7 @@ from tests.conftest import prepare_cache
 @pytest.fixture(scope="module")
 def cache(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -> DataCache:
     tmp = tmp_path_factory.mktemp("stream")
-    return prepare_cache(TrainConfig(data_dir=tiny_data, output_dir=tmp, cache_dir=tmp / "c"))
+    return prepare_cache(TrainConfig.of(data_dir=tiny_data, output_dir=tmp, cache_dir=tmp / "c"))
 
 
 def _expected(c: DataCache, ids: np.ndarray, stats: stream.Stats | None) -> tuple:

@@ -71,7 +71,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     b = spec["batch"]
     x = tf.constant(rng.standard_normal((b, 20, 195, 1), dtype=np.float32))
     y = tf.constant(rng.standard_normal((b, 3), dtype=np.float32))
-    config = TrainConfig(data_dir=Path("."), output_dir=Path("."), batch_size=b)
+    config = TrainConfig.of(data_dir=Path("."), output_dir=Path("."), batch_size=b)
     ms = step_time(spec["formulation"], spec["precision"], x, y, config, STEPS, WARMUP)
     return {"step_ms": ms, "samples_per_s": b / ms * 1e3}
 

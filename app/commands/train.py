@@ -42,7 +42,7 @@ def run(config: TrainConfig, options: PlanOptions, cluster_options: ClusterOptio
         logs.setup(worker=cluster.index)  # every record carries the worker index
     ws = workspace.for_run(config, cluster)
     held = lock.acquire(ws.own, below=ws.output)
-    bfloat16 = "bfloat16" in config.precisions(native_bf16=True)
+    bfloat16 = "bfloat16" in config.compute.precisions(native_bf16=True)
     plan = detect_plan("/", options, bfloat16=bfloat16)
     apply.apply(plan)
     from app.training.run import train

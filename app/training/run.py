@@ -49,14 +49,14 @@ def train(
     stop: Callable[[], bool] | None = None,
     cluster: Cluster | None = None,
 ) -> Result:
-    """Train to ``config.max_steps`` (or the target loss) and export; return the outcome
+    """Train to ``config.schedule.max_steps`` (or the target loss) and export; return the outcome
     (app/training/loop/outcome.py) with the summary (also ``metrics.json``: ``status``,
     ``final_step``, ``exported_step``, ``test_rmse``, ``baseline_rmse`` in raw label
     units, ``examples_per_sec``, ``wall_seconds``, ``plan``, …).
 
     ``ws`` is this process's workspace (:func:`app.training.state.workspace.for_run` of
     ``config`` and ``cluster``). With ``cluster`` this process is one worker of a
-    multi-worker run (docs/distributed.md): ``config.batch_size`` is per worker, only the
+    multi-worker run (docs/distributed.md): ``config.recipe.batch_size`` is per worker, only the
     chief (worker 0) writes checkpoints/, model/ and metrics.json. Raises DataError (bad
     input), StorageError (output), ConfigError (another run's checkpoints), Preempted (a
     stop before the first step), TrainingDiverged (NaN/Inf), MemoryBudgetExceeded,
@@ -66,8 +66,8 @@ def train(
     t_start = time.perf_counter()
     workspace.open_log(ws)
     _log_start(config, plan, cluster)
-    if config.publish_dir is not None and ws.is_chief:
-        preflight.check(config.publish_dir)  # before anything is converted or fitted
+    if config.publishing.publish_dir is not None and ws.is_chief:
+        preflight.check(config.publishing.publish_dir)  # before anything is converted or fitted
     data = load_data(config, ws.cache, plan, stop, below=ws.cache_top)
     done = rerun.finished(ws, config, data, cluster.count if cluster else 1)
     if done is not None:
@@ -97,7 +97,7 @@ def _log_start(config: TrainConfig, plan: ThreadPlan, cluster: Cluster | None) -
     if cluster is not None:
         multi = {
             "cluster": cluster.to_json(),
-            "global_batch_size": config.batch_size * cluster.count,
+            "global_batch_size": config.recipe.batch_size * cluster.count,
         }
     logs.event(
         "start",
@@ -121,9 +121,9 @@ def _finish(run: Session, outcome: Outcome, t_start: float) -> Result:
     facts.update(
         wall_seconds=round(time.perf_counter() - t_start, 2),
         steps_per_loop=outcome.steps_per_loop,
-        formulation=config.formulation,
-        precision=config.precision,
-        target_loss=config.target_loss,
+        formulation=run.choice.formulation,
+        precision=run.choice.precision,
+        target_loss=config.schedule.target_loss,
         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         plan=run.plan.to_json(),
     )
@@ -132,4 +132,4 @@ def _finish(run: Session, outcome: Outcome, t_start: float) -> Result:
     data = run.inputs.data
     summary = finish.summarize(outcome, data, run.samples_per_step, **facts)
     model, publisher = run.trainer.model, run.publisher(summary)
-    return finish.finish(run.ws, outcome, summary, model, data, config.standardize, publisher)
+    return finish.finish(run.ws, outcome, summary, model, data, config.data.standardize, publisher)

@@ -51,20 +51,22 @@ def complete(config: TrainConfig, plan: ThreadPlan, data: cache_lib.DataCache) -
     """The inputs of the run on ``data`` (the cache :func:`load_data` returned): the memory
     check, the split and the baselines. Raises MemoryBudgetExceeded (exit 8)."""
     check_memory(config, data, plan)
-    rows = split_lib.split(data.train_size, config.validation_fraction, config.seed)
-    reference = baselines.measure(data, rows, config.seed, plan.intra_op_threads)
+    rows = split_lib.split(data.train_size, config.data.validation_fraction, config.recipe.seed)
+    reference = baselines.measure(data, rows, config.recipe.seed, plan.intra_op_threads)
     return Inputs(data, rows, reference)
 
 
 def sources(config: TrainConfig) -> Sources:
-    """The data files (found in ``config.data_dir``: app/data/sources.py) and the parse
+    """The data files (found in ``config.data.data_dir``: app/data/sources.py) and the parse
     settings of ``config``. Raises DataError (a missing file), ConfigError (two
     candidates for one role)."""
     return Sources(
-        paths={role: find(config.data_dir, role, getattr(config, role)) for role in ROLES},
-        height=config.height,
-        width=config.width,
-        allow_nonfinite=config.allow_nonfinite,
+        paths={
+            role: find(config.data.data_dir, role, getattr(config.data, role)) for role in ROLES
+        },
+        height=config.data.height,
+        width=config.data.width,
+        allow_nonfinite=config.data.allow_nonfinite,
     )
 
 
@@ -86,10 +88,10 @@ def load_data(
     found = sources(config)
     data = cache_lib.prepare(
         found, cache_dir, stop=stop, threads=plan.intra_op_threads, below=below,
-        max_bytes=config.max_cache_bytes,
-        keep=cache_lib.Keep(config.cache_keep, config.cache_keep_bytes),
+        max_bytes=config.cache.max_cache_bytes,
+        keep=cache_lib.Keep(config.cache.cache_keep, config.cache.cache_keep_bytes),
     )  # fmt: skip
-    if config.standardize:
+    if config.data.standardize:
         for role, stats in (
             ("train_features", (data.feature_mean, data.feature_std)),
             ("train_labels", (data.label_mean, data.label_std)),
@@ -108,7 +110,8 @@ def check_memory(config: TrainConfig, data: cache_lib.DataCache, plan: ThreadPla
     logged as the ``memory`` event. Raises MemoryBudgetExceeded (exit 8) when it can't fit."""
     found = peak_memory.peak(
         rows=data.train_size, height=data.height, width=data.width,
-        outputs=data.num_outputs, batch_size=config.batch_size, memory_limit=plan.memory_limit,
+        outputs=data.num_outputs, batch_size=config.recipe.batch_size,
+        memory_limit=plan.memory_limit,
     )  # fmt: skip
     logs.event(
         "memory",
@@ -117,4 +120,4 @@ def check_memory(config: TrainConfig, data: cache_lib.DataCache, plan: ThreadPla
         memory_limit=plan.memory_limit,
         **found.to_json(),
     )
-    peak_memory.check(found, plan.memory_limit, config.batch_size)
+    peak_memory.check(found, plan.memory_limit, config.recipe.batch_size)

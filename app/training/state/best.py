@@ -17,6 +17,7 @@ chief's restored weights are sent to the others.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from typing import Any
@@ -31,7 +32,6 @@ from app.training.loop.replicas import Replicas
 PREFIX = "best"
 _NUMBERED = re.compile(rf"^{PREFIX}-(\d+)\.index$")
 _RMSE = "rmse/.ATTRIBUTES/VARIABLE_VALUE"
-WARNING = 30
 
 
 class Best:
@@ -120,7 +120,7 @@ class Best:
             logs.event(
                 "checkpoint_unreadable",
                 f"skipping unreadable best checkpoint {PREFIX}-{step}: {short_message(exc)}",
-                level=WARNING,
+                level=logging.WARNING,
                 path=f"{self.held.path}/{PREFIX}-{step}",
             )
             return None

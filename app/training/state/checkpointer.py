@@ -26,6 +26,7 @@ docs/security.md.
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 import time
@@ -103,7 +104,7 @@ def restore(
         logs.event(
             "checkpoint_cleanup",
             f"removed {len(removed)} partial checkpoint file(s) of an interrupted save",
-            level=30,
+            level=logging.WARNING,
             removed=removed,
         )
     tried = candidates(directory, manager)
@@ -118,7 +119,7 @@ def restore(
             logs.event(
                 "checkpoint_unreadable",
                 f"skipping unreadable checkpoint {prefix}: {reason}",
-                level=30,
+                level=logging.WARNING,
                 path=prefix,
             )
             continue
@@ -126,7 +127,7 @@ def restore(
             logs.event(
                 "checkpoint_fallback",
                 f"fell back to older checkpoint {prefix}",
-                level=30,
+                level=logging.WARNING,
                 path=prefix,
                 skipped=len(errors),
             )
