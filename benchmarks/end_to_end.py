@@ -181,7 +181,7 @@ def _prepare(spec: dict[str, Any]) -> dict[str, Any]:
 WORKERS = {"train": _train, "prepare": _prepare}
 
 
-def prepare(data_dir: Path, cache_dir: Path, env: dict[str, str], threads: int) -> dict:
+def conversion(data_dir: Path, cache_dir: Path, env: dict[str, str], threads: int) -> dict:
     """Build the cache for ``data_dir`` in a fresh process (removing an old one first)."""
     import shutil
 

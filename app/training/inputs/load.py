@@ -26,7 +26,6 @@ from app.data.sources import ROLES, Sources, find
 from app.data.split import Split
 from app.errors import DataError
 from app.training.inputs import baselines, peak_memory
-from app.training.state.workspace import Workspace
 
 
 @dataclass(frozen=True)
@@ -37,14 +36,6 @@ class Inputs:
     data: cache_lib.DataCache
     rows: Split
     reference: baselines.Baselines
-
-
-def prepare(
-    config: TrainConfig, plan: ThreadPlan, ws: Workspace, stop: Callable[[], bool]
-) -> Inputs:
-    """The inputs of the run (module docstring), in the workspace's cache. Raises DataError
-    (bad input), Preempted (a stop during the conversion), MemoryBudgetExceeded (exit 8)."""
-    return complete(config, plan, load_data(config, ws.cache, plan, stop, below=ws.cache_top))
 
 
 def complete(config: TrainConfig, plan: ThreadPlan, data: cache_lib.DataCache) -> Inputs:

@@ -13,7 +13,8 @@ run, in calls of up to K steps (``--steps-per-loop``), and after each call decid
 * **stop** on an agreed stop request (:class:`~app.training.loop.outcome.Stopped`), when the
   evaluated RMSE is below ``target_loss`` (``TargetReached``), at ``max_steps``
   (``Completed``), or when the CPU budget changed so that the thread plan must change
-  (a hook says so: ``Replan``, after a checkpoint: the caller restarts TensorFlow with the new plan); a
+  (a hook says so: ``Replan``, after a checkpoint: the caller restarts TensorFlow with
+  the new plan); a
   non-finite loss or evaluated RMSE raises TrainingDiverged (exit 5) before anything is
   saved. The outcome is returned as its type (app/training/loop/outcome.py).
 
