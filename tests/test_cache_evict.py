@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.config import TrainConfig
+from app.config import CacheConfig, TrainConfig
 from app.data import cache, cache_marker, synthetic
 from tests.conftest import REPO, prepare_cache
 
@@ -56,7 +56,7 @@ def test_several_data_sets_live_side_by_side_under_the_default_bound(tmp_path: P
     again = _prepare(tmp_path, 1)  # the first data set again: reused, not converted
     assert again.path == one.path
     assert _names(tmp_path) == {one.path.name, two.path.name, three.path.name}
-    assert cache.Keep().count == 4 == TrainConfig.__dataclass_fields__["cache_keep"].default
+    assert cache.Keep().count == 4 == CacheConfig().cache_keep
 
 
 def test_the_least_recently_used_beyond_the_count_go(
