@@ -81,11 +81,11 @@ def train(
 
     reps = replicas.create(cluster)
     try:
-        run = session.start(ws, config, plan, inputs, reps, stop)
-        outcome = run.controller().run(run.start)
+        ready = session.start(ws, config, plan, inputs, reps, stop)
+        outcome = ready.controller().run(ready.start)
         if isinstance(outcome, Replan):
             inputs.data.hand_over()  # the restart's exec keeps the cache held
-        return _finish(run, outcome, t_start)
+        return _finish(ready, outcome, t_start)
     except Exception as exc:
         reps.report_failure(exc)  # the other workers stop instead of waiting for this one
         raise
@@ -111,25 +111,27 @@ def _log_start(config: TrainConfig, plan: ThreadPlan, cluster: Cluster | None) -
     )
 
 
-def _finish(run: Session, outcome: Outcome, t_start: float) -> Result:
+def _finish(ready: Session, outcome: Outcome, t_start: float) -> Result:
     """The summary of ``outcome`` (the exported step's facts when the run finished), then
     the end of the run (app/training/finish.py)."""
     from app.training import finish
 
-    config, reps = run.config, run.reps
-    facts = run.exported(outcome) if isinstance(outcome, FINISHED) else {}
+    config, reps = ready.config, ready.reps
+    facts = ready.exported(outcome) if isinstance(outcome, FINISHED) else {}
     facts.update(
         wall_seconds=round(time.perf_counter() - t_start, 2),
         steps_per_loop=outcome.steps_per_loop,
-        formulation=run.choice.formulation,
-        precision=run.choice.precision,
+        formulation=ready.choice.formulation,
+        precision=ready.choice.precision,
         target_loss=config.schedule.target_loss,
         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        plan=run.plan.to_json(),
+        plan=ready.plan.to_json(),
     )
     if reps.cluster is not None:
-        facts.update(workers=reps.count, global_batch_size=run.samples_per_step)
-    data = run.inputs.data
-    summary = finish.summarize(outcome, data, run.samples_per_step, **facts)
-    model, publisher = run.trainer.model, run.publisher(summary)
-    return finish.finish(run.ws, outcome, summary, model, data, config.data.standardize, publisher)
+        facts.update(workers=reps.count, global_batch_size=ready.samples_per_step)
+    data = ready.inputs.data
+    summary = finish.summarize(outcome, data, ready.samples_per_step, **facts)
+    model, publisher = ready.trainer.model, ready.publisher(summary)
+    return finish.finish(
+        ready.ws, outcome, summary, model, data, config.data.standardize, publisher
+    )
