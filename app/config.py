@@ -308,7 +308,8 @@ class TrainConfig(Options):
     compute: ComputeConfig = group(ComputeConfig)
     publishing: PublishConfig = group(PublishConfig)
 
-    #: The options in ``--help``'s and the README's order (an option not listed comes after).
+    #: The options in ``--help``'s and the README's order (an option not listed comes right
+    #: after the one declared before it in its group).
     ORDER: ClassVar[tuple[str, ...]] = (
         "data_dir",
         "output_dir",

@@ -82,14 +82,19 @@ def group(cls: type, *, required: bool = False) -> Any:
 
 def option_fields(cls: type) -> tuple[dataclasses.Field[Any], ...]:
     """The options of dataclass ``cls``, its groups' in their place, in the order of
-    ``cls.ORDER`` (field names) where it has one (the rest after it, as declared)."""
+    ``cls.ORDER`` (field names) where it has one; an option it does not list comes right
+    after the one declared before it."""
     found = [
         leaf
         for f in dataclasses.fields(cls)
         for leaf in (option_fields(f.metadata["group"]) if "group" in f.metadata else (f,))
     ]
     order = {name: i for i, name in enumerate(getattr(cls, "ORDER", ()))}
-    return tuple(sorted(found, key=lambda f: order.get(f.name, len(order))))
+    keys, last = {}, -1
+    for f in found:
+        last = order.get(f.name, last)
+        keys[f.name] = (last, f.name not in order)
+    return tuple(sorted(found, key=lambda f: keys[f.name]))
 
 
 def from_flat(cls: type, values: dict[str, Any]) -> Any:
