@@ -88,8 +88,8 @@ def test_an_hdf5_file_behind_a_user_block_is_recognised(tmp_path: Path, arrays: 
 
 def test_npy_files_are_found_by_their_default_names(tmp_path: Path, arrays: dict) -> None:
     data = _npy_dir(tmp_path / "d", arrays)
-    config = TrainConfig(data_dir=data, output_dir=tmp_path / "o")
-    from app.training.inputs import sources
+    config = TrainConfig.of(data_dir=data, output_dir=tmp_path / "o")
+    from app.training.inputs.load import sources
 
     found = sources(config)
     assert {r: found.path(r).name for r in ROLES} == {r: f"{r}.npy" for r in ROLES}
@@ -104,8 +104,8 @@ def test_a_float32_npy_is_used_in_place_with_the_texts_digests(
     """No array of a float32 .npy is copied into the cache; its rows, statistics and
     digests are the ones the text gives."""
     data = _npy_dir(tmp_path / "npy", arrays)
-    text = prepare_cache(TrainConfig(data_dir=tiny_data, output_dir=tmp_path / "t"))
-    npy = prepare_cache(TrainConfig(data_dir=data, output_dir=tmp_path / "n"))
+    text = prepare_cache(TrainConfig.of(data_dir=tiny_data, output_dir=tmp_path / "t"))
+    npy = prepare_cache(TrainConfig.of(data_dir=data, output_dir=tmp_path / "n"))
     assert sorted(p.name for p in npy.path.iterdir()) == [
         ".coretrain",
         "manifest.json",
@@ -131,7 +131,7 @@ def test_a_float32_npy_is_used_in_place_with_the_texts_digests(
 def test_other_real_dtypes_are_converted_once(tmp_path: Path, arrays: dict, dtype: str) -> None:
     feats = arrays["train_features"].astype(dtype)
     data = _npy_dir(tmp_path / "d", arrays, train_features=feats)
-    cache = prepare_cache(TrainConfig(data_dir=data, output_dir=tmp_path / "o"))
+    cache = prepare_cache(TrainConfig.of(data_dir=data, output_dir=tmp_path / "o"))
     assert (cache.path / "train_x.f32").stat().st_size == feats.size * 4
     np.testing.assert_array_equal(
         cache.features("train").reshape(len(feats), -1), feats.astype(np.float32)
@@ -141,7 +141,7 @@ def test_other_real_dtypes_are_converted_once(tmp_path: Path, arrays: dict, dtyp
 def test_a_fortran_ordered_npy_is_converted_not_mapped(tmp_path: Path, arrays: dict) -> None:
     feats = np.asfortranarray(arrays["train_features"])
     data = _npy_dir(tmp_path / "d", arrays, train_features=feats)
-    cache = prepare_cache(TrainConfig(data_dir=data, output_dir=tmp_path / "o"))
+    cache = prepare_cache(TrainConfig.of(data_dir=data, output_dir=tmp_path / "o"))
     assert (cache.path / "train_x.f32").is_file()
     np.testing.assert_array_equal(cache.features("train").reshape(len(feats), -1), feats)
 
@@ -150,7 +150,7 @@ def test_hdf5_chunked_compressed_is_read_in_blocks_contiguous_in_place(
     tmp_path: Path, arrays: dict
 ) -> None:
     path = _h5(tmp_path / "d.h5", arrays, chunked=("train_features",))
-    cache = prepare_cache(TrainConfig(data_dir=path, output_dir=tmp_path / "o"))
+    cache = prepare_cache(TrainConfig.of(data_dir=path, output_dir=tmp_path / "o"))
     assert (cache.path / "train_x.f32").is_file()  # compressed: converted
     assert not (cache.path / "test_x.f32").exists()  # contiguous float32: in place
     np.testing.assert_array_equal(cache.features("test").reshape(60, -1), arrays["test_features"])
@@ -258,7 +258,7 @@ def test_the_cache_bound_applies_to_a_converted_array_not_to_one_in_place(
     assert code == 3 and len(lines) == 1
     assert lines[0].startswith(f"coretrain: {wide}/train_features.npy: the data cache would take")
     in_place = _npy_dir(tmp_path / "f32", arrays)
-    config = TrainConfig(data_dir=in_place, output_dir=tmp_path / "o2", max_cache_bytes=100_000)
+    config = TrainConfig.of(data_dir=in_place, output_dir=tmp_path / "o2", max_cache_bytes=100_000)
     assert prepare_cache(config, max_bytes=100_000).train_size == 240
 
 
@@ -322,11 +322,13 @@ def test_text_npy_npz_and_hdf5_train_to_the_same_test_rmse_bit_for_bit(
 
 
 def test_a_containers_arrays_may_be_named_by_option(tmp_path: Path, arrays: dict) -> None:
-    from app.training.inputs import sources
+    from app.training.inputs.load import sources
 
     renamed = {"X": arrays["train_features"], **{r: arrays[r] for r in ROLES[1:]}}
     np.savez(tmp_path / "d.npz", **renamed)
-    config = TrainConfig(data_dir=tmp_path / "d.npz", output_dir=tmp_path / "o", train_features="X")
+    config = TrainConfig.of(
+        data_dir=tmp_path / "d.npz", output_dir=tmp_path / "o", train_features="X"
+    )
     found = sources(config)
     assert [found.label(r) for r in ROLES] == [
         f"{tmp_path}/d.npz:{name}" for name in ("X", *ROLES[1:])
