@@ -13,9 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from app import logs
+from app.data import measured
 from app.data.cache import DataCache
 from app.data.split import Split
-from app.training import linear
+from app.training import kept, linear
 
 
 @dataclass(frozen=True)
@@ -33,23 +34,52 @@ class Baselines:
         return {"baseline_rmse": self.test_mean, "linear_rmse": lin}
 
 
-def measure(data: DataCache, rows: Split, seed: int, threads: int) -> Baselines:
+def measure(
+    data: DataCache, rows: Split, seed: int, threads: int, store: measured.Store | None = None
+) -> Baselines:
     """Both baselines of a run on ``data`` split into ``rows`` (``threads``: BLAS threads).
-    Data the ridge can't fit (NaN/Inf let in by --allow-nonfinite) leave it out, with a
-    warning."""
+    The ridge is kept in ``store`` (beside the data cache: app/data/measured.py) by what it
+    depends on (app/training/kept.py) and reused from there (``source`` "cached") instead
+    of fitted again. Data the ridge can't fit (NaN/Inf let in by --allow-nonfinite) leave
+    it out, with a warning."""
     eval_mean = linear.mean_rmse(data, rows.validation) if rows.validating else data.baseline_rmse
-    try:
-        fitted = linear.baseline(data, rows.train, rows.validation, seed, threads)
-    except (ValueError, np.linalg.LinAlgError) as exc:
-        logs.event(
-            "linear_baseline", f"no linear baseline: {exc}", level=logging.WARNING, error=str(exc)
-        )
-        return Baselines(eval_mean, data.baseline_rmse, None)
+    depends = kept.ridge_depends(data, rows.train, rows.validation, seed)
+    fitted, source = _kept(store, depends), "cached"
+    if fitted is None:
+        try:
+            fitted = linear.baseline(data, rows.train, rows.validation, seed, threads)
+        except (ValueError, np.linalg.LinAlgError) as exc:
+            logs.event(
+                "linear_baseline", f"no linear baseline: {exc}", level=logging.WARNING,
+                error=str(exc),
+            )  # fmt: skip
+            return Baselines(eval_mean, data.baseline_rmse, None)
+        source = "fitted"
+        measured.keep(store, "ridge", depends, fitted.to_json())
     val = f", validation {fitted.val_rmse:.4g}" if fitted.val_rmse is not None else ""
+    cost = f"in {fitted.seconds:.1f} s"
+    if source == "cached":
+        cost = f"kept from an earlier fit ({fitted.seconds:.1f} s then)"
     logs.event(
         "linear_baseline",
-        f"ridge regression on {fitted.rows:,} training rows in {fitted.seconds:.1f} s: test "
-        f"RMSE {fitted.test_rmse:.4g}{val} (mean predictor {data.baseline_rmse:.4g})",
+        f"ridge regression on {fitted.rows:,} training rows {cost}: test RMSE "
+        f"{fitted.test_rmse:.4g}{val} (mean predictor {data.baseline_rmse:.4g})",
+        source=source,
         **fitted.to_json(),
     )
     return Baselines(eval_mean, data.baseline_rmse, fitted)
+
+
+def _kept(store: measured.Store | None, depends: dict) -> linear.Baseline | None:
+    """The ridge kept for ``depends``; None when there is none valid."""
+    found = measured.lookup(store, "ridge", depends)
+    if found is None:
+        return None
+    try:
+        return linear.Baseline.from_json(found)
+    except (KeyError, TypeError, ValueError):
+        logs.event(
+            "measured_invalid", "kept ridge not used (its value is not a baseline); fitting again",
+            level=logging.WARNING, problem="value",
+        )  # fmt: skip
+        return None

@@ -21,6 +21,7 @@ from app.budget import memory
 from app.budget.plan import ThreadPlan
 from app.config import TrainConfig
 from app.data import cache as cache_lib
+from app.data import measured
 from app.data import split as split_lib
 from app.data.sources import ROLES, Sources, find
 from app.data.split import Split
@@ -44,15 +45,20 @@ def prepare(
 ) -> Inputs:
     """The inputs of the run (module docstring), in the workspace's cache. Raises DataError
     (bad input), Preempted (a stop during the conversion), MemoryBudgetExceeded (exit 8)."""
-    return complete(config, plan, load_data(config, ws.cache, plan, stop, below=ws.cache_top))
+    data = load_data(config, ws.cache, plan, stop, below=ws.cache_top)
+    return complete(config, plan, data, measured.Store(ws.cache, ws.cache_top))
 
 
-def complete(config: TrainConfig, plan: ThreadPlan, data: cache_lib.DataCache) -> Inputs:
+def complete(
+    config: TrainConfig, plan: ThreadPlan, data: cache_lib.DataCache,
+    store: measured.Store | None = None,
+) -> Inputs:  # fmt: skip
     """The inputs of the run on ``data`` (the cache :func:`load_data` returned): the memory
-    check, the split and the baselines. Raises MemoryBudgetExceeded (exit 8)."""
+    check, the split and the baselines (the ridge kept in ``store``, beside the data cache).
+    Raises MemoryBudgetExceeded (exit 8)."""
     check_memory(config, data, plan)
     rows = split_lib.split(data.train_size, config.validation_fraction, config.seed)
-    reference = baselines.measure(data, rows, config.seed, plan.intra_op_threads)
+    reference = baselines.measure(data, rows, config.seed, plan.intra_op_threads, store)
     return Inputs(data, rows, reference)
 
 

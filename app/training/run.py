@@ -31,10 +31,11 @@ from app.budget.apply import import_tensorflow, tensorflow_version
 from app.budget.plan import ThreadPlan
 from app.cluster.spec import Cluster
 from app.config import TrainConfig
+from app.data import measured
 from app.errors import Preempted
 from app.release import preflight
 from app.signals import StopRequest
-from app.training import rerun, workspace
+from app.training import precheck, rerun, workspace
 from app.training.inputs import complete, load_data
 from app.training.outcome import FINISHED, Outcome, Replan, Result
 
@@ -66,13 +67,16 @@ def train(
     t_start = time.perf_counter()
     workspace.open_log(ws)
     _log_start(config, plan, cluster)
+    workers = cluster.count if cluster else 1
     if config.publish_dir is not None and ws.is_chief:
         preflight.check(config.publish_dir)  # before anything is converted or fitted
+    precheck.before_data(ws, config, workers)  # another run's checkpoints: before converting
     data = load_data(config, ws.cache, plan, stop, below=ws.cache_top)
-    done = rerun.finished(ws, config, data, cluster.count if cluster else 1)
+    done = rerun.finished(ws, config, data, workers)
     if done is not None:
         return done
-    inputs = complete(config, plan, data)
+    precheck.with_data(ws, config, data, workers)  # before the baselines and TensorFlow
+    inputs = complete(config, plan, data, measured.Store(ws.cache, ws.cache_top))
     if stop():
         raise Preempted("stopped by signal before training started")
     import_tensorflow()

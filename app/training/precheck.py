@@ -1,0 +1,45 @@
+"""The checks that can refuse a run before its data are converted, fitted or timed.
+
+A run that will be refused should be refused in a fraction of a second, not after minutes
+of converting text, fitting the ridge and timing the formulations. What can be decided from
+the output directory and the options alone is checked first (app/training/run.py): the
+publish directory (app/release/preflight.py), then :func:`before_data`: a resume whose
+``checkpoints/run.json`` records other identity options, another worker count or another
+precision than an explicit ``--precision`` is exit 2 with the same one line the full check
+gives (app/training/identity.py). The data's part of the identity (the fingerprints) needs
+the converted cache: it is checked as soon as the cache is there, before the memory check,
+the baselines and TensorFlow (:func:`with_data`). Records of older versions (no ``data`` or
+``options``) are left to the full check. No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+from app.config import TrainConfig
+from app.data.cache import DataCache
+from app.training import identity
+from app.training.workspace import Workspace
+
+
+def before_data(ws: Workspace, config: TrainConfig, workers: int) -> None:
+    """Refuse (ConfigError, exit 2) a resume whose record differs from this run in its
+    options, worker count or precision; StorageError (exit 4) for an unreadable record
+    beside checkpoints. Nothing for a fresh start or a worker (the chief checks)."""
+    if not ws.is_chief or not identity.has_checkpoints(ws.checkpoints):
+        return
+    kept = identity.read(ws.checkpoints)
+    if kept is None or "data" not in kept or "options" not in kept:
+        return  # an older record: the full check (identity.check) decides
+    refused = identity.other_precision(str(kept.get("precision", "float32")), config.precision)
+    if refused is not None:
+        raise refused
+    mine = identity.Identity(kept["data"], identity.options_of(config), workers)
+    found = identity.differences(kept, mine)  # the data as recorded: options and workers only
+    if found:
+        raise identity.another_run(ws.checkpoints, found)
+
+
+def with_data(ws: Workspace, config: TrainConfig, data: DataCache, workers: int) -> None:
+    """The whole identity (data included) against the record, once the cache is there
+    (identity.check; the chief only). Raises ConfigError (exit 2), StorageError (exit 4)."""
+    if ws.is_chief:
+        identity.check(ws.checkpoints, identity.of_run(config, data, workers))
