@@ -17,6 +17,13 @@ round runs, each in a fresh process, the order alternating from round to round:
 * ``finished``: the finished ``--steps`` run rerun with the same options (nothing to do);
 * ``tf_import``: ``python -c "import tensorflow"``, the import alone.
 
+``--stream-steps N`` adds two cases (not beside the Keras script: their ratio is to each
+other): ``resident``, the shared cache's split held in memory, and ``streamed``, the same run
+in a fresh v1 memory cgroup of ``--stream-memory`` bytes (2 GiB: a quarter of it is below
+the 40,000-row split, so the run streams it; :mod:`benchmarks.cgroup_run`), each ``N``
+steps; reported: the median ``progress`` rate after the first window and the streamed /
+resident ratio per round.
+
 ``coretrain train`` runs with its defaults (``--formulation auto --precision auto``, an
 evaluation every 100 steps). Reported per case: the wall time from the launch to the first
 steps (the ``steps_per_loop`` event, logged after the first two calls; the Keras script's
@@ -47,6 +54,8 @@ from benchmarks.exec_keras import cpu_model
 REPO = Path(__file__).resolve().parents[1]
 CORETRAIN = [sys.executable, "-m", "app"]
 CASES = ("cold", "warm", "resumed", "finished")
+#: The memory cgroup's limit of the ``streamed`` case (module docstring).
+STREAM_MEMORY = 2 << 30
 #: Events that end each phase, in order (the phase is named by what it measures).
 PHASES = (
     ("startup", "start"),
@@ -91,12 +100,16 @@ def _stamp(record: dict[str, Any]) -> float:
     return datetime.datetime.fromisoformat(record["timestamp"]).timestamp()
 
 
-def coretrain(out: Path, data: Path, cache_dir: Path, steps: int) -> dict[str, Any]:
+def coretrain(
+    out: Path, data: Path, cache_dir: Path, steps: int, wrap: list[str] | None = None,
+    extra: tuple[str, ...] = (),
+) -> dict[str, Any]:  # fmt: skip
     """One ``coretrain train`` process: wall times and phases from its events."""
     args = ["train", "--data", str(data), "--output", str(out), "--cache-dir", str(cache_dir),
-            "--max-steps", str(steps)]  # fmt: skip
+            "--max-steps", str(steps), *extra]  # fmt: skip
     launched = time.time()
-    proc = subprocess.run([*CORETRAIN, *args], capture_output=True, text=True, cwd=REPO)
+    argv = [*(wrap or []), *CORETRAIN, *args]
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO)
     wall = time.time() - launched
     events = []
     for line in proc.stdout.splitlines():
@@ -115,7 +128,11 @@ def coretrain(out: Path, data: Path, cache_dir: Path, steps: int) -> dict[str, A
     choice = next((e for e in events if e.get("event") == "choice"), {})
     ridge = next((e for e in events if e.get("event") == "linear_baseline"), {})
     first = seen.get("steps_per_loop")
+    rates = [e["examples_per_sec"] for e in events if e.get("event") == "progress"][1:]
+    held = next((e.get("resident") for e in events if e.get("event") == "input"), None)
     return {
+        "rate": statistics.median(rates) if rates else None,
+        "resident": held,
         "wall_s": round(wall, 2),
         "first_step_s": round(first - launched, 2) if first else None,
         "phases": phases,
@@ -169,7 +186,24 @@ def one_case(case: str, work: Path, data: Path, steps: int, r: int) -> dict[str,
         shutil.rmtree(work / "out-resumed", ignore_errors=True)
         shutil.copytree(done, work / "out-resumed", symlinks=True)
         return coretrain(work / "out-resumed", data, shared, 2 * steps)
+    if case in ("resident", "streamed"):
+        return stream_case(case, work, data, steps)
     return coretrain(done, data, shared, steps)  # finished
+
+
+def stream_case(case: str, work: Path, data: Path, steps: int) -> dict[str, Any]:
+    """``resident`` or ``streamed`` (module docstring) for ``steps`` steps."""
+    from benchmarks import cgroup_run
+
+    out = work / f"out-{case}"
+    shutil.rmtree(out, ignore_errors=True)
+    every = ("--eval-every", str(max(steps // 8, 1)))
+    if case == "resident":
+        return coretrain(out, data, work / "cache-shared", steps, extra=every)
+    with cgroup_run.memory_cgroup(STREAM_MEMORY, "ttm") as group:
+        found = coretrain(out, data, work / "cache-shared", steps, group.command([]), every)
+        found["cgroup_peak_bytes"] = group.peak()
+    return found
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -180,9 +214,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     shutil.rmtree(work / "finished-run", ignore_errors=True)
     coretrain(work / "finished-run", data, work / "cache-shared", steps)
     cases = [c for c in args.cases.split(",") if c]
+    streams = ["resident", "streamed"] if args.stream_steps else []
     rounds: list[dict[str, Any]] = []
     for r in range(args.rounds):
-        order = ["keras", "tf_import", *cases]
+        order = ["keras", "tf_import", *cases, *streams]
         if r % 2:
             order.reverse()
         got: dict[str, Any] = {}
@@ -191,12 +226,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 got[case] = keras(npy, steps)
             elif case == "tf_import":
                 got[case] = tf_import()
+            elif case in streams:
+                got[case] = one_case(case, work, data, args.stream_steps, r)
             else:
                 got[case] = one_case(case, work, data, steps, r)
             log(f"round {r + 1} {case}: {got[case]['wall_s']} s")
         rounds.append(got)
+    found = ratios(rounds, cases)
+    if streams:
+        per = [r["streamed"]["rate"] / r["resident"]["rate"] for r in rounds]
+        found["streamed_over_resident"] = {
+            "rate": round(statistics.median(per), 3), "per_round": [round(p, 3) for p in per],
+        }  # fmt: skip
     return {"cpu": cpu_model(), "rows": args.rows, "steps": steps, "rounds": rounds,
-            "ratios": ratios(rounds, cases)}  # fmt: skip
+            "ratios": found}  # fmt: skip
 
 
 def ratios(rounds: list[dict[str, Any]], cases: list[str]) -> dict[str, Any]:
@@ -221,6 +264,9 @@ def ratios(rounds: list[dict[str, Any]], cases: list[str]) -> dict[str, Any]:
 def table(report: dict[str, Any]) -> str:
     lines = [f"CPU: {report['cpu']}; {report['rows']} rows, {report['steps']} steps"]
     for case, found in report["ratios"].items():
+        if case == "streamed_over_resident":
+            lines.append(f"streamed / resident rate {found['rate']} (rounds {found['per_round']})")
+            continue
         lines.append(
             f"{case:10} wall/keras {found['wall_over_keras']:.2f} (rounds {found['per_round']})"
             f"  first step/keras {found['first_step_over_keras']}"
@@ -238,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--stream-steps", type=int, default=0)
     report = run(parser.parse_args(argv))
     log("\n" + table(report))
     print(json.dumps(report))
