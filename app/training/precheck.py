@@ -14,6 +14,8 @@ the baselines and TensorFlow (:func:`with_data`). Records of older versions (no 
 
 from __future__ import annotations
 
+from typing import Any
+
 from app.config import TrainConfig
 from app.data.cache import DataCache
 from app.training import identity
@@ -24,22 +26,34 @@ def before_data(ws: Workspace, config: TrainConfig, workers: int) -> None:
     """Refuse (ConfigError, exit 2) a resume whose record differs from this run in its
     options, worker count or precision; StorageError (exit 4) for an unreadable record
     beside checkpoints. Nothing for a fresh start or a worker (the chief checks)."""
-    if not ws.is_chief or not identity.has_checkpoints(ws.checkpoints):
+    kept = _recorded(ws)
+    if kept is None:
         return
-    kept = identity.read(ws.checkpoints)
-    if kept is None or "data" not in kept or "options" not in kept:
-        return  # an older record: the full check (identity.check) decides
     refused = identity.other_precision(str(kept.get("precision", "float32")), config.precision)
     if refused is not None:
         raise refused
-    mine = identity.Identity(kept["data"], identity.options_of(config), workers)
-    found = identity.differences(kept, mine)  # the data as recorded: options and workers only
-    if found:
-        raise identity.another_run(ws.checkpoints, found)
+    # the data as recorded: the options and the worker count alone
+    _refuse(ws, kept, identity.Identity(kept["data"], identity.options_of(config), workers))
 
 
 def with_data(ws: Workspace, config: TrainConfig, data: DataCache, workers: int) -> None:
-    """The whole identity (data included) against the record, once the cache is there
-    (identity.check; the chief only). Raises ConfigError (exit 2), StorageError (exit 4)."""
-    if ws.is_chief:
-        identity.check(ws.checkpoints, identity.of_run(config, data, workers))
+    """The whole identity (data included) against the record, once the cache is there (the
+    chief only; its warnings are the session's full check's). Raises ConfigError (exit 2)."""
+    kept = _recorded(ws)
+    if kept is not None:
+        _refuse(ws, kept, identity.of_run(config, data, workers))
+
+
+def _recorded(ws: Workspace) -> dict[str, Any] | None:
+    """The chief's record of the checkpoints it would resume, when it holds an identity;
+    None for a fresh start, a worker or an older record (the full check decides)."""
+    if not ws.is_chief or not identity.has_checkpoints(ws.checkpoints):
+        return None
+    kept = identity.read(ws.checkpoints)
+    return kept if kept is not None and "data" in kept and "options" in kept else None
+
+
+def _refuse(ws: Workspace, kept: dict[str, Any], mine: identity.Identity) -> None:
+    found = identity.differences(kept, mine)
+    if found:
+        raise identity.another_run(ws.checkpoints, found)
