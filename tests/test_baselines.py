@@ -12,7 +12,7 @@ import pytest
 
 from app.config import TrainConfig
 from app.data import measured, split, synthetic
-from app.training import baselines, linear
+from app.training.inputs import baselines, linear
 from tests.conftest import prepare_cache
 
 
@@ -23,7 +23,7 @@ def _events(logged: list[logging.LogRecord], name: str) -> list[logging.LogRecor
 @pytest.fixture
 def data(tmp_path: Path):  # type: ignore[no-untyped-def]
     synthetic.generate(tmp_path / "data", train=120, test=30, seed=3)
-    config = TrainConfig(data_dir=tmp_path / "data", output_dir=tmp_path / "out")
+    config = TrainConfig.of(data_dir=tmp_path / "data", output_dir=tmp_path / "out")
     cache = prepare_cache(config)
     yield cache
     cache.release()

@@ -16,14 +16,33 @@ import pytest
 
 from app import logs
 from app.errors import TrainingDiverged
-from app.training.controller import (
+from app.training.loop.controller import (
     CALIBRATION_STEPS,
     TARGET_CALL_SECONDS,
     Controller,
     Meter,
     Schedule,
 )
-from app.training.outcome import Completed, Replan, Stopped, TargetReached
+from app.training.loop.hooks import Hook, StepResult
+from app.training.loop.outcome import Completed, Replan, Stopped, TargetReached
+
+
+class Recorder(Hook):
+    """A hook that records each boundary it is run at; ``replan`` answers the re-plan question."""
+
+    def __init__(self, replan: object = None) -> None:
+        self.calls: list[tuple[int, int]] = []  # (step reached, steps in the call)
+        self.records: list[dict] = []
+        self.answer = replan
+
+    def after_steps(self, step: int, result: StepResult) -> None:
+        self.calls.append((step, len(result.losses)))
+
+    def after_evaluation(self, record: dict) -> None:
+        self.records.append(record)
+
+    def replan(self) -> bool:
+        return bool(self.answer()) if callable(self.answer) else False
 
 
 @dataclass
@@ -117,7 +136,7 @@ def run(
         stop=lambda: False,
         baseline_rmse=2.0,
         **({"agree": agree} if agree else {}),  # type: ignore[arg-type]
-        **({"replan": replan} if replan else {}),  # type: ignore[arg-type]
+        hooks=[Recorder(replan)],
     )
     return controller.run(start), fake, saves
 
@@ -208,7 +227,6 @@ def test_auto_k_is_agreed_between_workers() -> None:
 
 
 def test_progress_rate_leaves_out_the_tracing_call() -> None:
-    records: list[dict] = []
     clock = Clock()
     fake = FakeTrainer(clock, step_seconds=0.01)
     original = fake.train
@@ -226,10 +244,10 @@ def test_progress_rate_leaves_out_the_tracing_call() -> None:
         Meter(cpu_budget=1.0, samples_per_step=100, clock=clock, cpu_clock=clock),
         stop=lambda: False,
         baseline_rmse=2.0,
-        actions=[records.append],
+        hooks=[recorder := Recorder()],
     )
     controller.run(0)
-    (progress,) = records
+    (progress,) = recorder.records
     # 7 steps after the first call (3 steps), 0.07 s: 10,000 samples/s, not 1000/5.1 s.
     assert progress["examples_per_sec"] == pytest.approx(100 * 7 / 0.07)
     assert progress["step"] == 10 and progress["loss"] == pytest.approx(0.1)
@@ -253,3 +271,42 @@ def test_the_budget_is_not_asked_after_the_last_evaluation() -> None:
     outcome, fake, _ = run(replan=lambda: asked.append(True) or True, eval_every=10, k=10)
     assert fake.evaluated == [10] and asked == []
     assert isinstance(outcome, Completed)
+
+
+def _hooked(*hooks: Hook, max_steps: int = 10, k: int = 1, eval_every: int = 5) -> object:
+    clock = Clock()
+    controller = Controller(
+        FakeTrainer(clock),
+        FakeCheckpoints(),
+        Schedule(max_steps, eval_every, 100, k, 0.0),
+        Meter(cpu_budget=1.0, samples_per_step=10, clock=clock, cpu_clock=clock),
+        stop=lambda: False,
+        baseline_rmse=2.0,
+        hooks=list(hooks),
+    )
+    return controller.run(0)
+
+
+def test_a_hook_runs_after_every_call_with_the_step_reached() -> None:
+    every_step, calls = Recorder(), Recorder()
+    _hooked(every_step, k=1)
+    assert every_step.calls == [(step, 1) for step in range(1, 11)]  # K = 1: every step
+    _hooked(calls, k=4)  # calls cut at the evaluation (5) and the end (10)
+    assert calls.calls == [(4, 4), (5, 1), (9, 4), (10, 1)]
+
+
+def test_every_hook_gets_every_evaluation_record_in_order() -> None:
+    first, second = Recorder(), Recorder()
+    _hooked(first, second)
+    assert [r["step"] for r in first.records] == [5, 10]
+    assert first.records == second.records
+    assert {"loss", "test_rmse", "examples_per_sec", "lr"} <= set(first.records[0])
+
+
+def test_every_hook_is_asked_to_replan_and_one_yes_is_enough() -> None:
+    asked: list[str] = []
+    no = Recorder(lambda: asked.append("no") or False)
+    yes = Recorder(lambda: asked.append("yes") or True)
+    outcome = _hooked(no, yes)
+    assert isinstance(outcome, Replan) and outcome.step == 5
+    assert asked == ["no", "yes"]

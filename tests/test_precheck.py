@@ -10,7 +10,7 @@ import pytest
 
 from app.config import TrainConfig
 from app.data import synthetic
-from app.training import identity
+from app.training.state import identity
 from tests.conftest import events, json_lines, run_cli
 
 
@@ -19,7 +19,7 @@ def _record(out: Path, precision: str = "float32", **options: object) -> None:
     ckpt = out / "checkpoints"
     ckpt.mkdir(parents=True)
     (ckpt / "ckpt-5.index").write_bytes(b"")
-    config = TrainConfig(data_dir=out, output_dir=out, **options)  # type: ignore[arg-type]
+    config = TrainConfig.of(data_dir=out, output_dir=out, **options)  # type: ignore[arg-type]
     data = {"train": {"samples": 1, "fingerprint": "x"}, "test": {}, "outputs": 3}
     mine = identity.Identity(data, identity.options_of(config), 1)
     record = {"formulation": "fast", "precision": precision, **mine.to_json()}

@@ -3,7 +3,7 @@
 In order: the JSON log on stdout, the umask, the stop request (SIGTERM/SIGINT), the
 cluster (a multi-worker run, if any), the workspace and its output lock, the thread plan
 (detected and applied before TensorFlow starts), then :func:`app.training.run.train`.
-Its outcome (app/training/outcome.py) is mapped here, by :func:`conclude`, to the exit
+Its outcome (app/training/loop/outcome.py) is mapped here, by :func:`conclude`, to the exit
 code: 0, 7 when the gate kept the model out of ``--publish-dir``, 143 after a stop, or to
 a restart of the process with a new thread plan. Failures are raised
 (:class:`app.errors.AppError`) and mapped by the command line.
@@ -24,8 +24,8 @@ from app.commands import Exit
 from app.config import TrainConfig
 from app.errors import NotPublished, Preempted
 from app.signals import StopRequest
-from app.training import workspace
-from app.training.outcome import REPLAN_AT_ENV, Replan, Result, Stopped
+from app.training.loop.outcome import REPLAN_AT_ENV, Replan, Result, Stopped
+from app.training.state import workspace
 
 #: Exit code of a completed run whose model the gate kept out of --publish-dir (README).
 NOT_PUBLISHED = NotPublished.exit_code
@@ -42,7 +42,7 @@ def run(config: TrainConfig, options: PlanOptions, cluster_options: ClusterOptio
         logs.setup(worker=cluster.index)  # every record carries the worker index
     ws = workspace.for_run(config, cluster)
     held = lock.acquire(ws.own, below=ws.output)
-    bfloat16 = "bfloat16" in config.precisions(native_bf16=True)
+    bfloat16 = "bfloat16" in config.compute.precisions(native_bf16=True)
     plan = detect_plan("/", options, bfloat16=bfloat16)
     apply.apply(plan)
     from app.training.run import train

@@ -1,8 +1,8 @@
 """Measurements kept beside the data caches: measured once, reused while they hold.
 
 A run measures things that cost seconds and outlive its output directory: which formulation
-and precision step fastest on this CPU (app/training/choose.py) and the linear baseline of
-a data set (app/training/baselines.py). Each is kept in the cache directory (``--cache-dir``,
+and precision step fastest on this CPU (app/training/state/choose.py) and the linear baseline of
+a data set (app/training/inputs/baselines.py). Each is kept in the cache directory (``--cache-dir``,
 or the output's ``cache/``) as an entry ``<what>-<key>/`` that holds the marker of
 app/data/cache_marker.py (kind ``measured``) and ``entry.json``::
 

@@ -1,22 +1,24 @@
 """What the CNN is judged against, measured before TensorFlow starts: the mean predictor
 (the training-label mean) and the linear baseline (a ridge regression:
-app/training/linear.py), on the validation rows and the test set. Logged as the
+app/training/inputs/linear.py), on the validation rows and the test set. Logged as the
 ``linear_baseline`` event; the test set's figures go into every ``progress`` record,
 ``metrics.json`` and TensorBoard (``baseline_rmse``, ``linear_rmse``). No TensorFlow here.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from app import logs
+from app import __version__, logs
 from app.data import measured
 from app.data.cache import DataCache
 from app.data.split import Split
-from app.training import kept, linear
+from app.training.inputs import linear
 
 
 @dataclass(frozen=True)
@@ -39,11 +41,11 @@ def measure(
 ) -> Baselines:
     """Both baselines of a run on ``data`` split into ``rows`` (``threads``: BLAS threads).
     The ridge is kept in ``store`` (beside the data cache: app/data/measured.py) by what it
-    depends on (app/training/kept.py) and reused from there (``source`` "cached") instead
+    depends on (:func:`ridge_depends`) and reused from there (``source`` "cached") instead
     of fitted again. Data the ridge can't fit (NaN/Inf let in by --allow-nonfinite) leave
     it out, with a warning."""
     eval_mean = linear.mean_rmse(data, rows.validation) if rows.validating else data.baseline_rmse
-    depends = kept.ridge_depends(data, rows.train, rows.validation, seed)
+    depends = ridge_depends(data, rows.train, rows.validation, seed)
     fitted, source = _kept(store, depends), "cached"
     if fitted is None:
         try:
@@ -68,6 +70,36 @@ def measure(
         **fitted.to_json(),
     )
     return Baselines(eval_mean, data.baseline_rmse, fitted)
+
+
+def ridge_depends(
+    data: DataCache, train_rows: np.ndarray, val_rows: np.ndarray, seed: int
+) -> dict[str, Any]:
+    """What the ridge fitted on ``train_rows`` and scored on ``val_rows`` and the test set
+    depends on, the key it is kept by (docs/architecture.md, "Kept measurements"): the data
+    (the fingerprints of the training and test arrays and of their statistics), the rows
+    (by digest), the seed, the fit's settings and coretrain's version. BLAS threads are not
+    part of it: they change at most the last bits of the same fit."""
+    return {
+        "train": data.fingerprint("train"),
+        "test": data.fingerprint("test"),
+        "stats": data.checksums.get("stats.npz", ""),
+        "rows": {"train": _digest(train_rows), "validation": _digest(val_rows)},
+        "seed": seed,
+        "settings": {
+            "max_rows": linear.MAX_ROWS,
+            "max_work": linear.MAX_WORK,
+            "max_gram": linear.MAX_GRAM,
+            "max_sample_bytes": linear.MAX_SAMPLE_BYTES,
+            "alphas": list(linear.ALPHAS),
+            "chunk_rows": linear.CHUNK_ROWS,
+        },
+        "coretrain": __version__,
+    }
+
+
+def _digest(rows: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(rows, np.int64).tobytes()).hexdigest()[:16]
 
 
 def _kept(store: measured.Store | None, depends: dict) -> linear.Baseline | None:

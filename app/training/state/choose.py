@@ -18,20 +18,19 @@ then trains the same model up to noise. ``--precision bfloat16`` trains in it an
 measurement costs seconds, so its timings are kept beside the data cache (it outlives
 output directories: app/data/measured.py), keyed by everything they depend on (the CPU
 model and flags, TensorFlow's version, the thread plan, the batch size, H×W, the
-candidates: app/training/kept.py), and reused by later runs while all of it is the same;
+candidates: app/training/state/kept.py), and reused by later runs while all of it is the same;
 a damaged or foreign entry is measured again. In a multi-worker run the chief decides and
 sends its choice to the others. The ``choice`` event's ``source`` says where the choice
 came from: ``measured``, ``cached``, ``resumed`` (the checkpoints'), ``given`` (one
 candidate: nothing to measure) or ``chief`` (a worker's).
 
 A run keeps its precision once it has checkpoints: it is recorded next to them
-(``checkpoints/run.json``, with the run's identity: app/training/identity.py) and a resume
+(``checkpoints/run.json``, with the run's identity: app/training/state/identity.py) and a resume
 uses it, so an exact resume stays exact.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,9 +46,9 @@ from app.budget.plan import ThreadPlan
 from app.config import TrainConfig
 from app.data import measured
 from app.data.cache import DataCache
-from app.training import identity, kept
-from app.training.replicas import Replicas
-from app.training.step import TrainStep, repeated
+from app.training.loop.replicas import Replicas
+from app.training.loop.step import TrainStep, repeated
+from app.training.state import identity, kept
 
 WARMUP_STEPS = 2
 TIMED_STEPS = 2
@@ -74,9 +73,14 @@ class Choice:
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
+    def options_json(self, config: TrainConfig) -> dict[str, Any]:
+        """``config``'s options as JSON with this decision in place of the asked
+        ``formulation`` and ``precision`` (the TensorBoard text, a published version's meta)."""
+        return {**config.to_json(), "formulation": self.formulation, "precision": self.precision}
+
 
 def recorded(checkpoints: Path) -> dict[str, Any] | None:
-    """The record of the checkpoints in ``checkpoints`` (app/training/identity.py), with the
+    """The record of the checkpoints in ``checkpoints`` (app/training/state/identity.py), with the
     formulation and precision they were trained in; None for a fresh start. Checkpoints
     without the record were written before precision was a choice: float32, the fast
     formulation. Raises StorageError for a record that can't be read beside checkpoints."""
@@ -115,13 +119,14 @@ def _decide(
     found = recorded(checkpoints)
     if found is not None:
         return _resumed(config, found)
-    formulations = ["fast", "plain"] if config.formulation == "auto" else [config.formulation]
-    precisions = config.precisions(plan.native_bf16)
+    asked = config.compute.formulation
+    formulations = ["fast", "plain"] if asked == "auto" else [asked]
+    precisions = config.compute.precisions(plan.native_bf16)
     candidates = [(f, p) for f in formulations for p in precisions]
     if len(candidates) == 1:
         ((f, p),) = candidates
         reason = "as asked (--formulation, --precision)"
-        if config.precision == "auto":
+        if config.compute.precision == "auto":
             reason += f"; float32 under --precision auto ({_why_float32(plan)})"
         return Choice(f, p, reason, {}, "given")
     depends = kept.choice_depends(plan, config, data, candidates, tf.__version__, TIMING)
@@ -159,12 +164,12 @@ def _why_float32(plan: ThreadPlan) -> str:
 
 def _resumed(config: TrainConfig, kept: dict[str, str]) -> Choice:
     precision = kept.get("precision", "float32")
-    refused = identity.other_precision(precision, config.precision)
+    refused = identity.other_precision(precision, config.compute.precision)
     if refused is not None:
         raise refused
     formulation = kept.get("formulation", "fast")
-    if config.formulation not in ("auto", formulation):
-        formulation = config.formulation  # the same function: only the last bits differ
+    if config.compute.formulation not in ("auto", formulation):
+        formulation = config.compute.formulation  # the same function: only the last bits differ
     return Choice(formulation, precision, "kept from the checkpoints being resumed", {}, "resumed")
 
 
@@ -176,7 +181,7 @@ def _measure(
     steps each, the candidates interleaved, and the best round of each (a moment of load
     from elsewhere then hurts one round, not one candidate); a candidate that cannot win
     (:data:`CANNOT_WIN`) leaves the rounds, its best so far kept."""
-    n = min(config.batch_size, data.train_size)
+    n = min(config.recipe.batch_size, data.train_size)
     x = tf.constant(np.asarray(data.features("train")[:n])[..., None])
     y = tf.constant(np.asarray(data.labels("train")[:n]))
     t0 = time.perf_counter()
@@ -209,11 +214,12 @@ def _ms_per_step(step: Any, count: int) -> float:
 def train_step(
     formulation: str, precision: str, x: tf.Tensor, y: tf.Tensor, config: TrainConfig
 ) -> Callable[[], tf.Tensor]:
-    """The run's training step (:class:`app.training.step.TrainStep`, one process) of the
+    """The run's training step (:class:`app.training.loop.step.TrainStep`, one process) of the
     candidate on a fresh model, over the batch ``x`` (B, H, W, 1), ``y`` (B, K) repeated:
     each call runs one step, as the trainer runs it, and returns its loss (1,)."""
-    candidate = dataclasses.replace(config, formulation=formulation, precision=precision)
-    step = TrainStep(candidate, (x.shape[1], x.shape[2], y.shape[-1]), Replicas())
+    candidate = Choice(formulation, precision, "a candidate", {})
+    shape = (x.shape[1], x.shape[2], y.shape[-1])
+    step = TrainStep(config.recipe, config.schedule.max_steps, candidate, shape, Replicas())
     batches, one, go = repeated(x, y), tf.constant(1), tf.constant(0.0)
     return lambda: step.run(batches, one, go)[0]
 

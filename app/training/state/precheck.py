@@ -6,7 +6,7 @@ the output directory and the options alone is checked first (app/training/run.py
 publish directory (app/release/preflight.py), then :func:`before_data`: a resume whose
 ``checkpoints/run.json`` records other identity options, another worker count or another
 precision than an explicit ``--precision`` is exit 2 with the same one line the full check
-gives (app/training/identity.py). The data's part of the identity (the fingerprints) needs
+gives (app/training/state/identity.py). The data's part of the identity (the fingerprints) needs
 the converted cache: it is checked as soon as the cache is there, before the memory check,
 the baselines and TensorFlow (:func:`with_data`). Records of older versions (no ``data`` or
 ``options``) are left to the full check. No TensorFlow here.
@@ -18,8 +18,8 @@ from typing import Any
 
 from app.config import TrainConfig
 from app.data.cache import DataCache
-from app.training import identity
-from app.training.workspace import Workspace
+from app.training.state import identity
+from app.training.state.workspace import Workspace
 
 
 def before_data(ws: Workspace, config: TrainConfig, workers: int) -> None:
@@ -29,7 +29,8 @@ def before_data(ws: Workspace, config: TrainConfig, workers: int) -> None:
     kept = _recorded(ws)
     if kept is None:
         return
-    refused = identity.other_precision(str(kept.get("precision", "float32")), config.precision)
+    recorded = str(kept.get("precision", "float32"))
+    refused = identity.other_precision(recorded, config.compute.precision)
     if refused is not None:
         raise refused
     # the data as recorded: the options and the worker count alone
