@@ -119,7 +119,7 @@ def test_random_kill_9_never_blocks_the_next_run(tiny_data: Path, tmp_path: Path
 
 def _key(out: Path) -> str:
     """The key of the one data cache in ``out/cache``."""
-    return next(p.name for p in (out / "cache").iterdir() if not p.name.startswith("."))
+    return next(p.name for p in (out / "cache").iterdir() if cache_marker.KEY.fullmatch(p.name))
 
 
 @pytest.fixture(scope="module")

@@ -31,15 +31,15 @@ def test_explicit_choices_and_recorded_ones(tmp_path: Path) -> None:
     )
     ckpt = tmp_path / "checkpoints"
     plan, _ = _stand_ins(native_bf16=True)
-    picked = choose._decide(config, plan, None, tmp_path, ckpt)  # type: ignore[arg-type]
+    picked = choose._decide(config, plan, None, None, ckpt)  # type: ignore[arg-type]
     assert (picked.formulation, picked.precision) == ("plain", "float32")
     ckpt.mkdir()
     (ckpt / "run.json").write_text('{"formulation": "fast", "precision": "bfloat16"}')
     auto = TrainConfig.of(data_dir=tmp_path, output_dir=tmp_path)
-    kept = choose._decide(auto, plan, None, tmp_path, ckpt)  # type: ignore[arg-type]
+    kept = choose._decide(auto, plan, None, None, ckpt)  # type: ignore[arg-type]
     assert (kept.formulation, kept.precision) == ("fast", "bfloat16")
     with pytest.raises(ConfigError, match="trained in bfloat16"):
-        choose._decide(config, plan, None, tmp_path, ckpt)  # type: ignore[arg-type]
+        choose._decide(config, plan, None, None, ckpt)  # type: ignore[arg-type]
 
 
 def test_checkpoints_without_a_record_are_float32(tmp_path: Path) -> None:
@@ -53,7 +53,7 @@ def test_checkpoints_without_a_record_are_float32(tmp_path: Path) -> None:
 def _stand_ins(native_bf16: bool) -> tuple[SimpleNamespace, SimpleNamespace]:
     plan = SimpleNamespace(
         native_bf16=native_bf16, cpu_model="test", inputs={}, intra_op_threads=2,
-        inter_op_threads=1, onednn=True,
+        inter_op_threads=1, onednn=True, pin_cpus=None,
     )  # fmt: skip
     return plan, SimpleNamespace(height=10, width=10, num_outputs=1)
 
@@ -81,16 +81,90 @@ def test_auto_measures_bfloat16_only_where_native_and_its_parity_holds(
     monkeypatch.setattr(choose, "_measure", measure)
     plan, data = _stand_ins(native_bf16)
     config = TrainConfig.of(data_dir=tmp_path, output_dir=tmp_path)
-    picked = choose._decide(config, plan, data, tmp_path, tmp_path / "ckpt")  # type: ignore[arg-type]
+    picked = choose._decide(config, plan, data, None, tmp_path / "ckpt")  # type: ignore[arg-type]
     assert sorted(picked.timings) == expected
     assert (picked.formulation, picked.precision) == ("plain", "float32")
     bf16_measured = len(expected) == 4
     assert ("bfloat16" in picked.reason) == (not bf16_measured)  # why it was left out
     # An explicit formulation: float32 alone is then not measured, and the reason says why.
     fast = TrainConfig.of(data_dir=tmp_path, output_dir=tmp_path, formulation="fast")
-    one = choose._decide(fast, plan, data, tmp_path / "w", tmp_path / "ckpt")  # type: ignore[arg-type]
+    one = choose._decide(fast, plan, data, None, tmp_path / "ckpt")  # type: ignore[arg-type]
     assert (one.precision, len(one.timings)) == ("float32", 2 if bf16_measured else 0)
     assert ("float32 under --precision auto" in one.reason) == (not bf16_measured)
+
+
+CPUINFO = "model name: Test CPU\nflags: avx2 fma"
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["nothing", "intra_op_threads", "inter_op_threads", "onednn", "cpu_flag", "cpu_model",
+     "tensorflow", "batch_size", "shape", "corrupt"],
+)  # fmt: skip
+def test_a_kept_choice_is_reused_only_when_everything_it_depends_on_matches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    from app.config import TrainConfig
+    from app.data.cache import measured
+    from app.training.state import choose
+
+    calls: list[list] = []
+
+    def measure(candidates: list, data: object, config: object) -> dict:
+        calls.append(candidates)
+        return {c: 5.0 if c == ("plain", "float32") else 10.0 for c in candidates}
+
+    monkeypatch.setattr(choose, "_measure", measure)
+    plan, data = _stand_ins(native_bf16=False)
+    plan.inputs = {"/proc/cpuinfo": CPUINFO}
+    config = TrainConfig.of(data_dir=tmp_path, output_dir=tmp_path)
+    store = measured.Store(tmp_path / "cache")
+    first = choose._decide(config, plan, data, store, tmp_path / "a")  # type: ignore[arg-type]
+    assert (first.source, len(calls)) == ("measured", 1)
+    if change in ("intra_op_threads", "inter_op_threads"):
+        setattr(plan, change, getattr(plan, change) + 1)
+    elif change == "onednn":
+        plan.onednn = False
+    elif change == "cpu_flag":
+        plan.inputs = {"/proc/cpuinfo": CPUINFO + " avx512f"}
+    elif change == "cpu_model":
+        plan.cpu_model = "another"
+    elif change == "tensorflow":
+        monkeypatch.setattr(choose.tf, "__version__", "0.0.1")
+    elif change == "batch_size":
+        config = TrainConfig.of(data_dir=tmp_path, output_dir=tmp_path, batch_size=50)
+    elif change == "shape":
+        data.width = 11
+    elif change == "corrupt":
+        (entry,) = (tmp_path / "cache").iterdir()
+        (entry / measured.ENTRY).write_text('{"format": 1, "what": "choice"}')
+    again = choose._decide(config, plan, data, store, tmp_path / "b")  # type: ignore[arg-type]
+    if change == "nothing":  # a new output directory, the same cache directory
+        assert (again.source, len(calls)) == ("cached", 1)
+        assert (again.formulation, again.timings) == ("plain", first.timings)
+    else:
+        assert (again.source, len(calls)) == ("measured", 2)
+
+
+def test_a_candidate_that_cannot_win_is_not_timed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.config import TrainConfig
+    from app.training.state import choose
+
+    timed: list[tuple[str, str]] = []
+    ms = {("fast", "float32"): 10.0, ("plain", "float32"): 30.0}
+    monkeypatch.setattr(choose, "train_step", lambda f, p, x, y, c: (f, p))
+    monkeypatch.setattr(choose, "_ms_per_step", lambda step, n: timed.append(step) or ms[step])
+    _, data = _stand_ins(native_bf16=False)
+    data.features = data.labels = lambda split: [[0.0]]
+    data.train_size = 1
+    config = TrainConfig.of(data_dir=tmp_path, output_dir=tmp_path)
+    monkeypatch.setattr(choose, "WARMUP_STEPS", 0)
+    best = choose._measure(list(ms), data, config)  # type: ignore[arg-type]
+    assert best == ms
+    assert timed.count(("fast", "float32")) == choose.ROUNDS
+    assert timed.count(("plain", "float32")) == 1  # 3× the fastest after one round
 
 
 @pytest.mark.slow
@@ -115,16 +189,39 @@ def test_auto_times_the_candidates_and_takes_the_fastest(tiny_data: Path, tmp_pa
         choice["formulation"],
         choice["precision"],
     )
-    # The measurement is kept for this CPU, and the resume keeps the run's choice.
-    assert json.loads((out / "choice.json").read_text())["timings"] == choice["timings"]
+    assert choice["source"] == "measured"
+    # The resume keeps the run's choice.
     code, records, err = _train(tiny_data, out, 6, *auto)
     assert code == 0, err[-2000:]
     (again,) = events(records, "choice")
-    assert "kept from the checkpoints" in again["reason"]
+    assert "kept from the checkpoints" in again["reason"] and again["source"] == "resumed"
     assert (again["formulation"], again["precision"]) == (
         choice["formulation"],
         choice["precision"],
     )
+
+
+@pytest.mark.slow
+def test_a_new_output_reuses_the_choice_and_the_ridge_kept_beside_the_cache(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    shared = ["--formulation", "auto", "--precision", "auto", "--cache-dir", str(tmp_path / "c")]
+    code, records, err = _train(tiny_data, tmp_path / "a", 3, *shared)
+    assert code == 0, err[-2000:]
+    (choice,) = events(records, "choice")
+    assert choice["source"] == "measured" and events(records, "choice_measured")
+    (fitted,) = events(records, "linear_baseline")
+    assert fitted["source"] == "fitted"
+    code, records, err = _train(tiny_data, tmp_path / "b", 3, *shared)
+    assert code == 0, err[-2000:]
+    (again,) = events(records, "choice")
+    assert again["source"] == "cached" and not events(records, "choice_measured")
+    assert [again[k] for k in ("formulation", "precision", "timings")] == [
+        choice[k] for k in ("formulation", "precision", "timings")
+    ]
+    (ridge,) = events(records, "linear_baseline")
+    assert ridge["source"] == "cached"
+    assert (ridge["test_rmse"], ridge["alpha"]) == (fitted["test_rmse"], fitted["alpha"])
 
 
 @pytest.mark.slow
@@ -180,7 +277,7 @@ def train_step(formulation, precision, x, y, config):
         return step()
     return slowed
 choose.train_step = train_step
-picked = choose._decide(config, plan, data, out, out / "checkpoints")
+picked = choose._decide(config, plan, data, None, out / "checkpoints")
 print(json.dumps(picked.to_json()))
 """
 

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from app.config import TrainConfig
+from app.data.cache import marker as cache_marker
 from app.errors import DataError
 from tests import kill_harness
 from tests.conftest import REPO, events, prepare_cache, run_cli
@@ -277,7 +278,8 @@ def non_root_run(pool: ThreadPoolExecutor) -> Iterator[Future[NonRoot]]:
         found: dict[str, np.ndarray] = {}
         owners: dict[str, int] = {}
         if proc.returncode == 0:
-            key_dir = next(p for p in (out / "cache").iterdir() if not p.name.startswith("."))
+            caches = (out / "cache").iterdir()  # the data cache, not the kept measurements
+            key_dir = next(p for p in caches if cache_marker.KEY.fullmatch(p.name))
             for name, width in (("train_x", 3900), ("train_y", 3), ("test_x", 3900)):
                 found[name] = np.fromfile(key_dir / f"{name}.f32", np.float32).reshape(-1, width)
             found["test_y"] = np.fromfile(key_dir / "test_y.f32", np.float32).reshape(-1, 3)

@@ -31,12 +31,13 @@ from app.budget.apply import import_tensorflow, tensorflow_version
 from app.budget.plan import ThreadPlan
 from app.cluster.spec import Cluster
 from app.config import TrainConfig
+from app.data.cache import measured
 from app.errors import Preempted
 from app.release import preflight
 from app.signals import StopRequest
 from app.training.inputs.load import complete, load_data
 from app.training.loop.outcome import FINISHED, Outcome, Replan, Result
-from app.training.state import rerun, workspace
+from app.training.state import precheck, rerun, workspace
 
 if TYPE_CHECKING:
     from app.training.session import Session
@@ -66,13 +67,16 @@ def train(
     t_start = time.perf_counter()
     workspace.open_log(ws)
     _log_start(config, plan, cluster)
+    workers = cluster.count if cluster else 1
     if config.publishing.publish_dir is not None and ws.is_chief:
         preflight.check(config.publishing.publish_dir)  # before anything is converted or fitted
+    precheck.before_data(ws, config, workers)  # another run's checkpoints: before converting
     data = load_data(config, ws.cache, plan, stop, below=ws.cache_top)
-    done = rerun.finished(ws, config, data, cluster.count if cluster else 1)
+    done = rerun.finished(ws, config, data, workers)
     if done is not None:
         return done
-    inputs = complete(config, plan, data)
+    precheck.with_data(ws, config, data, workers)  # before the baselines and TensorFlow
+    inputs = complete(config, plan, data, measured.Store(ws.cache, ws.cache_top))
     if stop():
         raise Preempted("stopped by signal before training started")
     import_tensorflow()

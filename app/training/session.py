@@ -25,6 +25,7 @@ from app.budget.apply import tensorflow_version
 from app.budget.plan import ThreadPlan
 from app.budget.usage import Throttling
 from app.config import TrainConfig
+from app.data.cache import measured
 from app.errors import NotPublished, Preempted
 from app.release.export import Exported
 from app.release.gate import Decision
@@ -155,7 +156,8 @@ def start(
             inputs.data,
             config.publishing.publish_allow_signature_change,
         )
-    picked = choose.choose(config, plan, inputs.data, reps, ws.own, ws.checkpoints)
+    store = measured.Store(ws.cache, ws.cache_top)  # beside the data cache: it outlives runs
+    picked = choose.choose(config, plan, inputs.data, reps, store, ws.checkpoints)
     logs.event(
         "choice",
         f"{picked.formulation} formulation in {picked.precision}: {picked.reason}",

@@ -3,11 +3,12 @@
 A cache directory may be shared ground: ``.``, a home directory, ``/data``, a volume with
 ``.snapshot/``. coretrain removes an entry only when it proves it made it: every directory
 it makes there holds :data:`MARKER`, a small JSON file whose content says so
-(``{"made_by": "coretrain", "kind": "data-cache" | "cache-work", "key": <key>}``) and which
-is checked by content, not by name: :func:`owned` accepts a ``data-cache`` only under its
-own key's name, and work only under the names a conversion of that key uses
-(``.partial-<key>``, ``.<key>.<pid>.<random>``: app/data/cache/workdir.py). Nothing else
-in the directory is touched.
+(``{"made_by": "coretrain", "kind": "data-cache" | "cache-work" | "measured", "key": <key>}``)
+and which is checked by content, not by name: :func:`owned` accepts a ``data-cache`` only
+under its own key's name, work only under the names a conversion of that key uses
+(``.partial-<key>``, ``.<key>.<pid>.<random>``: app/data/cache/workdir.py), and a
+``measured`` entry (a kept measurement: app/data/cache/measured.py) only as ``<what>-<key>``.
+Nothing else in the directory is touched.
 
 A run holds a shared ``flock`` on its cache's marker from the moment it uses the cache to
 its end (:func:`hold`; the kernel drops it when the process ends, however it ends):
@@ -33,6 +34,8 @@ MARKER = ".coretrain"
 MADE_BY = "coretrain"
 CACHE = "data-cache"
 WORK = "cache-work"
+#: A kept measurement (app/data/cache/measured.py), named ``<what>-<key>``.
+MEASURED = "measured"
 #: A cache key (app/data/cache/entry.py ``source_key``): 16 lowercase hex digits.
 KEY = re.compile(r"[0-9a-f]{16}")
 #: The largest marker read: a marker is some 80 bytes; anything bigger is not one.
@@ -58,7 +61,7 @@ def _parse(raw: bytes) -> tuple[str, str] | None:
     if not isinstance(found, dict) or found.get("made_by") != MADE_BY:
         return None
     kind, key = found.get("kind"), found.get("key")
-    if kind not in (CACHE, WORK) or not isinstance(key, str) or not KEY.fullmatch(key):
+    if kind not in (CACHE, WORK, MEASURED) or not isinstance(key, str) or not KEY.fullmatch(key):
         return None
     return kind, key
 
@@ -80,12 +83,15 @@ def is_work_name(name: str, key: str) -> bool:
 
 
 def _matches(name: str, found: tuple[str, str] | None) -> str | None:
-    """ "cache" or "work" when the marker ``found`` proves ``name`` is coretrain's."""
+    """ "cache", "work" or "measured" when the marker ``found`` proves ``name`` is
+    coretrain's."""
     if found is None:
         return None
     kind, key = found
     if kind == CACHE and name == key:
         return "cache"
+    if kind == MEASURED:
+        return "measured" if re.fullmatch(rf"[a-z]+-{key}", name) else None
     # a work directory, or one a killed conversion marked done before renaming it
     return "work" if is_work_name(name, key) else None
 
@@ -105,8 +111,8 @@ def _open(root: Dir, name: str) -> tuple[Dir, int] | None:
 
 
 def owned(root: Dir, name: str) -> str | None:
-    """ "cache" or "work" when the directory ``name`` in ``root`` holds a marker proving it
-    is coretrain's (module docstring); None for anything else, which is never touched."""
+    """ "cache", "work" or "measured" when the directory ``name`` in ``root`` holds a marker
+    proving it is coretrain's (module docstring); None for anything else, which is never touched."""
     opened = _open(root, name)
     if opened is None:
         return None

@@ -8,10 +8,10 @@ are read. A resumed run therefore sees the same batches as an uninterrupted one.
 Where the batches come from (:func:`choose_input`): a training split that fits in
 :data:`app.budget.memory.RESIDENT_SHARE` of the memory limit (physical memory when
 unlimited), in a run that will read more rows than loading the whole split costs, is
-**resident**: loaded once into a pair of ``tf.Variable`` (held once: read from the cache
-file chunk by chunk, standardised on the way, assigned into the variables' preallocated
-memory), and each batch is a ``tf.gather`` from them inside the training step; the input
-pipeline then only yields each step's positions. Otherwise the split is **streamed**
+**resident**: held in memory as tensors over a memory map of the cache's files
+(app/data/input/mapped.py: no copy, the page cache's pages), and each batch is a ``tf.gather`` of
+its row ids from them inside the training step, standardised there; the input pipeline then
+only yields each step's row ids. Otherwise the split is **streamed**
 (:mod:`app.data.input.stream`): the rows of a few steps read ahead as one chunk, in blocks, and
 each batch gathered from it, so memory stays bounded by a few batches however large the
 data set is. Both give the same batches (tested).
@@ -19,7 +19,6 @@ data set is. Both give the same batches (tested).
 
 from __future__ import annotations
 
-import gc
 import mmap
 import time
 from collections.abc import Callable
@@ -31,7 +30,8 @@ import tensorflow as tf
 from app import logs
 from app.budget import memory
 from app.data.cache import DataCache
-from app.data.input import order, stream
+from app.data.input import mapped, order, stream
+from app.data.input.mapped import Resident
 from app.data.input.stream import Stats
 
 PREFETCH_BATCHES = 2
@@ -61,25 +61,11 @@ def split_bytes(cache: DataCache, split: str = "train", rows: np.ndarray | None 
     return memory.split_bytes(n, cache.height * cache.width, cache.num_outputs)
 
 
-#: Rows read at a time while loading a resident split (bounds the transient memory).
-LOAD_CHUNK_BYTES = 16 << 20
-
-
-@dataclass
-class Resident:
-    """A training split held in memory: ``features`` (n, H, W, 1) and ``labels`` (n, K),
-    the run's training rows in order (row ``rows[p]`` at position ``p``), standardised, as
-    non-trainable float32 variables outside any distribution strategy (each worker holds
-    its own copy)."""
-
-    features: tf.Variable
-    labels: tf.Variable
-
-
 @dataclass
 class TrainInput:
     """What the trainer consumes: ``dataset`` yields (x, y) batches, or with ``resident``
-    the positions (B,) int64 of each step, gathered from it in the step. ``reader``: the
+    the row ids (B,) int64 of each step, gathered from it in the step
+    (:func:`app.data.input.mapped.gather`). ``reader``: the
     streamed reader behind ``dataset`` (None when resident)."""
 
     dataset: tf.data.Dataset
@@ -90,42 +76,21 @@ class TrainInput:
 def load_resident(
     cache: DataCache, rows: np.ndarray | None = None, stats: Stats | None = None
 ) -> Resident:
-    """Load the training ``rows`` (sorted row ids; None: all) once into variables, chunk by
-    chunk, standardised with ``stats`` as a streamed run does; log how long it took.
-
-    Memory: the split once plus one chunk (:data:`LOAD_CHUNK_BYTES`); the chunks are read
-    with ``preadv``, so no page of the features file stays mapped.
-    """
-    n, h, w, k = training_rows(cache, rows), cache.height, cache.width, cache.num_outputs
+    """Hold the training split in memory (app/data/input/mapped.py: a memory map of the cache,
+    no copy), standardised on gather with ``stats``; log how long it took. ``rows``: the
+    training rows the run reads (the event's size); every row is mapped, by row id."""
     t0 = time.perf_counter()
-    x_var = tf.Variable(tf.zeros((n, h, w, 1)), trainable=False, name="resident_features")
-    y_var = tf.Variable(tf.zeros((n, k)), trainable=False, name="resident_labels")
-    # The zeros the variables start from may linger in a reference cycle; while they live,
-    # a write copies the whole variable (its buffer is shared): collect them first, so the
-    # split is held once (measured in docs/performance.md).
-    gc.collect()
-    step = max(1, LOAD_CHUNK_BYTES // (4 * (h * w + k)))
-    labels = cache.labels("train")
-    buf = np.empty((step, h, w, 1), np.float32)
-    for a in range(0, n, step):
-        ids = np.arange(a, min(a + step, n)) if rows is None else rows[a : a + step]
-        where = tf.range(a, a + len(ids))
-        stream.read_features(cache, ids, buf[: len(ids)], stats)
-        # scatter_update writes in place; ``var[a:b].assign`` would first read the whole
-        # variable, and the write then copies it (its buffer is shared with that read).
-        x_var.scatter_update(tf.IndexedSlices(tf.constant(buf[: len(ids)]), where))
-        y_var.scatter_update(tf.IndexedSlices(stream.read_labels(cache, labels, ids, stats), where))
-    del labels
+    split = mapped.hold(cache, stats)
     seconds = time.perf_counter() - t0
     size = split_bytes(cache, rows=rows)
     logs.event(
         "input_loaded",
-        f"training split loaded into memory: {size / 1e6:,.0f} MB in {seconds:.1f} s "
+        f"training split mapped into memory: {size / 1e6:,.0f} MB in {seconds:.1f} s "
         f"({size / 1e6 / max(seconds, 1e-9):,.0f} MB/s)",
         bytes=size,
         seconds=round(seconds, 2),
     )
-    return Resident(x_var, y_var)
+    return split
 
 
 @dataclass(frozen=True)
@@ -257,7 +222,8 @@ def train_input(
         split = load_resident(cache, rows, stats)
 
         def positions(step: np.int64) -> np.ndarray:
-            return order.batch_rows(seed, int(step), batch_size, n, workers, index)
+            at = order.batch_rows(seed, int(step), batch_size, n, workers, index)
+            return at if rows is None else rows[at]  # row ids of the mapped split
 
         def indices(step: tf.Tensor) -> tf.Tensor:
             idx = tf.numpy_function(positions, [step], tf.int64, stateful=False)

@@ -98,8 +98,11 @@ def runs(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def read_features(cache: DataCache, ids: np.ndarray, out: np.ndarray, stats: Stats | None) -> None:
     """Read training rows ``ids`` (sorted) of the features into ``out`` (len(ids), H, W, 1),
-    one ``preadv`` per run, standardising every :data:`STANDARDIZE_BYTES`. Raises
-    StorageError if the file is shorter than the manifest says."""
+    one ``preadv`` per run, standardising every :data:`STANDARDIZE_BYTES`. Every run is
+    announced first (``POSIX_FADV_WILLNEED``: the kernel starts reading them all at once),
+    so a split the page cache does not hold is read from the disk with many reads in
+    flight, not one 62 KB read at a time (docs/performance.md, "Streaming from disk").
+    Raises StorageError if the file is shorter than the manifest says."""
     path, base = cache.where("train_x.f32")
     row = 4 * cache.height * cache.width
     flat = out.reshape(len(ids), cache.height, cache.width)
@@ -108,6 +111,8 @@ def read_features(cache: DataCache, ids: np.ndarray, out: np.ndarray, stats: Sta
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         os.posix_fadvise(fd, base, 0, os.POSIX_FADV_RANDOM)  # no readahead past a block
+        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):  # all in flight at once
+            os.posix_fadvise(fd, base + int(ids[a]) * row, (b - a) * row, os.POSIX_FADV_WILLNEED)
         done = 0
         for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
             at = base + int(ids[a]) * row

@@ -7,13 +7,15 @@ app/training/inputs/linear.py), on the validation rows and the test set. Logged 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from app import logs
-from app.data.cache import DataCache
+from app import __version__, logs
+from app.data.cache import DataCache, measured
 from app.data.input.split import Split
 from app.training.inputs import linear
 
@@ -33,23 +35,82 @@ class Baselines:
         return {"baseline_rmse": self.test_mean, "linear_rmse": lin}
 
 
-def measure(data: DataCache, rows: Split, seed: int, threads: int) -> Baselines:
+def measure(
+    data: DataCache, rows: Split, seed: int, threads: int, store: measured.Store | None = None
+) -> Baselines:
     """Both baselines of a run on ``data`` split into ``rows`` (``threads``: BLAS threads).
-    Data the ridge can't fit (NaN/Inf let in by --allow-nonfinite) leave it out, with a
-    warning."""
+    The ridge is kept in ``store`` (beside the data cache: app/data/cache/measured.py) by what it
+    depends on (:func:`ridge_depends`) and reused from there (``source`` "cached") instead
+    of fitted again. Data the ridge can't fit (NaN/Inf let in by --allow-nonfinite) leave
+    it out, with a warning."""
     eval_mean = linear.mean_rmse(data, rows.validation) if rows.validating else data.baseline_rmse
-    try:
-        fitted = linear.baseline(data, rows.train, rows.validation, seed, threads)
-    except (ValueError, np.linalg.LinAlgError) as exc:
-        logs.event(
-            "linear_baseline", f"no linear baseline: {exc}", level=logging.WARNING, error=str(exc)
-        )
-        return Baselines(eval_mean, data.baseline_rmse, None)
+    depends = ridge_depends(data, rows.train, rows.validation, seed)
+    fitted, source = _kept(store, depends), "cached"
+    if fitted is None:
+        try:
+            fitted = linear.baseline(data, rows.train, rows.validation, seed, threads)
+        except (ValueError, np.linalg.LinAlgError) as exc:
+            logs.event(
+                "linear_baseline", f"no linear baseline: {exc}", level=logging.WARNING,
+                error=str(exc),
+            )  # fmt: skip
+            return Baselines(eval_mean, data.baseline_rmse, None)
+        source = "fitted"
+        measured.keep(store, "ridge", depends, fitted.to_json())
     val = f", validation {fitted.val_rmse:.4g}" if fitted.val_rmse is not None else ""
+    cost = f"in {fitted.seconds:.1f} s"
+    if source == "cached":
+        cost = f"kept from an earlier fit ({fitted.seconds:.1f} s then)"
     logs.event(
         "linear_baseline",
-        f"ridge regression on {fitted.rows:,} training rows in {fitted.seconds:.1f} s: test "
-        f"RMSE {fitted.test_rmse:.4g}{val} (mean predictor {data.baseline_rmse:.4g})",
+        f"ridge regression on {fitted.rows:,} training rows {cost}: test RMSE "
+        f"{fitted.test_rmse:.4g}{val} (mean predictor {data.baseline_rmse:.4g})",
+        source=source,
         **fitted.to_json(),
     )
     return Baselines(eval_mean, data.baseline_rmse, fitted)
+
+
+def ridge_depends(
+    data: DataCache, train_rows: np.ndarray, val_rows: np.ndarray, seed: int
+) -> dict[str, Any]:
+    """What the ridge fitted on ``train_rows`` and scored on ``val_rows`` and the test set
+    depends on, the key it is kept by (docs/architecture.md, "Kept measurements"): the data
+    (the fingerprints of the training and test arrays and of their statistics), the rows
+    (by digest), the seed, the fit's settings and coretrain's version. BLAS threads are not
+    part of it: they change at most the last bits of the same fit."""
+    return {
+        "train": data.fingerprint("train"),
+        "test": data.fingerprint("test"),
+        "stats": data.checksums.get("stats.npz", ""),
+        "rows": {"train": _digest(train_rows), "validation": _digest(val_rows)},
+        "seed": seed,
+        "settings": {
+            "max_rows": linear.MAX_ROWS,
+            "max_work": linear.MAX_WORK,
+            "max_gram": linear.MAX_GRAM,
+            "max_sample_bytes": linear.MAX_SAMPLE_BYTES,
+            "alphas": list(linear.ALPHAS),
+            "chunk_rows": linear.CHUNK_ROWS,
+        },
+        "coretrain": __version__,
+    }
+
+
+def _digest(rows: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(rows, np.int64).tobytes()).hexdigest()[:16]
+
+
+def _kept(store: measured.Store | None, depends: dict) -> linear.Baseline | None:
+    """The ridge kept for ``depends``; None when there is none valid."""
+    found = measured.lookup(store, "ridge", depends)
+    if found is None:
+        return None
+    try:
+        return linear.Baseline.from_json(found)
+    except (KeyError, TypeError, ValueError):
+        logs.event(
+            "measured_invalid", "kept ridge not used (its value is not a baseline); fitting again",
+            level=logging.WARNING, problem="value",
+        )  # fmt: skip
+        return None

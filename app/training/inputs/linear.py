@@ -164,10 +164,10 @@ def _chunks(x: np.ndarray, y: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarr
 
 @dataclass(frozen=True)
 class Baseline:
-    """The linear baseline of a run: RMSEs in raw label units (None where a split is
-    empty), what it cost."""
+    """The linear baseline of a run: the penalty chosen (``alpha``: :data:`ALPHAS`), the
+    rows fitted, RMSEs in raw label units (None where a split is empty), what it cost."""
 
-    ridge: Ridge
+    alpha: float
     rows: int
     val_rmse: float | None
     test_rmse: float
@@ -176,11 +176,20 @@ class Baseline:
     def to_json(self) -> dict[str, Any]:
         return {
             "rows": self.rows,
-            "alpha": self.ridge.alpha,
+            "alpha": self.alpha,
             "val_rmse": self.val_rmse,
             "test_rmse": self.test_rmse,
             "seconds": round(self.seconds, 2),
         }
+
+    @classmethod
+    def from_json(cls, found: dict[str, Any]) -> Baseline:
+        """The baseline :meth:`to_json` wrote. Raises KeyError, TypeError, ValueError."""
+        val = found["val_rmse"]
+        return cls(
+            float(found["alpha"]), int(found["rows"]), None if val is None else float(val),
+            float(found["test_rmse"]), float(found["seconds"]),
+        )  # fmt: skip
 
 
 def baseline(
@@ -201,7 +210,7 @@ def baseline(
         )  # fmt: skip
         val = _rmse(cache, ridge, "train", val_rows) if len(val_rows) else None
         test = _rmse(cache, ridge, "test", np.arange(cache.test_size))
-    return Baseline(ridge, len(fit_rows), val, test, time.perf_counter() - t0)
+    return Baseline(ridge.alpha, len(fit_rows), val, test, time.perf_counter() - t0)
 
 
 def _read(

@@ -21,6 +21,7 @@ from app.budget.memory import MIB
 from app.budget.plan import ThreadPlan
 from app.config import TrainConfig
 from app.data import cache as cache_lib
+from app.data.cache import measured
 from app.data.formats.sources import ROLES, Sources, find, in_container
 from app.data.input import split as split_lib
 from app.data.input.split import Split
@@ -38,12 +39,16 @@ class Inputs:
     reference: baselines.Baselines
 
 
-def complete(config: TrainConfig, plan: ThreadPlan, data: cache_lib.DataCache) -> Inputs:
+def complete(
+    config: TrainConfig, plan: ThreadPlan, data: cache_lib.DataCache,
+    store: measured.Store | None = None,
+) -> Inputs:  # fmt: skip
     """The inputs of the run on ``data`` (the cache :func:`load_data` returned): the memory
-    check, the split and the baselines. Raises MemoryBudgetExceeded (exit 8)."""
+    check, the split and the baselines (the ridge kept in ``store``, beside the data cache).
+    Raises MemoryBudgetExceeded (exit 8)."""
     check_memory(config, data, plan)
     rows = split_lib.split(data.train_size, config.data.validation_fraction, config.recipe.seed)
-    reference = baselines.measure(data, rows, config.recipe.seed, plan.intra_op_threads)
+    reference = baselines.measure(data, rows, config.recipe.seed, plan.intra_op_threads, store)
     return Inputs(data, rows, reference)
 
 

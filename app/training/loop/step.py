@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from app import model as model_lib
 from app.config import RecipeConfig
+from app.data.input import mapped
 from app.training.loop import recipe
 from app.training.loop.replicas import Replicas
 
@@ -102,15 +103,14 @@ class TrainStep:
 
     def loop(self, batches: Any, steps: tf.Tensor, stop: tf.Tensor, rows: Any = None) -> tuple:
         """Up to ``steps`` steps on the next elements of the iterator ``batches``: each an
-        (x (B,H,W,1), y (B,K)) batch, or with ``rows`` = (features, labels) held in memory
-        the positions (B,) to gather. ``stop``: this worker's stop request (0/1). Returns
-        the losses (n,), the last RMSE and the agreed stop count."""
+        (x (B,H,W,1), y (B,K)) batch, or with ``rows`` held in memory (app/data/input/mapped.py
+        ``Resident.rows``) the row ids (B,) to gather. ``stop``: this worker's stop request
+        (0/1). Returns the losses (n,), the last RMSE and the agreed stop count."""
         losses = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
         rmse, stops = tf.constant(0.0), tf.constant(0.0)
         for i in tf.range(steps):
             if rows is not None:
-                positions = next(batches)
-                x, y = tf.gather(rows[0], positions), tf.gather(rows[1], positions)
+                x, y = mapped.gather(rows, next(batches))
             else:
                 x, y = next(batches)
             loss, rmse, stops = self.replicas.run(self.update, (x, y, stop))

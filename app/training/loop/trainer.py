@@ -115,8 +115,8 @@ class Trainer:
 
     def feed(self, batches: pipeline.TrainInput) -> None:
         """Train on ``batches`` from now on: one element per step, in step order, already
-        standardised with :attr:`stats` (the pipeline applies it once to a split held in
-        memory, whose rows the step then gathers)."""
+        standardised with :attr:`stats` (a split held in memory is standardised as the step
+        gathers its rows: app/data/input/mapped.py)."""
         self._batches = iter(batches.dataset)
         self._resident = batches.resident
 
@@ -128,9 +128,7 @@ class Trainer:
         """
         first = self.train_step.global_step + 1
         flag = tf.constant(1.0 if stop() else 0.0)
-        rows = None
-        if self._resident is not None:
-            rows = (self._resident.features, self._resident.labels)
+        rows = None if self._resident is None else self._resident.rows()
         with self.replicas.guard(f"training steps {first}..{first + steps - 1}"):
             losses, rmse, stops = self.train_step.run(self._batches, tf.constant(steps), flag, rows)
             losses = losses.numpy()

@@ -5,7 +5,9 @@ in float32 or with bfloat16 products; which is fastest depends on the CPU (oneDN
 off, AVX512_BF16/AMX or not) and the thread count. With ``--formulation auto`` and/or
 ``--precision auto`` every candidate is traced and warmed up, then timed in
 :data:`ROUNDS` interleaved rounds of :data:`TIMED_STEPS` steps, on one real batch of this
-run's shape with the planned threads, and the fastest best round wins.
+run's shape with the planned threads, and the fastest best round wins. A candidate whose
+first round is over :data:`CANNOT_WIN` times the fastest's is not timed again: no round
+of it could win (the rounds of one candidate move by a quarter at most on a shared VM).
 
 ``--precision auto`` measures bfloat16 only when ``app.config.BFLOAT16_IN_AUTO`` is set and the
 CPU has native bfloat16 dot products (``/proc/cpuinfo`` flags ``avx512_bf16`` or
@@ -13,10 +15,14 @@ CPU has native bfloat16 dot products (``/proc/cpuinfo`` flags ``avx512_bf16`` or
 bfloat16's mean test RMSE over seeds lies within float32's seed spread for the default
 recipe on both sets of the quality benchmark (docs/quality.md, "bfloat16"): a faster step
 then trains the same model up to noise. ``--precision bfloat16`` trains in it anywhere. The
-measurement costs a few seconds, so it is kept in the workspace (``choice.json``) keyed
-by the CPU model and flags, the threads, the shapes and TensorFlow's version, and reused
-by later runs and resumes there. In a multi-worker run the chief decides and sends its
-choice to the others.
+measurement costs seconds, so its timings are kept beside the data cache (it outlives
+output directories: app/data/cache/measured.py), keyed by everything they depend on (the CPU
+model and flags, TensorFlow's version, the thread plan, the batch size, H×W, the
+candidates: app/training/state/kept.py), and reused by later runs while all of it is the same;
+a damaged or foreign entry is measured again. In a multi-worker run the chief decides and
+sends its choice to the others. The ``choice`` event's ``source`` says where the choice
+came from: ``measured``, ``cached``, ``resumed`` (the checkpoints'), ``given`` (one
+candidate: nothing to measure) or ``chief`` (a worker's).
 
 A run keeps its precision once it has checkpoints: it is recorded next to them
 (``checkpoints/run.json``, with the run's identity: app/training/state/identity.py) and a resume
@@ -25,8 +31,6 @@ uses it, so an exact resume stays exact.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,29 +42,32 @@ import tensorflow as tf
 
 from app import logs
 from app import model as model_lib
-from app.atomic import write_json
 from app.budget.plan import ThreadPlan
 from app.config import TrainConfig
-from app.data.cache import DataCache
-from app.errors import ConfigError
+from app.data.cache import DataCache, measured
 from app.training.loop.replicas import Replicas
 from app.training.loop.step import TrainStep, repeated
-from app.training.state import identity
+from app.training.state import identity, kept
 
 WARMUP_STEPS = 2
 TIMED_STEPS = 2
 ROUNDS = 3
-CHOICE_FILE = "choice.json"
+#: A candidate slower than this many times the fastest in the first round is not timed again.
+CANNOT_WIN = 1.5
+#: How candidates are timed: part of what a kept choice depends on.
+TIMING = {"warmup": WARMUP_STEPS, "steps": TIMED_STEPS, "rounds": ROUNDS, "cannot_win": CANNOT_WIN}
 
 
 @dataclass(frozen=True)
 class Choice:
-    """The formulation and precision of the run and why (``timings``: ms per step)."""
+    """The formulation and precision of the run and why (``timings``: ms per step;
+    ``source``: module docstring)."""
 
     formulation: str
     precision: str
     reason: str
     timings: dict[str, float]
+    source: str = "measured"
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -86,17 +93,18 @@ def recorded(checkpoints: Path) -> dict[str, Any] | None:
 
 def choose(
     config: TrainConfig, plan: ThreadPlan, data: DataCache, replicas: Replicas,
-    workspace: Path, checkpoints: Path,
+    store: measured.Store | None, checkpoints: Path,
 ) -> Choice:  # fmt: skip
-    """Decide the run's formulation and precision (module docstring). Raises ConfigError
-    when an explicit precision contradicts the one the checkpoints were trained in."""
-    choice = _decide(config, plan, data, workspace, checkpoints) if replicas.is_chief else None
+    """Decide the run's formulation and precision (module docstring); timings are kept in
+    ``store`` (None: not kept). Raises ConfigError when an explicit precision contradicts
+    the one the checkpoints were trained in."""
+    choice = _decide(config, plan, data, store, checkpoints) if replicas.is_chief else None
     if replicas.count == 1:
         assert choice is not None
         return choice
     mine = ALL.index((choice.formulation, choice.precision)) + 1 if choice else 0
     agreed = ALL[int(replicas.sum([float(mine)], "agreeing on the formulation")[0]) - 1]
-    return choice or Choice(*agreed, "the chief's choice", {})
+    return choice or Choice(*agreed, "the chief's choice", {}, "chief")
 
 
 #: Every (formulation, precision), in the order their index is sent between workers.
@@ -104,11 +112,12 @@ ALL = [(f, p) for f in model_lib.FORMULATIONS for p in model_lib.PRECISIONS]
 
 
 def _decide(
-    config: TrainConfig, plan: ThreadPlan, data: DataCache, workspace: Path, checkpoints: Path
-) -> Choice:
-    kept = recorded(checkpoints)
-    if kept is not None:
-        return _resumed(config, kept)
+    config: TrainConfig, plan: ThreadPlan, data: DataCache, store: measured.Store | None,
+    checkpoints: Path,
+) -> Choice:  # fmt: skip
+    found = recorded(checkpoints)
+    if found is not None:
+        return _resumed(config, found)
     asked = config.compute.formulation
     formulations = ["fast", "plain"] if asked == "auto" else [asked]
     precisions = config.compute.precisions(plan.native_bf16)
@@ -118,9 +127,9 @@ def _decide(
         reason = "as asked (--formulation, --precision)"
         if config.compute.precision == "auto":
             reason += f"; float32 under --precision auto ({_why_float32(plan)})"
-        return Choice(f, p, reason, {})
-    key = _key(plan, data, config, candidates)
-    cached = _cached(workspace / CHOICE_FILE, key)
+        return Choice(f, p, reason, {}, "given")
+    depends = kept.choice_depends(plan, config, data, candidates, tf.__version__, TIMING)
+    cached = _cached(measured.lookup(store, "choice", depends), candidates)
     if cached is not None:
         return cached
     timings = _measure(candidates, data, config)
@@ -130,8 +139,20 @@ def _decide(
     if "bfloat16" not in precisions:
         reason += f" ({_why_float32(plan)})"
     choice = Choice(f, p, reason, names)
-    write_json(workspace / CHOICE_FILE, {"key": key, **choice.to_json()})
+    measured.keep(store, "choice", depends, choice.to_json())
     return choice
+
+
+def _cached(found: dict[str, Any] | None, candidates: list[tuple[str, str]]) -> Choice | None:
+    """The kept choice ``found`` (app/data/cache/measured.py), when it names a candidate."""
+    if found is None or (found.get("formulation"), found.get("precision")) not in candidates:
+        return None
+    timings = found.get("timings")
+    reason = f"{found.get('reason')}; measured earlier on this CPU, kept beside the data cache"
+    return Choice(
+        found["formulation"], found["precision"], reason,
+        timings if isinstance(timings, dict) else {}, "cached",
+    )  # fmt: skip
 
 
 def _why_float32(plan: ThreadPlan) -> str:
@@ -142,35 +163,13 @@ def _why_float32(plan: ThreadPlan) -> str:
 
 def _resumed(config: TrainConfig, kept: dict[str, str]) -> Choice:
     precision = kept.get("precision", "float32")
-    if config.compute.precision not in ("auto", precision):
-        raise ConfigError(
-            f"the checkpoints were trained in {precision}; resume with --precision {precision} "
-            "(or auto), or train into a new output directory"
-        )
+    refused = identity.other_precision(precision, config.compute.precision)
+    if refused is not None:
+        raise refused
     formulation = kept.get("formulation", "fast")
     if config.compute.formulation not in ("auto", formulation):
         formulation = config.compute.formulation  # the same function: only the last bits differ
-    return Choice(formulation, precision, "kept from the checkpoints being resumed", {})
-
-
-def _key(plan: ThreadPlan, data: DataCache, config: TrainConfig, candidates: list) -> str:
-    parts = [
-        plan.cpu_model, plan.inputs.get("/proc/cpuinfo", ""), plan.intra_op_threads,
-        plan.inter_op_threads, plan.onednn, data.height, data.width, data.num_outputs,
-        config.recipe.batch_size, tf.__version__, candidates,
-    ]  # fmt: skip
-    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
-
-
-def _cached(path: Path, key: str) -> Choice | None:
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if saved.get("key") != key:
-        return None
-    reason = f"{saved['reason']}; measured earlier on this CPU ({path})"
-    return Choice(saved["formulation"], saved["precision"], reason, saved["timings"])
+    return Choice(formulation, precision, "kept from the checkpoints being resumed", {}, "resumed")
 
 
 def _measure(
@@ -179,7 +178,8 @@ def _measure(
     """ms per training step of each candidate on one real batch of the run's shape: every
     candidate traced and warmed up, then :data:`ROUNDS` rounds of :data:`TIMED_STEPS`
     steps each, the candidates interleaved, and the best round of each (a moment of load
-    from elsewhere then hurts one round, not one candidate)."""
+    from elsewhere then hurts one round, not one candidate); a candidate that cannot win
+    (:data:`CANNOT_WIN`) leaves the rounds, its best so far kept."""
     n = min(config.recipe.batch_size, data.train_size)
     x = tf.constant(np.asarray(data.features("train")[:n])[..., None])
     y = tf.constant(np.asarray(data.labels("train")[:n]))
@@ -189,9 +189,12 @@ def _measure(
         for _ in range(WARMUP_STEPS):
             step().numpy()
     best = dict.fromkeys(candidates, float("inf"))
+    timed = list(candidates)
     for _ in range(ROUNDS):
-        for c, step in steps.items():
-            best[c] = min(best[c], _ms_per_step(step, TIMED_STEPS))
+        for c in timed:
+            best[c] = min(best[c], _ms_per_step(steps[c], TIMED_STEPS))
+        fastest = min(best.values())
+        timed = [c for c in timed if best[c] <= CANNOT_WIN * fastest]
     logs.event(
         "choice_measured",
         f"timed {len(candidates)} formulations in {time.perf_counter() - t0:.1f} s",

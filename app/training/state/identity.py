@@ -100,10 +100,15 @@ def of_run(config: TrainConfig, data: DataCache, workers: int) -> Identity:
         }
         for split in SPLITS
     }
+    return Identity({**splits, "outputs": data.num_outputs}, options_of(config), workers)
+
+
+def options_of(config: TrainConfig) -> dict[str, Any]:
+    """The identity options of ``config`` by field name (and :data:`HORIZON`)."""
     values = flat(config)
     options = {f.name: values[f.name] for f in identity_fields(TrainConfig)}
     options[HORIZON] = config.schedule.max_steps if config.recipe.lr_schedule == "cosine" else None
-    return Identity({**splits, "outputs": data.num_outputs}, options, workers)
+    return options
 
 
 def has_checkpoints(checkpoints: Path) -> bool:
@@ -227,12 +232,28 @@ def check(checkpoints: Path, mine: Identity) -> None:
         return
     found = differences(kept, mine)
     if found:
-        raise ConfigError(
-            f"{checkpoints}: the checkpoints are of another run: {'; '.join(found)}. To start "
-            f"fresh, train into a new --output (or move {checkpoints} away); to resume, "
-            "use the recorded data and options"
-        )
+        raise another_run(checkpoints, found)
     _warn_if_extended(kept, mine, checkpoints)
+
+
+def other_precision(kept: str, asked: str) -> ConfigError | None:
+    """The exit-2 error of resuming checkpoints trained in ``kept`` with ``--precision
+    asked`` (auto keeps theirs); None when it may resume."""
+    if asked in ("auto", kept):
+        return None
+    return ConfigError(
+        f"the checkpoints were trained in {kept}; resume with --precision {kept} "
+        "(or auto), or train into a new output directory"
+    )
+
+
+def another_run(checkpoints: Path, found: list[str]) -> ConfigError:
+    """The exit-2 error of a resume whose record differs from this run in ``found``."""
+    return ConfigError(
+        f"{checkpoints}: the checkpoints are of another run: {'; '.join(found)}. To start "
+        f"fresh, train into a new --output (or move {checkpoints} away); to resume, "
+        "use the recorded data and options"
+    )
 
 
 def agree(mine: Identity, replicas: Agreeing) -> None:

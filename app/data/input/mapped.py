@@ -1,0 +1,88 @@
+"""A training split held in memory without a copy: tensors over a memory map of the cache.
+
+The cache's arrays are raw float32 rows, row-major, in native byte order
+(app/data/cache/store.py), which is the layout of a (N, H, W, 1) and a (N, K) tensor. So a
+split that is held in memory is not read and copied into variables: each file is mapped
+(``MAP_PRIVATE``, copy-on-write, so nothing the process could do writes to the cache; with
+``MAP_POPULATE``, so the file is read once, in order, before training, as a load would) and
+handed to TensorFlow through DLPack, which wraps the mapping's memory as a tensor without a
+copy (``tf.convert_to_tensor`` copies a ``numpy.memmap``). Its pages are the page cache's:
+shared with every other run on the same cache and the next run of this one, and counted
+once. Each batch is then gathered from these tensors by row id inside the training step and
+standardised there (:func:`gather`), with the same float32 operations, in the same order,
+as a streamed batch (app/data/input/stream.py ``Stats``): the two give the same bits (tested).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from app.data.cache import DataCache
+from app.data.input.stream import Stats
+from app.errors import StorageError
+
+
+@dataclass
+class Resident:
+    """A training split held in memory: ``features`` (N, H, W, 1) and ``labels`` (N, K) raw,
+    every row of the cache's training split by row id (a memory map of its files), and the
+    standardisation applied to a gathered batch (``stats``: feature mean (H, W, 1),
+    1/std (H, W, 1), label mean (K,), std (K,); empty without standardisation)."""
+
+    features: tf.Tensor
+    labels: tf.Tensor
+    stats: tuple[tf.Tensor, ...] = ()
+
+    def rows(self) -> tuple[tf.Tensor, ...]:
+        """What the training step gathers from (:func:`gather`)."""
+        return (self.features, self.labels, *self.stats)
+
+
+def gather(rows: tuple[tf.Tensor, ...], ids: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """The batch of row ids ``ids`` (B,) from ``rows`` (:meth:`Resident.rows`): x (B, H, W, 1)
+    ``(x - mean) * inv``, y (B, K) ``(y - mean) / std``, as app/data/input/stream.py
+    computes them."""
+    x, y = tf.gather(rows[0], ids), tf.gather(rows[1], ids)
+    if len(rows) == 6:
+        x = (x - rows[2]) * rows[3]
+        y = (y - rows[4]) / rows[5]
+    return x, y
+
+
+def _mapped(where: tuple[Path, int], shape: tuple[int, ...]) -> tf.Tensor:
+    """A float32 tensor of ``shape`` over a private, populated memory map of the file
+    ``where`` names from its byte offset on (the cache's own file at 0, or an array read in
+    place after its header); a symlink is not followed. Raises StorageError when the file is
+    shorter than ``shape``."""
+    path, base = where
+    count = int(np.prod(shape))
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if os.fstat(fd).st_size < base + 4 * count:
+            raise StorageError(f"{path}: cache file is truncated; delete {path.parent}")
+        flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
+        size = max(base + 4 * count, 1)  # mapped from 0: an offset must be page-aligned
+        mapping = mmap.mmap(fd, size, flags, mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)
+    array = np.frombuffer(mapping, np.float32, count, offset=base).reshape(shape)
+    return tf.experimental.dlpack.from_dlpack(array.__dlpack__())  # keeps the map alive
+
+
+def hold(cache: DataCache, stats: Stats | None) -> Resident:
+    """The training split of ``cache`` mapped (module docstring), standardised on gather
+    with ``stats`` (None: raw)."""
+    n, h, w, k = cache.train_size, cache.height, cache.width, cache.num_outputs
+    features = _mapped(cache.where("train_x.f32"), (n, h, w, 1))
+    labels = _mapped(cache.where("train_y.f32"), (n, k))
+    if stats is None:
+        return Resident(features, labels)
+    parts = [stats.feature_mean[..., None], stats.feature_inv[..., None]]
+    parts += [stats.label_mean, stats.label_std]
+    return Resident(features, labels, tuple(tf.constant(p, tf.float32) for p in parts))

@@ -1,0 +1,60 @@
+"""The checks that can refuse a run before its data are converted, fitted or timed.
+
+A run that will be refused should be refused in a fraction of a second, not after minutes
+of converting text, fitting the ridge and timing the formulations. What can be decided from
+the output directory and the options alone is checked first (app/training/run.py): the
+publish directory (app/release/preflight.py), then :func:`before_data`: a resume whose
+``checkpoints/run.json`` records other identity options, another worker count or another
+precision than an explicit ``--precision`` is exit 2 with the same one line the full check
+gives (app/training/state/identity.py). The data's part of the identity (the fingerprints) needs
+the converted cache: it is checked as soon as the cache is there, before the memory check,
+the baselines and TensorFlow (:func:`with_data`). Records of older versions (no ``data`` or
+``options``) are left to the full check. No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.config import TrainConfig
+from app.data.cache import DataCache
+from app.training.state import identity
+from app.training.state.workspace import Workspace
+
+
+def before_data(ws: Workspace, config: TrainConfig, workers: int) -> None:
+    """Refuse (ConfigError, exit 2) a resume whose record differs from this run in its
+    options, worker count or precision; StorageError (exit 4) for an unreadable record
+    beside checkpoints. Nothing for a fresh start or a worker (the chief checks)."""
+    kept = _recorded(ws)
+    if kept is None:
+        return
+    recorded = str(kept.get("precision", "float32"))
+    refused = identity.other_precision(recorded, config.compute.precision)
+    if refused is not None:
+        raise refused
+    # the data as recorded: the options and the worker count alone
+    _refuse(ws, kept, identity.Identity(kept["data"], identity.options_of(config), workers))
+
+
+def with_data(ws: Workspace, config: TrainConfig, data: DataCache, workers: int) -> None:
+    """The whole identity (data included) against the record, once the cache is there (the
+    chief only; its warnings are the session's full check's). Raises ConfigError (exit 2)."""
+    kept = _recorded(ws)
+    if kept is not None:
+        _refuse(ws, kept, identity.of_run(config, data, workers))
+
+
+def _recorded(ws: Workspace) -> dict[str, Any] | None:
+    """The chief's record of the checkpoints it would resume, when it holds an identity;
+    None for a fresh start, a worker or an older record (the full check decides)."""
+    if not ws.is_chief or not identity.has_checkpoints(ws.checkpoints):
+        return None
+    kept = identity.read(ws.checkpoints)
+    return kept if kept is not None and "data" in kept and "options" in kept else None
+
+
+def _refuse(ws: Workspace, kept: dict[str, Any], mine: identity.Identity) -> None:
+    found = identity.differences(kept, mine)
+    if found:
+        raise identity.another_run(ws.checkpoints, found)
