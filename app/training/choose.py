@@ -44,7 +44,7 @@ from app.budget.plan import ThreadPlan
 from app.config import TrainConfig
 from app.data.cache import DataCache
 from app.errors import ConfigError
-from app.training import identity
+from app.training import identity, phases
 from app.training.replicas import Replicas
 from app.training.step import TrainStep, repeated
 
@@ -118,6 +118,7 @@ def _decide(
     cached = _cached(workspace / CHOICE_FILE, key)
     if cached is not None:
         return cached
+    phases.timing(candidates, config.batch_size)
     timings = _measure(candidates, data, config)
     (f, p), ms = min(timings.items(), key=lambda item: item[1])
     names = {f"{a}/{b}": round(t, 2) for (a, b), t in timings.items()}

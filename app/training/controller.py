@@ -144,7 +144,8 @@ class Meter:
 class Controller:
     """Runs the loop of the module docstring. ``stop`` is this process's stop request;
     ``agree`` turns a per-worker number into the one all workers use (the mean; the
-    identity for one process); ``actions`` get every ``progress`` record (summaries).
+    identity for one process); ``actions`` get every ``progress`` record (summaries),
+    ``ticks`` the step and result of every call into the trainer (the progress bar).
     ``metric`` names the evaluated RMSE in the record (``val_rmse`` or ``test_rmse``),
     ``baseline_rmse`` is the mean predictor's on the same rows, ``references`` are fields
     every record carries (the test set's mean-predictor and linear-baseline RMSEs), and
@@ -162,6 +163,7 @@ class Controller:
     metric: str = "test_rmse"
     references: dict[str, float | None] = field(default_factory=dict)
     keep_best: Callable[[int, float], object] = lambda step, rmse: None
+    ticks: list[Callable[[int, StepResult], None]] = field(default_factory=list)
     evaluations: int = 0
 
     def run(self, start: int) -> Outcome:
@@ -188,6 +190,8 @@ class Controller:
                 self.meter.mark(step)  # the first call traced the step function: not a rate
             elif calls == 2 and k == 0:
                 k = self._choose_steps_per_loop((clock() - t_call) / n)
+            for tick in self.ticks:  # after every call (the console's progress bar)
+                tick(step, result)
             if evaluate:
                 rmse = self._evaluate(step, result)
                 ending = self._ending(rmse, last or stopping)

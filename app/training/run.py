@@ -24,9 +24,11 @@ from __future__ import annotations
 import resource
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app import __version__, logs
+from app.atomic import write_json
 from app.budget.apply import import_tensorflow, tensorflow_version
 from app.budget.plan import ThreadPlan
 from app.cluster.spec import Cluster
@@ -34,7 +36,7 @@ from app.config import TrainConfig
 from app.errors import Preempted
 from app.release import preflight
 from app.signals import StopRequest
-from app.training import rerun, workspace
+from app.training import phases, rerun, workspace
 from app.training.inputs import complete, load_data
 from app.training.outcome import FINISHED, Outcome, Replan, Result
 
@@ -52,7 +54,8 @@ def train(
     """Train to ``config.max_steps`` (or the target loss) and export; return the outcome
     (app/training/outcome.py) with the summary (also ``metrics.json``: ``status``,
     ``final_step``, ``exported_step``, ``test_rmse``, ``baseline_rmse`` in raw label
-    units, ``examples_per_sec``, ``wall_seconds``, ``plan``, …).
+    units, ``examples_per_sec``, ``wall_seconds``, ``startup_seconds`` (to the first
+    step), ``plan``, …).
 
     ``ws`` is this process's workspace (:func:`app.training.workspace.for_run` of
     ``config`` and ``cluster``). With ``cluster`` this process is one worker of a
@@ -65,7 +68,8 @@ def train(
     stop = stop or StopRequest()
     t_start = time.perf_counter()
     workspace.open_log(ws)
-    _log_start(config, plan, cluster)
+    write_json(ws.plan_file, plan.to_json(), "output directory")
+    _log_start(config, plan, cluster, ws.plan_file)
     if config.publish_dir is not None and ws.is_chief:
         preflight.check(config.publish_dir)  # before anything is converted or fitted
     data = load_data(config, ws.cache, plan, stop, below=ws.cache_top)
@@ -75,23 +79,28 @@ def train(
     inputs = complete(config, plan, data)
     if stop():
         raise Preempted("stopped by signal before training started")
+    phases.tensorflow(plan.intra_op_threads)
     import_tensorflow()
     from app.training import replicas, session
 
     reps = replicas.create(cluster)
     try:
         run = session.start(ws, config, plan, inputs, reps, stop)
+        startup = time.perf_counter() - t_start  # what a run costs before its first step
         outcome = run.controller().run(run.start)
         if isinstance(outcome, Replan):
             inputs.data.hand_over()  # the restart's exec keeps the cache held
-        return _finish(run, outcome, t_start)
+        return _finish(run, outcome, t_start, startup)
     except Exception as exc:
         reps.report_failure(exc)  # the other workers stop instead of waiting for this one
         raise
 
 
-def _log_start(config: TrainConfig, plan: ThreadPlan, cluster: Cluster | None) -> None:
-    """The ``start`` event: versions, the config, the plan and the cluster."""
+def _log_start(
+    config: TrainConfig, plan: ThreadPlan, cluster: Cluster | None, plan_file: Path
+) -> None:
+    """The ``start`` event: versions, the config, the plan in brief (the whole plan, with the
+    files read and the reasons, is ``plan_file``) and the cluster."""
     multi: dict[str, Any] = {}
     if cluster is not None:
         multi = {
@@ -105,12 +114,13 @@ def _log_start(config: TrainConfig, plan: ThreadPlan, cluster: Cluster | None) -
         version=__version__,
         tensorflow=tensorflow_version(),
         config=config.to_json(),
-        plan=plan.to_json(),
+        plan=plan.brief(),
+        plan_file=str(plan_file),
         **multi,
     )
 
 
-def _finish(run: Session, outcome: Outcome, t_start: float) -> Result:
+def _finish(run: Session, outcome: Outcome, t_start: float, startup: float) -> Result:
     """The summary of ``outcome`` (the exported step's facts when the run finished), then
     the end of the run (app/training/finish.py)."""
     from app.training import finish
@@ -119,6 +129,7 @@ def _finish(run: Session, outcome: Outcome, t_start: float) -> Result:
     facts = run.exported(outcome) if isinstance(outcome, FINISHED) else {}
     facts.update(
         wall_seconds=round(time.perf_counter() - t_start, 2),
+        startup_seconds=round(startup, 2),
         steps_per_loop=outcome.steps_per_loop,
         formulation=config.formulation,
         precision=config.precision,

@@ -34,7 +34,7 @@ from app.training.budget_watch import BudgetWatch, warn_when_throttled
 from app.training.checkpointer import Checkpointer
 from app.training.controller import Controller, Meter, Schedule
 from app.training.inputs import Inputs
-from app.training.outcome import REPLAN_AT_ENV, Outcome
+from app.training.outcome import REPLAN_AT_ENV, Outcome, results
 from app.training.replicas import Replicas
 from app.training.trainer import Trainer
 from app.training.workspace import Workspace
@@ -72,9 +72,7 @@ class Session:
             config.max_steps, config.eval_every, config.checkpoint_every,
             config.steps_per_loop, config.target_loss,
         )  # fmt: skip
-        meter = Meter(
-            plan.cpu_budget, self.samples_per_step, throttling=Throttling(plan.cpu_stat).read
-        )
+        meter = self._meter()
         watch = BudgetWatch(
             plan,
             enabled=config.replan == "on-change" and single,
@@ -90,7 +88,21 @@ class Session:
             metric="val_rmse" if validating else "test_rmse",
             references=self.inputs.reference.fields(),
             keep_best=self.best.offer if validating else lambda step, rmse: None,
+            ticks=self._ticks(),
         )  # fmt: skip
+
+    def _ticks(self) -> list[Any]:
+        """The progress bar's feed, when a console view shows it (app/report/view.py)."""
+        if not logs.shows(logs.STEP):
+            return []
+        from app.training.progress_view import StepView
+
+        return [StepView(self._meter(), self.config.max_steps)]
+
+    def _meter(self) -> Meter:
+        """Rate, CPU use and throttling between two marks of the loop."""
+        throttling = Throttling(self.plan.cpu_stat).read
+        return Meter(self.plan.cpu_budget, self.samples_per_step, throttling=throttling)
 
     def _summaries(self) -> list[Any]:
         """The TensorBoard action (the chief only: one set of curves per run)."""
@@ -143,7 +155,7 @@ class Session:
         def run(exported: Exported) -> Decision:
             meta = {
                 "published_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                "metrics": {k: v for k, v in summary.items() if k != "plan"},
+                "metrics": results(summary),
                 "data_key": self.inputs.data.path.name,
                 "config": config.to_json(),
                 "plan": self.plan.to_json(),

@@ -31,7 +31,7 @@ from app.errors import StorageError
 WORKERS_DIR = "workers"
 LOG_NAME = "train.jsonl"
 #: What every process writes in its own directory, and what only the chief writes there.
-OWN_NAMES = ("logs", "checkpoints", "cache")
+OWN_NAMES = ("logs", "checkpoints", "cache", "plan.json")
 CHIEF_NAMES = ("model", "metrics.json", "tensorboard", WORKERS_DIR)
 
 
@@ -67,6 +67,12 @@ class Workspace:
     @property
     def log_file(self) -> Path:
         return self.own / "logs" / LOG_NAME
+
+    @property
+    def plan_file(self) -> Path:
+        """The whole thread plan with what it was decided from (the ``start`` event's
+        ``plan_file``)."""
+        return self.own / "plan.json"
 
     @property
     def model(self) -> Path:
