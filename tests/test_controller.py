@@ -8,6 +8,7 @@ TensorFlow: the trainer and checkpoints are recorded fakes, the clock is simulat
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 from dataclasses import dataclass, field
@@ -104,6 +105,7 @@ def run(
     target: float = 0.0,
     agree: object = None,
     replan: object = None,
+    ticks: list | None = None,
     **trainer: object,
 ) -> tuple[object, FakeTrainer, FakeCheckpoints]:
     clock = Clock()
@@ -118,6 +120,7 @@ def run(
         baseline_rmse=2.0,
         **({"agree": agree} if agree else {}),  # type: ignore[arg-type]
         **({"replan": replan} if replan else {}),  # type: ignore[arg-type]
+        ticks=ticks or [],
     )
     return controller.run(start), fake, saves
 
@@ -253,3 +256,29 @@ def test_the_budget_is_not_asked_after_the_last_evaluation() -> None:
     outcome, fake, _ = run(replan=lambda: asked.append(True) or True, eval_every=10, k=10)
     assert fake.evaluated == [10] and asked == []
     assert isinstance(outcome, Completed)
+
+
+def test_every_call_ticks_with_its_step_and_the_console_gets_step_records() -> None:
+    seen: list[tuple[int, float]] = []
+    _, fake, _ = run(ticks=[lambda step, result: seen.append((step, result.loss))])
+    assert [step for step, _ in seen] == [3, 4, 6, 8, 9, 10]  # after each of fake.calls
+    assert len(seen) == len(fake.calls) > len(fake.evaluated)
+    # The progress view's tick: a record below INFO, that only a console view gets.
+    from app.training.progress_view import StepView
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logs.STEP)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logs.setup(level=logging.INFO, stream=io.StringIO(), text=True)
+    logging.getLogger(logs.LOGGER_NAME).addHandler(handler)
+    try:
+        clock = Clock()
+        view = StepView(Meter(2.0, 10, clock=clock, cpu_clock=clock), max_steps=10)
+        _, fake, _ = run(ticks=[view])
+    finally:
+        logs.setup(level=logging.ERROR)
+    steps = [r for r in records if r.event == "step"]  # type: ignore[attr-defined]
+    assert [r.step for r in steps] == [3, 4, 6, 8, 9, 10]  # type: ignore[attr-defined]
+    assert {r.levelno for r in steps} == {logs.STEP}
+    assert not hasattr(steps[0], "examples_per_sec")  # the first call traced: no rate
+    assert all(r.examples_per_sec > 0 for r in steps[1:])  # type: ignore[attr-defined]

@@ -105,6 +105,7 @@ def conclude(result: Result, held: IO[str]) -> Exit:
     outcome = result.outcome
     if isinstance(outcome, Replan):
         env = {REPLAN_AT_ENV: str(outcome.at), lock.HELD_FD_ENV: str(held.fileno())}
+        logs.clear_view()  # the new process draws its own bar
         apply.restart(env, keep_fds=(held.fileno(),))
     held.close()
     if isinstance(outcome, Stopped):
