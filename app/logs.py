@@ -1,4 +1,6 @@
-"""JSON logging: one object per line on stdout and in ``<output>/logs/train.jsonl``.
+"""JSON logging: one object per line on stdout and in ``<output>/logs/train.jsonl``; or,
+for a person at a terminal, the console view on stdout (app/report/view.py) with the file
+still JSON lines.
 
 Every record has ``timestamp``, ``level``, ``event`` and ``message`` plus the
 event's own fields (docs/architecture.md, "Logs"). Python warnings and the ``tensorflow`` /

@@ -157,6 +157,7 @@ def test_the_view_draws_a_run_in_lines_with_a_summary(tmp_path: Path) -> None:
     try:
         logs.event("start", "coretrain 1: 2 intra-op threads", config={"output_dir": "/o"})
         logs.event("phase", "timing 4 formulations, ~6 s; --formulation fast skips this")
+        logs.event("cache", "converting text data into /c/k", reused=False)
         logs.event("checkpoint", "saved checkpoint at step 3")  # quiet: in the JSON log
         logs.event("steps_past", "a warning", level=logging.WARNING)
         logs.event("end", "done", **_END)
@@ -164,6 +165,7 @@ def test_the_view_draws_a_run_in_lines_with_a_summary(tmp_path: Path) -> None:
         logs.setup(level=logging.INFO)
     text = stream.getvalue()
     assert "timing 4 formulations, ~6 s; --formulation fast skips this" in text
+    assert "converting text data into /c/k; once: later runs with the same data reuse" in text
     assert "warning: a warning" in text and "checkpoint" not in text
     assert "test RMSE      0.1234  (mean predictor 0.5, linear baseline 0.2)" in text
     assert "published      version 3" in text and "/o/logs/train.jsonl" in text

@@ -130,6 +130,9 @@ class ConsoleView(logging.Handler):
                 self._print(f"  the plan and why: {escape(f['plan_file'])}", style="dim")
         elif event == "phase":
             self._print(f"{escape(record.getMessage())}", style="cyan")
+        elif event == "cache" and f.get("reused") is False:  # a conversion begins
+            why = "; once: later runs with the same data reuse it (progress below)"
+            self._print(escape(record.getMessage() + why), style="cyan")
         elif event == "progress":
             self._print(escape(evaluation_line(f)))
         elif event == "end":
