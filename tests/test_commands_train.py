@@ -43,8 +43,8 @@ def test_train_writes_json_logs_checkpoints_export_and_metrics(first_run) -> Non
     assert start["plan"]["intra_op_threads"] >= 1
     assert start["config"]["max_steps"] == 6
     # The whole plan, with the files it was decided from, is written once beside the log.
-    assert start["plan_file"] == str(out / "plan.json")
-    whole = json.loads((out / "plan.json").read_text())
+    assert start["plan_file"] == str(out / "logs" / "plan.json")
+    whole = json.loads((out / "logs" / "plan.json").read_text())
     assert "/proc/cpuinfo" in whole["inputs"] and whole["reasons"]
     assert "inputs" not in start["plan"] and "reasons" not in start["plan"]
     assert whole["intra_op_threads"] == start["plan"]["intra_op_threads"]

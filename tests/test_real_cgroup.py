@@ -214,8 +214,8 @@ def test_training_runs_under_the_quota_with_the_detected_plan(
     after = grp.stat()
     brief = events(records, "start")[0]["plan"]
     assert brief["cpuset"] == format_cpulist(plans[1.5]["cpuset"])  # in brief, the kernel's form
-    start = json.loads((tmp_path / "out" / "plan.json").read_text())  # the whole plan
-    assert events(records, "start")[0]["plan_file"] == str(tmp_path / "out" / "plan.json")
+    start = json.loads((tmp_path / "out" / "logs" / "plan.json").read_text())  # the whole plan
+    assert events(records, "start")[0]["plan_file"] == str(tmp_path / "out" / "logs" / "plan.json")
     assert start["cpu_quota"] == brief["cpu_quota"] == 1.5
     assert {k: start[k] for k in PLAN_FIELDS} == {k: plans[1.5][k] for k in PLAN_FIELDS}
     assert start["intra_op_threads"] == expected_intra(1.5, len(start["cpuset"]))

@@ -221,7 +221,7 @@ class ThreadPlan:
         """:meth:`to_json` without what the plan was decided from (the files read,
         ``inputs``, and the ``reasons``), CPU lists in the kernel's form (``"0-63"``): the
         ``start`` event's ``plan``, one log line at any CPU count; the whole plan goes to the
-        output directory's ``plan.json`` (docs/architecture.md, "Logs")."""
+        output directory's ``logs/plan.json`` (docs/architecture.md, "Logs")."""
         out = self.to_json()
         del out["inputs"], out["reasons"]
         out["cpuset"] = format_cpulist(self.cpuset)

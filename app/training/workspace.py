@@ -31,7 +31,7 @@ from app.errors import StorageError
 WORKERS_DIR = "workers"
 LOG_NAME = "train.jsonl"
 #: What every process writes in its own directory, and what only the chief writes there.
-OWN_NAMES = ("logs", "checkpoints", "cache", "plan.json")
+OWN_NAMES = ("logs", "checkpoints", "cache")
 CHIEF_NAMES = ("model", "metrics.json", "tensorboard", WORKERS_DIR)
 
 
@@ -71,8 +71,9 @@ class Workspace:
     @property
     def plan_file(self) -> Path:
         """The whole thread plan with what it was decided from (the ``start`` event's
-        ``plan_file``)."""
-        return self.own / "plan.json"
+        ``plan_file``), beside the log: written at every start, as the log is, so a rerun of
+        a finished run writes nothing else."""
+        return self.own / "logs" / "plan.json"
 
     @property
     def model(self) -> Path:
