@@ -40,13 +40,13 @@ from app import __version__, logs
 from app.budget.plan import PlanOptions
 from app.cluster.spec import ClusterOptions
 from app.commands import Exit
+from app.commands.bench_scaling import ScalingConfig
 from app.commands.execute import ExecConfig
 from app.commands.models import ModelsReport
 from app.commands.plan import PlanReport
-from app.commands.scaling import ScalingConfig
 from app.config import GenerateConfig, PredictConfig, TrainConfig
 from app.errors import AppError, Preempted, exit_code_of
-from app.options import flag_of
+from app.options import flag_of, from_flat, option_fields
 from app.report import ReportOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -77,7 +77,7 @@ def _declared_elsewhere(command: str, field: dataclasses.Field[Any]) -> bool:
         for name, classes in COMMANDS.items()
         if name != command
         for cls in classes
-        for other in dataclasses.fields(cls)
+        for other in option_fields(cls)
     )
 
 
@@ -158,13 +158,13 @@ def options_of(command: str) -> Callable[[F], F]:
 
     def decorate(f: F) -> F:
         for cls in reversed(COMMANDS[command]):
-            hints = typing.get_type_hints(cls)
-            for field in reversed(dataclasses.fields(cls)):
+            hints = _hints(cls)
+            for field in reversed(option_fields(cls)):
                 f = _option(command, field, hints[field.name])(f)
         skipped = {
             ENV_PREFIX + _name(field): _own(command, field)
             for cls in COMMANDS[command]
-            for field in dataclasses.fields(cls)
+            for field in option_fields(cls)
             if len(envvars(command, field)) == 1
         }
 
@@ -198,7 +198,7 @@ def _every_variable() -> frozenset[str]:
         name
         for command, classes in COMMANDS.items()
         for cls in classes
-        for field in dataclasses.fields(cls)
+        for field in option_fields(cls)
         for name in (*envvars(command, field), ENV_PREFIX + _name(field))
     )
 
@@ -211,9 +211,19 @@ def unknown_variables(environ: typing.Mapping[str, str]) -> list[str]:
     return [n for n in environ if n.startswith(ENV_PREFIX) and n not in _every_variable()]
 
 
+def _hints(cls: type) -> dict[str, Any]:
+    """The annotations of dataclass ``cls``'s fields and its groups' (app.options.group)."""
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        if "group" in field.metadata:
+            hints.update(_hints(field.metadata["group"]))
+    return hints
+
+
 def build(cls: type, values: dict[str, Any]) -> Any:
-    """An instance of dataclass ``cls`` from the command's keyword arguments."""
-    return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
+    """An instance of dataclass ``cls`` (its groups built too) from the command's keyword
+    arguments."""
+    return from_flat(cls, values)
 
 
 def _fail(exc: BaseException) -> typing.NoReturn:
@@ -313,7 +323,7 @@ def predict_cmd(**values: Any) -> None:
 @options_of("bench-scaling")
 def bench_scaling_cmd(**values: Any) -> None:
     """Measure how training scales with threads and worker processes on this machine."""
-    from app.commands import scaling
+    from app.commands import bench_scaling as scaling
 
     click.echo(_guarded(lambda: scaling.run(build(ScalingConfig, values))))
 

@@ -10,46 +10,77 @@ No click, no TensorFlow here.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from app.options import check_bounds, option
+from app.options import Options, flat, from_flat, group, option
 
 FILE_HELP = (
     "File name in --data (a .gz file is read as gzip, recognised by its content). Without "
     "it the file is found by its default name, plain or with .gz."
 )
-FORMULATIONS = ("auto", "fast", "plain")
-PRECISIONS = ("auto", "float32", "bfloat16")
+FORMULATION_CHOICES = ("auto", "fast", "plain")
+PRECISION_CHOICES = ("auto", "float32", "bfloat16")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("cosine", "exponential", "constant")
 #: Whether ``--precision auto`` may measure bfloat16 (on a CPU with native bf16 only): yes,
 #: its accuracy parity with float32 holds for the default recipe (docs/quality.md,
-#: "bfloat16"; app.training.choose).
+#: "bfloat16"; app.training.state.choose).
 BFLOAT16_IN_AUTO = True
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    """Everything one training run needs. The defaults are the seed's, but for the recipe
-    (optimizer, schedule, dropout), chosen by measurement (docs/quality.md); the seed's
-    recipe is reachable with options (README, "The seed's recipe").
-
-    Steps are optimizer updates of one (global) batch; a batch is counted in samples.
-    """
+class DataConfig(Options):
+    """The data files, their shape and how they are read, split and standardised (the
+    inputs: app/training/inputs/, app/data/)."""
 
     data_dir: Path = option(
         help="Directory with train/test feature and label files (read only).",
         flag="--data",
         directory=True,
     )
-    output_dir: Path = option(
-        help="Directory for checkpoints/, model/, logs/, metrics.json, cache/.",
-        flag="--output",
-        directory=True,
+    train_features: str | None = option(
+        None, FILE_HELP, metavar="NAME", shown_default="train_features.txt[.gz]"
     )
+    train_labels: str | None = option(
+        None, FILE_HELP, metavar="NAME", shown_default="train_labels.txt[.gz]"
+    )
+    test_features: str | None = option(
+        None, FILE_HELP, metavar="NAME", shown_default="test_features.txt[.gz]"
+    )
+    test_labels: str | None = option(
+        None, FILE_HELP, metavar="NAME", shown_default="test_labels.txt[.gz]"
+    )
+    height: int = option(20, "Feature rows H (a line holds H×W floats).", minimum=1, identity=True)
+    width: int = option(195, "Feature columns W.", minimum=1, identity=True)
+    validation_fraction: float = option(
+        0.1,
+        "Fraction of the training rows held out (chosen by --seed) to evaluate during "
+        "training, stop at --target-loss and choose the exported step; 0: none (then the "
+        "test set is evaluated and the last step exported).",
+        minimum=0,
+        below=0.5,
+        identity=True,
+    )
+    standardize: bool = option(
+        True,
+        "Standardise features and labels with training-set statistics.",
+        flag="--standardize/--no-standardize",
+        identity=True,
+    )
+    allow_nonfinite: bool = option(
+        False,
+        "Accept NaN/Inf tokens in the data files (in the training files only with "
+        "--no-standardize: the statistics would be NaN).",
+        flag="--allow-nonfinite/--reject-nonfinite",
+    )
+
+
+@dataclass(frozen=True)
+class CacheConfig(Options):
+    """The binary data cache: where it is, its bound and what it keeps (app/data/cache.py)."""
+
     cache_dir: Path | None = option(
         None,
         "Binary data cache directory.",
@@ -80,47 +111,15 @@ class TrainConfig:
         metavar="BYTES",
         shown_default="no bound",
     )
-    train_features: str | None = option(
-        None, FILE_HELP, metavar="NAME", shown_default="train_features.txt[.gz]"
-    )
-    train_labels: str | None = option(
-        None, FILE_HELP, metavar="NAME", shown_default="train_labels.txt[.gz]"
-    )
-    test_features: str | None = option(
-        None, FILE_HELP, metavar="NAME", shown_default="test_features.txt[.gz]"
-    )
-    test_labels: str | None = option(
-        None, FILE_HELP, metavar="NAME", shown_default="test_labels.txt[.gz]"
-    )
-    height: int = option(20, "Feature rows H (a line holds H×W floats).", minimum=1, identity=True)
-    width: int = option(195, "Feature columns W.", minimum=1, identity=True)
-    max_steps: int = option(
-        3300,
-        "Train up to this absolute step (one step = one batch); a rerun resumes.",
-        minimum=1,
-    )
+
+
+@dataclass(frozen=True)
+class RecipeConfig(Options):
+    """How the weights are trained: the batch, the optimizer, its learning-rate schedule,
+    dropout and the seed (the step and its recipe: app/training/loop/step.py, recipe.py)."""
+
     batch_size: int = option(
         1000, "Samples per step (per worker in a multi-worker run).", minimum=1, identity=True
-    )
-    eval_every: int = option(
-        100,
-        "Evaluate every N steps: the validation RMSE (the test RMSE with --validation-fraction 0).",
-        minimum=1,
-    )
-    checkpoint_every: int = option(100, "Save a checkpoint every N steps.", minimum=1)
-    keep_checkpoints: int = option(3, "Checkpoints kept on disk.", minimum=1)
-    steps_per_loop: int = option(
-        0,
-        "Training steps per call into TensorFlow (0: chosen at start, about 0.5 s of "
-        "work per call); cut at every evaluation, checkpoint and the last step.",
-        minimum=0,
-        shown_default="0 (auto)",
-    )
-    target_loss: float = option(
-        0.01,
-        "Stop early once the evaluated RMSE (raw label units; validation, or test with "
-        "--validation-fraction 0) is below this.",
-        metavar="RMSE",
     )
     optimizer: str = option(
         "adam",
@@ -169,38 +168,57 @@ class TrainConfig:
         maximum=1,
         identity=True,
     )
-    validation_fraction: float = option(
-        0.1,
-        "Fraction of the training rows held out (chosen by --seed) to evaluate during "
-        "training, stop at --target-loss and choose the exported step; 0: none (then the "
-        "test set is evaluated and the last step exported).",
-        minimum=0,
-        below=0.5,
-        identity=True,
-    )
     seed: int = option(
         0,
         "Seed for initialisation, data order, dropout and the validation split.",
         minimum=0,
         identity=True,
     )
-    standardize: bool = option(
-        True,
-        "Standardise features and labels with training-set statistics.",
-        flag="--standardize/--no-standardize",
-        identity=True,
+
+
+@dataclass(frozen=True)
+class ScheduleConfig(Options):
+    """When the loop evaluates, checkpoints and stops, in steps (the controller:
+    app/training/loop/controller.py)."""
+
+    max_steps: int = option(
+        3300,
+        "Train up to this absolute step (one step = one batch); a rerun resumes.",
+        minimum=1,
     )
-    allow_nonfinite: bool = option(
-        False,
-        "Accept NaN/Inf tokens in the data files (in the training files only with "
-        "--no-standardize: the statistics would be NaN).",
-        flag="--allow-nonfinite/--reject-nonfinite",
+    eval_every: int = option(
+        100,
+        "Evaluate every N steps: the validation RMSE (the test RMSE with --validation-fraction 0).",
+        minimum=1,
     )
+    checkpoint_every: int = option(100, "Save a checkpoint every N steps.", minimum=1)
+    keep_checkpoints: int = option(3, "Checkpoints kept on disk.", minimum=1)
+    steps_per_loop: int = option(
+        0,
+        "Training steps per call into TensorFlow (0: chosen at start, about 0.5 s of "
+        "work per call); cut at every evaluation, checkpoint and the last step.",
+        minimum=0,
+        shown_default="0 (auto)",
+    )
+    target_loss: float = option(
+        0.01,
+        "Stop early once the evaluated RMSE (raw label units; validation, or test with "
+        "--validation-fraction 0) is below this.",
+        metavar="RMSE",
+    )
+
+
+@dataclass(frozen=True)
+class ComputeConfig(Options):
+    """How the steps are computed, as asked: the formulation and precision (``auto``:
+    measured at start, app/training/state/choose.py, whose ``Choice`` is the decision) and
+    what a change of the CPU budget does."""
+
     formulation: str = option(
         "auto",
         "CNN implementation (the same function and checkpoint layout): auto times both on "
         "this CPU at start and takes the faster.",
-        choices=FORMULATIONS,
+        choices=FORMULATION_CHOICES,
     )
     precision: str = option(
         "auto",
@@ -208,8 +226,33 @@ class TrainConfig:
         "export; auto times both on a CPU with native bf16 and takes the faster (their "
         "accuracy matches: docs/quality.md), float32 elsewhere. A resumed run keeps its "
         "precision.",
-        choices=PRECISIONS,
+        choices=PRECISION_CHOICES,
     )
+    replan: str = option(
+        "on-change",
+        "When the CPU budget changes while training (e.g. a pod resized in place) so that "
+        "the thread plan would change: on-change saves a checkpoint and restarts TensorFlow "
+        "with the new plan; never only logs it. Multi-worker runs never re-plan.",
+        choices=("on-change", "never"),
+    )
+
+    def precisions(self, native_bf16: bool) -> tuple[str, ...]:
+        """The precisions this run may compute in on a CPU with (``native_bf16``) or without
+        native bfloat16 dot products: ``--precision`` as given; under auto float32, and
+        bfloat16 too where the CPU has it natively and :data:`BFLOAT16_IN_AUTO` allows it
+        (the candidates app/training/state/choose.py times; the plan turns oneDNN on for
+        them)."""
+        if self.precision != "auto":
+            return (self.precision,)
+        if BFLOAT16_IN_AUTO and native_bf16:
+            return ("float32", "bfloat16")
+        return ("float32",)
+
+
+@dataclass(frozen=True)
+class PublishConfig(Options):
+    """Where and on which rule the final model is published (app/release/publish.py)."""
+
     publish_dir: Path | None = option(
         None,
         "Publish the final model here (an existing directory: TensorFlow Serving's base "
@@ -240,44 +283,99 @@ class TrainConfig:
         'as its clients would break (docs/deploy.md, "Changing the signature").',
         flag="--publish-allow-signature-change/--publish-same-signature",
     )
-    replan: str = option(
-        "on-change",
-        "When the CPU budget changes while training (e.g. a pod resized in place) so that "
-        "the thread plan would change: on-change saves a checkpoint and restarts TensorFlow "
-        "with the new plan; never only logs it. Multi-worker runs never re-plan.",
-        choices=("on-change", "never"),
+
+
+@dataclass(frozen=True)
+class TrainConfig(Options):
+    """Everything one training run needs, in groups by the part that reads them; the
+    command line sees their options flat, in :attr:`ORDER` (:func:`app.options.option_fields`,
+    built by :meth:`of`). The defaults are the seed's, but for the recipe (optimizer,
+    schedule, dropout), chosen by measurement (docs/quality.md); the seed's recipe is
+    reachable with options (README, "The seed's recipe").
+
+    Steps are optimizer updates of one (global) batch; a batch is counted in samples.
+    """
+
+    output_dir: Path = option(
+        help="Directory for checkpoints/, model/, logs/, metrics.json, cache/.",
+        flag="--output",
+        directory=True,
+    )
+    data: DataConfig = group(DataConfig, required=True)
+    cache: CacheConfig = group(CacheConfig)
+    recipe: RecipeConfig = group(RecipeConfig)
+    schedule: ScheduleConfig = group(ScheduleConfig)
+    compute: ComputeConfig = group(ComputeConfig)
+    publishing: PublishConfig = group(PublishConfig)
+
+    #: The options in ``--help``'s and the README's order (an option not listed comes right
+    #: after the one declared before it in its group).
+    ORDER: ClassVar[tuple[str, ...]] = (
+        "data_dir",
+        "output_dir",
+        "cache_dir",
+        "max_cache_bytes",
+        "cache_keep",
+        "cache_keep_bytes",
+        "train_features",
+        "train_labels",
+        "test_features",
+        "test_labels",
+        "height",
+        "width",
+        "max_steps",
+        "batch_size",
+        "eval_every",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "steps_per_loop",
+        "target_loss",
+        "optimizer",
+        "learning_rate",
+        "lr_schedule",
+        "lr_warmup_steps",
+        "lr_decay",
+        "lr_decay_steps",
+        "momentum",
+        "weight_decay",
+        "keep_prob",
+        "validation_fraction",
+        "seed",
+        "standardize",
+        "allow_nonfinite",
+        "formulation",
+        "precision",
+        "publish_dir",
+        "publish_tolerance",
+        "publish_keep",
+        "publish_allow_signature_change",
+        "replan",
     )
 
-    def __post_init__(self) -> None:
-        check_bounds(self)
+    @classmethod
+    def of(cls, **values: Any) -> TrainConfig:
+        """A configuration from options by name (``data_dir=…, batch_size=…``), each group
+        built from its own; an option not given takes its default."""
+        built: TrainConfig = from_flat(cls, values)
+        return built
 
-    def precisions(self, native_bf16: bool) -> tuple[str, ...]:
-        """The precisions this run may compute in on a CPU with (``native_bf16``) or without
-        native bfloat16 dot products: ``--precision`` as given; under auto float32, and
-        bfloat16 too where the CPU has it natively and :data:`BFLOAT16_IN_AUTO` allows it
-        (the candidates app/training/choose.py times; the plan turns oneDNN on for them)."""
-        if self.precision != "auto":
-            return (self.precision,)
-        if BFLOAT16_IN_AUTO and native_bf16:
-            return ("float32", "bfloat16")
-        return ("float32",)
+    def with_options(self, **values: Any) -> TrainConfig:
+        """A new configuration: this one with the options ``values`` (by name) changed."""
+        return TrainConfig.of(**{**flat(self), **values})
 
     @property
     def resolved_cache_dir(self) -> Path:
         """The binary cache directory: ``--cache-dir`` or ``<output>/cache``."""
-        return self.cache_dir if self.cache_dir is not None else self.output_dir / "cache"
+        cache_dir = self.cache.cache_dir
+        return cache_dir if cache_dir is not None else self.output_dir / "cache"
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-serialisable dict of every field (paths as strings)."""
-        return {
-            f.name: (str(v) if isinstance(v, Path) else v)
-            for f in dataclasses.fields(self)
-            for v in [getattr(self, f.name)]
-        }
+        """A JSON-serialisable dict of every option, flat (paths as strings)."""
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in flat(self).items()}
 
 
 @dataclass(frozen=True)
-class GenerateConfig:
+class GenerateConfig(Options):
     """``coretrain generate``: the synthetic demo data set (app/data/synthetic.py)."""
 
     out: Path = option(help="Directory to write the four data files into.", directory=True)
@@ -291,12 +389,9 @@ class GenerateConfig:
         choices=("demo", "lines"),
     )
 
-    def __post_init__(self) -> None:
-        check_bounds(self)
-
 
 @dataclass(frozen=True)
-class PredictConfig:
+class PredictConfig(Options):
     """``coretrain predict``: a trained model applied to a features file."""
 
     model: Path = option(
@@ -320,6 +415,3 @@ class PredictConfig:
         "Accept NaN/Inf tokens in the features file.",
         flag="--allow-nonfinite/--reject-nonfinite",
     )
-
-    def __post_init__(self) -> None:
-        check_bounds(self)

@@ -107,7 +107,7 @@ class _FileHandler(logging.StreamHandler[TextIO]):
 
 def add_file(fd: int, worker: int | None = None) -> None:
     """Also append the JSON lines to the open log file ``fd`` (taken over: closed with the
-    handler). The caller opens it without following symlinks (app/training/workspace.py).
+    handler). The caller opens it without following symlinks (app/training/state/workspace.py).
 
     An incomplete last line left by a run killed mid-write (or a full disk) is cut off
     first, so the next record is not glued to the fragment. Raises OSError.

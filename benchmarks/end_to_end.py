@@ -91,13 +91,13 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
     from app.config import TrainConfig
     from app.data import cache as cache_lib
     from app.data import pipeline
-    from app.training import workspace
-    from app.training.inputs import sources
+    from app.training.inputs.load import sources
     from app.training.run import train
+    from app.training.state import workspace
 
     window, steps = spec["window"], spec["steps"]
     with tempfile.TemporaryDirectory(dir=spec["tmp"]) as out:
-        config = TrainConfig(
+        config = TrainConfig.of(
             data_dir=Path(spec["data"]),
             output_dir=Path(out),
             cache_dir=Path(spec["cache"]),
@@ -125,7 +125,7 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
             pipeline.train_input = in_memory  # type: ignore[assignment]
         else:
             data = cache_lib.prepare(sources(config), config.resolved_cache_dir)
-            input_ms = _input_ms(data, plan, spec["batch"], config.seed)
+            input_ms = _input_ms(data, plan, spec["batch"], config.recipe.seed)
         summary = train(workspace.for_run(config), config, plan).summary
         records = [json.loads(line) for line in (Path(out) / "logs" / "train.jsonl").open()]
     progress = [r for r in records if r.get("event") == "progress"][1:]  # drop warm-up
@@ -158,10 +158,10 @@ def _prepare(spec: dict[str, Any]) -> dict[str, Any]:
     """Convert the whole data set into the cache, as ``train`` does first (timed)."""
     from app.config import TrainConfig
     from app.data import cache as cache_lib
-    from app.training.inputs import sources
+    from app.training.inputs.load import sources
 
     with tempfile.TemporaryDirectory(dir=spec["tmp"]) as out:
-        config = TrainConfig(
+        config = TrainConfig.of(
             data_dir=Path(spec["data"]), output_dir=Path(out), cache_dir=Path(spec["cache"])
         )
         data, wall, cpu = worker.timed(
@@ -181,7 +181,7 @@ def _prepare(spec: dict[str, Any]) -> dict[str, Any]:
 WORKERS = {"train": _train, "prepare": _prepare}
 
 
-def prepare(data_dir: Path, cache_dir: Path, env: dict[str, str], threads: int) -> dict:
+def conversion(data_dir: Path, cache_dir: Path, env: dict[str, str], threads: int) -> dict:
     """Build the cache for ``data_dir`` in a fresh process (removing an old one first)."""
     import shutil
 

@@ -6,7 +6,7 @@ in its own subprocess with the thread environment (``TF_NUM_INTRAOP_THREADS``,
 imported, because thread pools are process-global and fixed at first use:
 
 * ``probe``: a 2048² float32 matmul, GFLOP/s (2·n³ per product);
-* ``plain`` / ``fast``: the project's train step (app/training/step.py: the one the run
+* ``plain`` / ``fast``: the project's train step (app/training/loop/step.py: the one the run
   trains with and ``--formulation auto`` times) with the seed's recipe (SGD momentum 0.8,
   dropout keeping half, as the peers) on in-memory standardised tensors, batch 1000 by
   default;
@@ -110,31 +110,30 @@ def _worker_probe(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _worker_step(spec: dict[str, Any]) -> dict[str, Any]:
-    """The run's training step (app/training/step.py, as ``auto`` times it) with the seed's
+    """The run's training step (app/training/loop/step.py, as ``auto`` times it) with the seed's
     recipe, the peers' step; under ``xla`` its update compiled with ``jit_compile``."""
-    import dataclasses
 
     import numpy as np
     import tensorflow as tf
 
     from app.config import TrainConfig
-    from app.training.choose import train_step
-    from app.training.replicas import Replicas
-    from app.training.step import TrainStep
+    from app.training.loop.replicas import Replicas
+    from app.training.loop.step import TrainStep
+    from app.training.state.choose import Choice, train_step
 
     batch, k = spec["batch"], spec["outputs"]
     h, w = spec["height"], spec["width"]
     rng = np.random.default_rng(0)
     x = tf.constant(rng.standard_normal((batch, h, w, 1), dtype=np.float32))
     y = tf.constant(rng.standard_normal((batch, k), dtype=np.float32))
-    config = TrainConfig(
+    config = TrainConfig.of(
         data_dir=Path("."), output_dir=Path("."), batch_size=batch, optimizer="sgd",
         learning_rate=0.1, momentum=0.8, lr_schedule="exponential", keep_prob=0.5,
     )  # fmt: skip
     formulation, precision = spec["formulation"], spec.get("precision", "float32")
     if spec.get("xla", False):
-        candidate = dataclasses.replace(config, formulation=formulation, precision=precision)
-        step = TrainStep(candidate, (h, w, k), Replicas())
+        candidate = Choice(formulation, precision, "a candidate", {})
+        step = TrainStep(config.recipe, config.schedule.max_steps, candidate, (h, w, k), Replicas())
         zero = tf.constant(0.0)
         fn = tf.function(lambda: step.update(x, y, zero)[0], jit_compile=True)
     else:

@@ -466,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
         env, plan.intra_op_threads, args.steps, args.warmup, args.torch_python, args.jax_python
     )
     log(f"cache conversion of the whole data set, {plan.intra_op_threads} thread(s) ...")
-    report["prepare"] = end_to_end.prepare(data, cache_dir, env, plan.intra_op_threads)
+    report["prepare"] = end_to_end.conversion(data, cache_dir, env, plan.intra_op_threads)
     report["end_to_end"] = end_to_end.measure(
         data,
         cache_dir,

@@ -1,6 +1,6 @@
 """``python -m benchmarks.scaling``: the scaling benchmark of ``coretrain bench-scaling``.
 
-The measurement itself lives in app/training/scaling.py, so that the image can run it on a
+The measurement itself lives in app/bench/step_scaling.py, so that the image can run it on a
 user's node (``docker run … coretrain bench-scaling``); this wrapper writes the report
 to ``bench-output/scaling.json``.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from app.commands.scaling import table
-from app.training import scaling
+from app.bench import step_scaling as scaling
+from app.commands.bench_scaling import table
 
 REPO = Path(__file__).resolve().parents[1]
 

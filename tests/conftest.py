@@ -23,7 +23,7 @@ FIXTURES = REPO / "tests" / "fixtures"
 TINY = {"train": 240, "test": 60}
 TINY_TRAIN_ARGS = ["--batch-size", "40", "--eval-every", "3", "--checkpoint-every", "3"]
 #: The seed's recipe, which checkpoints of a coretrain before the run identity trained with
-#: (app/training/identity.py, BEFORE): what a resume of such checkpoints must give.
+#: (app/training/state/identity.py, BEFORE): what a resume of such checkpoints must give.
 SEED_RECIPE_ARGS = [
     "--optimizer", "sgd", "--learning-rate", "0.1", "--lr-schedule", "exponential",
     "--keep-prob", "0.5", "--validation-fraction", "0",
@@ -101,7 +101,7 @@ def reference(
 def prepare_cache(config: Any, **kwargs: Any) -> Any:
     """``cache.prepare`` for a TrainConfig, as a training run calls it (one place for tests)."""
     from app.data import cache
-    from app.training.inputs import sources
+    from app.training.inputs.load import sources
 
     return cache.prepare(sources(config), config.resolved_cache_dir, **kwargs)
 

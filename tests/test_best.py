@@ -1,4 +1,4 @@
-"""The best validated step (app/training/best.py): kept, resumed, restored for the export.
+"""The best validated step (app/training/state/best.py): kept, resumed, restored for the export.
 
 TensorFlow runs in a subprocess (its settings are process-global): the script offers
 steps with chosen validation RMSEs and prints what Best kept and restored.
@@ -18,8 +18,8 @@ import json, sys
 import numpy as np
 from app import model as model_lib
 from app.atomic import open_dir
-from app.training import replicas
-from app.training.best import Best
+from app.training.loop import replicas
+from app.training.state.best import Best
 
 directory = sys.argv[1]
 model = model_lib.build_model(3, height=20, width=195, seed=0)

@@ -19,11 +19,12 @@ from types import SimpleNamespace
 import pytest
 
 from app.atomic import file_system
-from app.budget import memory as memory_rule
+from app.budget.memory import MIB
 from app.data import bounds, textfile
 from app.data.sources import ROLES, Sources
 from app.data.textfile import files, reader
 from app.errors import DataError, InputTooLarge
+from app.training.inputs import peak_memory as memory_rule
 from benchmarks.cgroup_run import MEMORY_MOUNT, MemoryCgroup, memory_cgroup, unavailable_reason
 from tests.conftest import REPO, TINY_TRAIN_ARGS, events, json_lines, run_cli
 from tests.runs import mount_tmpfs, umount
@@ -265,12 +266,12 @@ def test_a_run_that_cannot_fit_the_memory_limit_ends_with_exit_8_not_137(
 ) -> None:
     # Between what TensorFlow alone takes (BASE + margin) and the estimate with this data
     # and batch: refused only because the data's and the batches' parts are counted.
-    tiny = memory_rule.estimate(
+    tiny = memory_rule.peak(
         rows=240, height=20, width=195, outputs=3, batch_size=40, memory_limit=1 << 30
     )
     limit = (tiny.total - (4 << 20)) // 4096 * 4096  # the kernel keeps whole pages
     assert limit > memory_rule.BASE * (1 + memory_rule.MARGIN)
-    mib = memory_rule.MIB
+    mib = MIB
     out = tmp_path / "out"
     with memory_cgroup(limit, prefix="coretrain-test-memory") as group:
         proc = _run_in(group, ["--data", str(tiny_data), "--output", str(out), *TINY_TRAIN_ARGS])

@@ -19,12 +19,12 @@ from app.atomic import open_dir
 from app.config import TrainConfig
 from app.data import cache, cache_convert, cache_marker, cache_store
 from app.errors import DataError, Preempted
-from app.training.inputs import sources
+from app.training.inputs.load import sources
 from tests.conftest import prepare_cache
 
 
 def _config(data: Path, tmp_path: Path) -> TrainConfig:
-    return TrainConfig(data_dir=data, output_dir=tmp_path / "out")
+    return TrainConfig.of(data_dir=data, output_dir=tmp_path / "out")
 
 
 def test_conversion_matches_the_text_and_statistics(tiny_data: Path, tmp_path: Path) -> None:
@@ -109,8 +109,10 @@ def test_the_cache_is_keyed_by_content_not_by_where_the_data_are(
     moved = tmp_path / "elsewhere"
     shutil.copytree(tiny_data, moved)  # copytree keeps the modification times
     shared = tmp_path / "cache"
-    a = prepare_cache(TrainConfig(data_dir=tiny_data, output_dir=tmp_path / "a", cache_dir=shared))
-    b = prepare_cache(TrainConfig(data_dir=moved, output_dir=tmp_path / "b", cache_dir=shared))
+    a = prepare_cache(
+        TrainConfig.of(data_dir=tiny_data, output_dir=tmp_path / "a", cache_dir=shared)
+    )
+    b = prepare_cache(TrainConfig.of(data_dir=moved, output_dir=tmp_path / "b", cache_dir=shared))
     assert a.path == b.path
     # A changed byte in the middle of a file changes the key (its mtime changes too).
     path = moved / "train_labels.txt"
@@ -119,7 +121,7 @@ def test_the_cache_is_keyed_by_content_not_by_where_the_data_are(
     path.write_bytes(
         text[:middle] + (b"1" if text[middle : middle + 1] != b"1" else b"2") + text[middle + 1 :]
     )
-    c = prepare_cache(TrainConfig(data_dir=moved, output_dir=tmp_path / "c", cache_dir=shared))
+    c = prepare_cache(TrainConfig.of(data_dir=moved, output_dir=tmp_path / "c", cache_dir=shared))
     assert c.path != a.path
 
 
@@ -161,7 +163,7 @@ def _digest(path: Path) -> str:
 def test_a_tampered_cache_array_is_detected_and_converted_again(
     tiny_data: Path, tmp_path: Path, logged: list[logging.LogRecord]
 ) -> None:
-    config = TrainConfig(data_dir=tiny_data, output_dir=tmp_path / "out")
+    config = TrainConfig.of(data_dir=tiny_data, output_dir=tmp_path / "out")
     first = prepare_cache(config)
     original = (first.path / "train_x.f32").read_bytes()
     manifest = (first.path / "manifest.json").read_text()
@@ -183,7 +185,7 @@ def test_a_swapped_finished_file_of_a_stopped_conversion_is_converted_again(
     tiny_data: Path, tmp_path: Path, logged: list[logging.LogRecord]
 ) -> None:
     data = shutil.copytree(tiny_data, tmp_path / "data")
-    config = TrainConfig(data_dir=data, output_dir=tmp_path / "out")
+    config = TrainConfig.of(data_dir=data, output_dir=tmp_path / "out")
     done = prepare_cache(config)
     reference = (done.path / "train_x.f32").read_bytes()
     # What a conversion stopped after its first file leaves, with that file swapped.
@@ -207,7 +209,7 @@ def test_a_swapped_finished_file_of_a_stopped_conversion_is_converted_again(
 def test_the_manifest_records_a_digest_of_every_array(tiny_data: Path, tmp_path: Path) -> None:
     import json
 
-    c = prepare_cache(TrainConfig(data_dir=tiny_data, output_dir=tmp_path / "out"))
+    c = prepare_cache(TrainConfig.of(data_dir=tiny_data, output_dir=tmp_path / "out"))
     manifest = json.loads((c.path / "manifest.json").read_text())
     assert manifest["checksum"] == cache_store.CHECKSUM
     names = {"train_x.f32", "train_y.f32", "test_x.f32", "test_y.f32", "stats.npz"}
@@ -226,8 +228,8 @@ def test_two_conversions_of_the_same_data_into_one_cache_dir_both_succeed(
     """Run B finishes the same conversion while run A is still converting: A's rename
     finds B's complete cache (ENOTEMPTY) and uses it instead of failing."""
     shared = tmp_path / "shared-cache"
-    config_a = TrainConfig(data_dir=tiny_data, output_dir=tmp_path / "a", cache_dir=shared)
-    config_b = TrainConfig(data_dir=tiny_data, output_dir=tmp_path / "b", cache_dir=shared)
+    config_a = TrainConfig.of(data_dir=tiny_data, output_dir=tmp_path / "a", cache_dir=shared)
+    config_b = TrainConfig.of(data_dir=tiny_data, output_dir=tmp_path / "b", cache_dir=shared)
     real = cache_convert.convert
     finished_b: list[cache.DataCache] = []
 
@@ -260,7 +262,7 @@ def test_conversion_temp_dirs_live_by_their_owner_lock_not_their_pid(
 ) -> None:
     """Containers sharing a cache volume have their own PID namespaces (both may be pid 7):
     a temporary dir is in use while its .owner file is flock-ed, whatever pid it names."""
-    config = TrainConfig(data_dir=tiny_data, output_dir=tmp_path / "out")
+    config = TrainConfig.of(data_dir=tiny_data, output_dir=tmp_path / "out")
     root = config.resolved_cache_dir
     live = root / ".0123456789abcdef.999999999.0000000c"  # no such pid here, but a live owner
     dead = root / f".0123456789abcdef.{os.getpid()}.0000000d"  # "our" pid, but nobody owns it

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.config import TrainConfig
+from app.config import CacheConfig, TrainConfig
 from app.data import cache, cache_marker, synthetic
 from tests.conftest import REPO, prepare_cache
 
@@ -27,7 +27,7 @@ def _data(tmp_path: Path, seed: int) -> Path:
 
 
 def _prepare(tmp_path: Path, seed: int, keep: cache.Keep | None = None) -> cache.DataCache:
-    config = TrainConfig(
+    config = TrainConfig.of(
         data_dir=_data(tmp_path, seed), output_dir=tmp_path / "out", cache_dir=tmp_path / "shared"
     )
     return prepare_cache(config, keep=keep)
@@ -56,7 +56,7 @@ def test_several_data_sets_live_side_by_side_under_the_default_bound(tmp_path: P
     again = _prepare(tmp_path, 1)  # the first data set again: reused, not converted
     assert again.path == one.path
     assert _names(tmp_path) == {one.path.name, two.path.name, three.path.name}
-    assert cache.Keep().count == 4 == TrainConfig.__dataclass_fields__["cache_keep"].default
+    assert cache.Keep().count == 4 == CacheConfig().cache_keep
 
 
 def test_the_least_recently_used_beyond_the_count_go(
@@ -106,7 +106,7 @@ from app.data import cache
 from tests.conftest import prepare_cache
 
 data, shared, keep = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
-config = TrainConfig(data_dir=data, output_dir=shared.parent / "out", cache_dir=shared)
+config = TrainConfig.of(data_dir=data, output_dir=shared.parent / "out", cache_dir=shared)
 c = prepare_cache(config, keep=cache.Keep(keep))
 print(json.dumps({"path": str(c.path)}), flush=True)
 if sys.argv[4] == "hold":  # a training run: reads its rows until told to end
@@ -186,7 +186,7 @@ from app.data.cache_store import HELD_FD_ENV
 from tests.conftest import prepare_cache
 
 data, shared = Path(sys.argv[1]), Path(sys.argv[2])
-config = TrainConfig(data_dir=data, output_dir=shared.parent / "out", cache_dir=shared)
+config = TrainConfig.of(data_dir=data, output_dir=shared.parent / "out", cache_dir=shared)
 if sys.argv[3] == "first":  # a run that restarts itself with a new thread plan
     held = prepare_cache(config)  # the run's inputs, alive until the exec
     held.hand_over()

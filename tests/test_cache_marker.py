@@ -15,7 +15,7 @@ from app.atomic import open_dir
 from app.config import TrainConfig
 from app.data import cache, cache_marker, synthetic
 from app.errors import StorageError
-from app.training.inputs import sources
+from app.training.inputs.load import sources
 from tests.conftest import prepare_cache
 
 KEY = "0123456789abcdef"
@@ -28,7 +28,7 @@ def _data(tmp_path: Path, seed: int) -> Path:
 
 
 def _config(data: Path, shared: Path, **kw: object) -> TrainConfig:
-    return TrainConfig(data_dir=data, output_dir=shared.parent / "out", cache_dir=shared, **kw)
+    return TrainConfig.of(data_dir=data, output_dir=shared.parent / "out", cache_dir=shared, **kw)
 
 
 def _tree(root: Path) -> dict[str, str]:
@@ -222,6 +222,6 @@ def test_the_current_directory_is_a_cache_directory(
     (home / ".bashrc").write_text("keep")
     monkeypatch.chdir(home)
     data = prepare_cache(
-        TrainConfig(data_dir=tiny_data, output_dir=tmp_path / "o", cache_dir=Path("."))
+        TrainConfig.of(data_dir=tiny_data, output_dir=tmp_path / "o", cache_dir=Path("."))
     )
     assert data.path.parent.resolve() == home and (home / ".bashrc").read_text() == "keep"

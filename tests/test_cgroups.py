@@ -26,7 +26,7 @@ from app.budget.cgroups.hints import parse_cpu_hint
 from app.budget.cgroups.locate import cgroup_mounts, locate, read_proc_files
 from app.budget.cgroups.proc_cgroup import parse_proc_cgroup
 from app.budget.cpulist import parse_cpulist
-from app.budget.files import RootFiles
+from app.budget.rootfiles import RootFiles
 from app.mountinfo import parse_mountinfo
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cgroup"

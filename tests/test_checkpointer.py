@@ -1,4 +1,4 @@
-"""The checkpoints (app/training/checkpointer.py): a resume falls back past missing and
+"""The checkpoints (app/training/state/checkpointer.py): a resume falls back past missing and
 truncated checkpoints, removes what killed writes left, refuses when none is readable; a
 kill -9 at any moment never blocks the next run; a full disk or a diverging loss keeps
 the last good checkpoint; a checkpoint written by an earlier version restores (its

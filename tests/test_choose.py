@@ -24,9 +24,9 @@ def _train(data: Path, out: Path, steps: int, *extra: str) -> tuple[int, list[di
 def test_explicit_choices_and_recorded_ones(tmp_path: Path) -> None:
     from app.config import TrainConfig
     from app.errors import ConfigError
-    from app.training import choose
+    from app.training.state import choose
 
-    config = TrainConfig(
+    config = TrainConfig.of(
         data_dir=tmp_path, output_dir=tmp_path, formulation="plain", precision="float32"
     )
     ckpt = tmp_path / "checkpoints"
@@ -35,7 +35,7 @@ def test_explicit_choices_and_recorded_ones(tmp_path: Path) -> None:
     assert (picked.formulation, picked.precision) == ("plain", "float32")
     ckpt.mkdir()
     (ckpt / "run.json").write_text('{"formulation": "fast", "precision": "bfloat16"}')
-    auto = TrainConfig(data_dir=tmp_path, output_dir=tmp_path)
+    auto = TrainConfig.of(data_dir=tmp_path, output_dir=tmp_path)
     kept = choose._decide(auto, plan, None, tmp_path, ckpt)  # type: ignore[arg-type]
     assert (kept.formulation, kept.precision) == ("fast", "bfloat16")
     with pytest.raises(ConfigError, match="trained in bfloat16"):
@@ -43,7 +43,7 @@ def test_explicit_choices_and_recorded_ones(tmp_path: Path) -> None:
 
 
 def test_checkpoints_without_a_record_are_float32(tmp_path: Path) -> None:
-    from app.training import choose
+    from app.training.state import choose
 
     (tmp_path / "ckpt-3.index").write_bytes(b"")
     assert choose.recorded(tmp_path) == {"formulation": "fast", "precision": "float32"}
@@ -72,7 +72,7 @@ def test_auto_measures_bfloat16_only_where_native_and_its_parity_holds(
 ) -> None:  # fmt: skip
     from app import config as config_lib
     from app.config import TrainConfig
-    from app.training import choose
+    from app.training.state import choose
 
     def measure(candidates: list, data: object, config: object) -> dict:
         return {c: 5.0 if c == ("plain", "float32") else 10.0 for c in candidates}
@@ -80,14 +80,14 @@ def test_auto_measures_bfloat16_only_where_native_and_its_parity_holds(
     monkeypatch.setattr(config_lib, "BFLOAT16_IN_AUTO", in_auto)
     monkeypatch.setattr(choose, "_measure", measure)
     plan, data = _stand_ins(native_bf16)
-    config = TrainConfig(data_dir=tmp_path, output_dir=tmp_path)
+    config = TrainConfig.of(data_dir=tmp_path, output_dir=tmp_path)
     picked = choose._decide(config, plan, data, tmp_path, tmp_path / "ckpt")  # type: ignore[arg-type]
     assert sorted(picked.timings) == expected
     assert (picked.formulation, picked.precision) == ("plain", "float32")
     bf16_measured = len(expected) == 4
     assert ("bfloat16" in picked.reason) == (not bf16_measured)  # why it was left out
     # An explicit formulation: float32 alone is then not measured, and the reason says why.
-    fast = TrainConfig(data_dir=tmp_path, output_dir=tmp_path, formulation="fast")
+    fast = TrainConfig.of(data_dir=tmp_path, output_dir=tmp_path, formulation="fast")
     one = choose._decide(fast, plan, data, tmp_path / "w", tmp_path / "ckpt")  # type: ignore[arg-type]
     assert (one.precision, len(one.timings)) == ("float32", 2 if bf16_measured else 0)
     assert ("float32 under --precision auto" in one.reason) == (not bf16_measured)
@@ -166,9 +166,9 @@ plan = detect_plan("/", PlanOptions(), bfloat16=precision != "float32")  # as th
 apply.apply(plan)
 apply.import_tensorflow()
 from app.config import TrainConfig
-from app.training import choose
+from app.training.state import choose
 from tests.conftest import prepare_cache
-config = TrainConfig(data_dir=data_dir, output_dir=out, batch_size=40, precision=precision)
+config = TrainConfig.of(data_dir=data_dir, output_dir=out, batch_size=40, precision=precision)
 data = prepare_cache(config)
 real = choose.train_step
 def train_step(formulation, precision, x, y, config):

@@ -12,10 +12,14 @@ from __future__ import annotations
 import fcntl
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
+from app.errors import ConfigError
+from app.options import Options, flat, from_flat, group, option, option_fields
 from tests.conftest import SEED_RECIPE_ARGS, TINY_TRAIN_ARGS, run_cli
 
 Case = Callable[[Path, Path], tuple[list[str], int, str]]
@@ -135,14 +139,13 @@ def test_a_non_finite_number_is_a_one_line_usage_error(
 
 def _readers() -> dict[str, set[int]]:
     """Every variable any command reads → the declarations (fields) that read it."""
-    import dataclasses
-
     from app import cli
+    from app.options import option_fields
 
     readers: dict[str, set[int]] = {}
     for command, classes in cli.COMMANDS.items():
         for cls in classes:
-            for field in dataclasses.fields(cls):
+            for field in option_fields(cls):
                 for name in cli.envvars(command, field):
                     readers.setdefault(name, set()).add(id(field))
     return readers
@@ -213,3 +216,25 @@ def test_train_s_own_variable_wins_over_the_short_one(tmp_path: Path) -> None:
     assert proc.returncode == 2
     (line,) = proc.stderr.splitlines()
     assert f"--data {tmp_path / 'own'}: no such directory" in line
+
+
+@dataclass(frozen=True)
+class _Inner(Options):
+    b: int = option(1, "b", minimum=0)
+    new: int = option(2, "an option ORDER does not list yet")
+
+
+@dataclass(frozen=True)
+class _Outer(Options):
+    a: int = option(0, "a")
+    inner: _Inner = group(_Inner)
+    c: int = option(3, "c")
+    ORDER: ClassVar[tuple[str, ...]] = ("c", "b", "a")
+
+
+def test_grouped_options_are_seen_flat_in_the_declared_order() -> None:
+    assert [f.name for f in option_fields(_Outer)] == ["c", "b", "new", "a"]
+    built = from_flat(_Outer, {"a": 5, "b": 6})
+    assert built.inner == _Inner(b=6) and flat(built) == {"c": 3, "b": 6, "new": 2, "a": 5}
+    with pytest.raises(ConfigError, match="--b must be at least 0"):
+        from_flat(_Outer, {"b": -1})

@@ -250,7 +250,7 @@ def test_divergence_before_any_checkpoint_says_so(tiny_data: Path, tmp_path: Pat
 
 def _result(outcome_type: type, decision: dict | None = None) -> object:
     from app.release.gate import Decision
-    from app.training.outcome import Result
+    from app.training.loop.outcome import Result
 
     publish = Decision.from_json(decision["publish"]) if decision else None
     return Result(outcome_type(0, 5, 0.1, 1.0, 2), decision or {}, publish)
@@ -258,7 +258,7 @@ def _result(outcome_type: type, decision: dict | None = None) -> object:
 
 def test_an_outcome_becomes_its_exit_in_one_place(tmp_path: Path) -> None:
     from app.commands.train import conclude
-    from app.training import outcome
+    from app.training.loop import outcome
 
     def held() -> object:
         return (tmp_path / "lock").open("w")
@@ -282,7 +282,7 @@ def test_a_replan_restarts_the_process_with_the_lock_and_when_it_was_noticed(
     from app import lock
     from app.budget import apply
     from app.commands.train import conclude
-    from app.training import outcome
+    from app.training.loop import outcome
 
     restarts: list[tuple[dict, tuple]] = []
     monkeypatch.setattr(apply, "restart", lambda env, keep_fds: restarts.append((env, keep_fds)))

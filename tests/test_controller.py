@@ -8,7 +8,6 @@ TensorFlow: the trainer and checkpoints are recorded fakes, the clock is simulat
 
 from __future__ import annotations
 
-import io
 import logging
 import math
 from dataclasses import dataclass, field
@@ -17,14 +16,33 @@ import pytest
 
 from app import logs
 from app.errors import TrainingDiverged
-from app.training.controller import (
+from app.training.loop.controller import (
     CALIBRATION_STEPS,
     TARGET_CALL_SECONDS,
     Controller,
     Meter,
     Schedule,
 )
-from app.training.outcome import Completed, Replan, Stopped, TargetReached
+from app.training.loop.hooks import Hook, StepResult
+from app.training.loop.outcome import Completed, Replan, Stopped, TargetReached
+
+
+class Recorder(Hook):
+    """A hook that records each boundary it is run at; ``replan`` answers the re-plan question."""
+
+    def __init__(self, replan: object = None) -> None:
+        self.calls: list[tuple[int, int]] = []  # (step reached, steps in the call)
+        self.records: list[dict] = []
+        self.answer = replan
+
+    def after_steps(self, step: int, result: StepResult) -> None:
+        self.calls.append((step, len(result.losses)))
+
+    def after_evaluation(self, record: dict) -> None:
+        self.records.append(record)
+
+    def replan(self) -> bool:
+        return bool(self.answer()) if callable(self.answer) else False
 
 
 @dataclass
@@ -105,7 +123,6 @@ def run(
     target: float = 0.0,
     agree: object = None,
     replan: object = None,
-    ticks: list | None = None,
     **trainer: object,
 ) -> tuple[object, FakeTrainer, FakeCheckpoints]:
     clock = Clock()
@@ -119,8 +136,7 @@ def run(
         stop=lambda: False,
         baseline_rmse=2.0,
         **({"agree": agree} if agree else {}),  # type: ignore[arg-type]
-        **({"replan": replan} if replan else {}),  # type: ignore[arg-type]
-        ticks=ticks or [],
+        hooks=[Recorder(replan)],
     )
     return controller.run(start), fake, saves
 
@@ -211,7 +227,6 @@ def test_auto_k_is_agreed_between_workers() -> None:
 
 
 def test_progress_rate_leaves_out_the_tracing_call() -> None:
-    records: list[dict] = []
     clock = Clock()
     fake = FakeTrainer(clock, step_seconds=0.01)
     original = fake.train
@@ -229,10 +244,10 @@ def test_progress_rate_leaves_out_the_tracing_call() -> None:
         Meter(cpu_budget=1.0, samples_per_step=100, clock=clock, cpu_clock=clock),
         stop=lambda: False,
         baseline_rmse=2.0,
-        actions=[records.append],
+        hooks=[recorder := Recorder()],
     )
     controller.run(0)
-    (progress,) = records
+    (progress,) = recorder.records
     # 7 steps after the first call (3 steps), 0.07 s: 10,000 samples/s, not 1000/5.1 s.
     assert progress["examples_per_sec"] == pytest.approx(100 * 7 / 0.07)
     assert progress["step"] == 10 and progress["loss"] == pytest.approx(0.1)
@@ -258,27 +273,40 @@ def test_the_budget_is_not_asked_after_the_last_evaluation() -> None:
     assert isinstance(outcome, Completed)
 
 
-def test_every_call_ticks_with_its_step_and_the_console_gets_step_records() -> None:
-    seen: list[tuple[int, float]] = []
-    _, fake, _ = run(ticks=[lambda step, result: seen.append((step, result.loss))])
-    assert [step for step, _ in seen] == [3, 4, 6, 8, 9, 10]  # after each of fake.calls
-    assert len(seen) == len(fake.calls) > len(fake.evaluated)
-    # The progress view's tick: a record below INFO, that only a console view gets.
-    from app.training.progress_view import StepView
+def _hooked(*hooks: Hook, max_steps: int = 10, k: int = 1, eval_every: int = 5) -> object:
+    clock = Clock()
+    controller = Controller(
+        FakeTrainer(clock),
+        FakeCheckpoints(),
+        Schedule(max_steps, eval_every, 100, k, 0.0),
+        Meter(cpu_budget=1.0, samples_per_step=10, clock=clock, cpu_clock=clock),
+        stop=lambda: False,
+        baseline_rmse=2.0,
+        hooks=list(hooks),
+    )
+    return controller.run(0)
 
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler(logs.STEP)
-    handler.emit = records.append  # type: ignore[method-assign]
-    logs.setup(level=logging.INFO, stream=io.StringIO(), text=True)
-    logging.getLogger(logs.LOGGER_NAME).addHandler(handler)
-    try:
-        clock = Clock()
-        view = StepView(Meter(2.0, 10, clock=clock, cpu_clock=clock), max_steps=10)
-        _, fake, _ = run(ticks=[view])
-    finally:
-        logs.setup(level=logging.ERROR)
-    steps = [r for r in records if r.event == "step"]  # type: ignore[attr-defined]
-    assert [r.step for r in steps] == [3, 4, 6, 8, 9, 10]  # type: ignore[attr-defined]
-    assert {r.levelno for r in steps} == {logs.STEP}
-    assert not hasattr(steps[0], "examples_per_sec")  # the first call traced: no rate
-    assert all(r.examples_per_sec > 0 for r in steps[1:])  # type: ignore[attr-defined]
+
+def test_a_hook_runs_after_every_call_with_the_step_reached() -> None:
+    every_step, calls = Recorder(), Recorder()
+    _hooked(every_step, k=1)
+    assert every_step.calls == [(step, 1) for step in range(1, 11)]  # K = 1: every step
+    _hooked(calls, k=4)  # calls cut at the evaluation (5) and the end (10)
+    assert calls.calls == [(4, 4), (5, 1), (9, 4), (10, 1)]
+
+
+def test_every_hook_gets_every_evaluation_record_in_order() -> None:
+    first, second = Recorder(), Recorder()
+    _hooked(first, second)
+    assert [r["step"] for r in first.records] == [5, 10]
+    assert first.records == second.records
+    assert {"loss", "test_rmse", "examples_per_sec", "lr"} <= set(first.records[0])
+
+
+def test_every_hook_is_asked_to_replan_and_one_yes_is_enough() -> None:
+    asked: list[str] = []
+    no = Recorder(lambda: asked.append("no") or False)
+    yes = Recorder(lambda: asked.append("yes") or True)
+    outcome = _hooked(no, yes)
+    assert isinstance(outcome, Replan) and outcome.step == 5
+    assert asked == ["no", "yes"]

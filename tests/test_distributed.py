@@ -1,4 +1,4 @@
-"""Multi-worker training (app/cluster/, app/training/replicas.py, docs/distributed.md).
+"""Multi-worker training (app/cluster/, app/training/loop/replicas.py, docs/distributed.md).
 
 Cluster resolution and input shards are pure functions, tested directly. The
 behaviour is tested with real worker processes of the real CLI on localhost
@@ -31,7 +31,7 @@ from app.cluster.spec import Cluster, ClusterOptions, free_ports
 from app.config import TrainConfig
 from app.data import synthetic
 from app.errors import ClusterError, ConfigError
-from app.training import workspace
+from app.training.state import workspace
 from tests.conftest import PINNED, REPO, TINY, events, json_lines, run_cli
 
 
@@ -175,14 +175,14 @@ def test_only_the_chief_writes_to_the_output_directory_itself(tmp_path: Path) ->
     chief = resolve({}, workers=2, worker_index=0, hosts="w{index}")
     other = resolve({}, workers=2, worker_index=1, hosts="w{index}")
     assert chief is not None and other is not None
-    config = TrainConfig(data_dir=tmp_path / "data", output_dir=tmp_path / "out")
+    config = TrainConfig.of(data_dir=tmp_path / "data", output_dir=tmp_path / "out")
     assert workspace.for_run(config, None).own == config.output_dir
     assert workspace.for_run(config, chief).own == config.output_dir
     assert workspace.for_run(config, other).own == tmp_path / "out/workers/worker-1"
     assert workspace.for_run(config, chief).cache == config.resolved_cache_dir
     assert workspace.for_run(config, other).cache == tmp_path / "out/workers/worker-1/cache"
-    shared = TrainConfig(
-        data_dir=config.data_dir, output_dir=config.output_dir, cache_dir=Path("/c")
+    shared = TrainConfig.of(
+        data_dir=config.data.data_dir, output_dir=config.output_dir, cache_dir=Path("/c")
     )
     assert workspace.for_run(shared, other).cache == Path("/c/worker-1")
     assert workspace.for_run(shared, chief).cache == Path("/c")
@@ -810,7 +810,7 @@ def test_workers_that_disagree_stop_with_exit_6_naming_what_differs(
     codes = [w.finish() for w in workers]
     assert codes == [6, 6], [w.stderr[-2000:] for w in workers]
     for w, value in zip(workers, values, strict=True):
-        # Only the differing parts (the run's identity: app/training/identity.py), or the
+        # Only the differing parts (the run's identity: app/training/state/identity.py), or the
         # differing field with this worker's value; a disagreement, not a lost peer.
         expected = (
             f"worker {w.index}: the workers disagree on the run's identity ({field} not the "

@@ -1,4 +1,4 @@
-"""The one reader of kernel files under a root (app/budget/files.py): paths, and what it
+"""The one reader of kernel files under a root (app/budget/rootfiles.py): paths, and what it
 records for a file that gives nothing."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from app.budget.files import RootFiles
+from app.budget.rootfiles import RootFiles
 from tests.conftest import REPO
 
 #: The start of a child Python that reads under an ASCII locale (LC_CTYPE "C", no UTF-8
@@ -58,7 +58,7 @@ def test_files_are_read_as_utf_8_whatever_the_locale(tmp_path: Path) -> None:
     (tmp_path / "name").write_text("donn\u00e9es\n", encoding="utf-8")
     assert RootFiles(tmp_path).read("/name") == "donn\u00e9es\n"
     code = ASCII_LOCALE + (
-        "from app.budget.files import RootFiles\n"
+        "from app.budget.rootfiles import RootFiles\n"
         f"print(ascii(RootFiles({str(tmp_path)!r}).read('/name')))\n"
     )
     proc = subprocess.run(

@@ -15,7 +15,7 @@ import pytest
 from app.config import TrainConfig
 from app.errors import ClusterError, ConfigError, StorageError
 from app.options import identity_fields
-from app.training import identity
+from app.training.state import identity
 from tests.conftest import TINY_TRAIN_ARGS, events, json_lines, prepare_cache, run_cli
 
 #: The options that change what the weights mean, as the config declares them. A new
@@ -35,11 +35,11 @@ def test_the_identity_options_are_the_declared_ones() -> None:
 @pytest.fixture(scope="module")
 def data(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     out = tmp_path_factory.mktemp("identity")
-    return prepare_cache(TrainConfig(data_dir=tiny_data, output_dir=out))
+    return prepare_cache(TrainConfig.of(data_dir=tiny_data, output_dir=out))
 
 
 def _config(tmp_path: Path, **changes: object) -> TrainConfig:
-    return TrainConfig(data_dir=tmp_path, output_dir=tmp_path, **changes)  # type: ignore[arg-type]
+    return TrainConfig.of(data_dir=tmp_path, output_dir=tmp_path, **changes)  # type: ignore[arg-type]
 
 
 def _recorded(tmp_path: Path, mine: identity.Identity) -> Path:

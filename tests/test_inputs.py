@@ -1,4 +1,4 @@
-"""Bad input data end to end (app/training/inputs.py and the parser behind it): the real
+"""Bad input data end to end (app/training/inputs/load.py and the parser behind it): the real
 ``coretrain train`` stops before TensorFlow with exit 3, one line naming file:line, and
 no partial cache; ``--allow-nonfinite`` accepts what the default rejects; the accepted
 formats train end to end.
@@ -10,7 +10,6 @@ output directory's other checks). The runs go in the background (tests/runs.py).
 
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import os
 import shutil
@@ -169,10 +168,10 @@ def test_allow_nonfinite_accepts_what_the_default_rejects(tmp_path: Path) -> Non
     """The option reaches the converter (in process: the 2×3 data can't train the CNN)."""
     data = _good_data(tmp_path / "data")
     shutil.copyfile(CORPUS / "good" / "nonfinite.txt", data / "test_features.txt")
-    config = TrainConfig(data_dir=data, output_dir=tmp_path / "out", height=2, width=3)
+    config = TrainConfig.of(data_dir=data, output_dir=tmp_path / "out", height=2, width=3)
     with pytest.raises(DataError, match=r"test_features\.txt:2: field 2: non-finite"):
         prepare_cache(config)
-    loaded = prepare_cache(dataclasses.replace(config, allow_nonfinite=True))
+    loaded = prepare_cache(config.with_options(allow_nonfinite=True))
     x = np.asarray(loaded.features("test")).reshape(2, 6)
     assert np.isnan(x[1, 1]) and x[1, 2] == -np.inf and x[1, 3] == np.inf
 

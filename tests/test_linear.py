@@ -1,11 +1,11 @@
-"""The linear baseline (app/training/linear.py): a ridge regression in closed form."""
+"""The linear baseline (app/training/inputs/linear.py): a ridge regression in closed form."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from app.training import linear
+from app.training.inputs import linear
 
 
 def _reference(x: np.ndarray, y: np.ndarray, alpha: float) -> tuple[np.ndarray, np.ndarray]:

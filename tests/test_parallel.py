@@ -210,8 +210,8 @@ def test_cache_with_two_threads_matches_one(
 ) -> None:
     monkeypatch.setattr(parallel, "MIN_RANGE_BYTES", 100_000)
     data = shutil.copytree(tiny_data, tmp_path / "data")
-    one = prepare_cache(TrainConfig(data_dir=data, output_dir=tmp_path / "one"))
-    two = prepare_cache(TrainConfig(data_dir=data, output_dir=tmp_path / "two"), threads=2)
+    one = prepare_cache(TrainConfig.of(data_dir=data, output_dir=tmp_path / "one"))
+    two = prepare_cache(TrainConfig.of(data_dir=data, output_dir=tmp_path / "two"), threads=2)
     for name in ("train_x.f32", "train_y.f32", "test_x.f32", "test_y.f32"):
         assert (one.path / name).read_bytes() == (two.path / name).read_bytes()
     np.testing.assert_allclose(two.feature_mean, one.feature_mean, rtol=1e-6)

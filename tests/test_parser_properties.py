@@ -46,7 +46,7 @@ from app import cli
 from app.config import TrainConfig
 from app.data import parallel
 from app.data.sources import ROLES
-from app.training.inputs import load_data
+from app.training.inputs.load import load_data
 
 EXAMPLES = int(os.environ.get("CORETRAIN_HYPOTHESIS_EXAMPLES", "300"))
 H, W = 2, 3
@@ -204,7 +204,7 @@ def _run(files: dict[str, bytes], threads: int, root: Path) -> tuple[int, str, o
     data.mkdir()
     for role, content in files.items():
         (data / f"{role}.txt").write_bytes(content)
-    config = TrainConfig(data_dir=data, output_dir=root / "out", height=H, width=W)
+    config = TrainConfig.of(data_dir=data, output_dir=root / "out", height=H, width=W)
     plan = SimpleNamespace(intra_op_threads=threads)
     err = io.StringIO()
     try:

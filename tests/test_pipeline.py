@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent(
     from tests.conftest import prepare_cache
 
     data, tmp = Path(sys.argv[1]), Path(sys.argv[2])
-    config = TrainConfig(data_dir=data, output_dir=tmp / "out", cache_dir=tmp / "cache")
+    config = TrainConfig.of(data_dir=data, output_dir=tmp / "out", cache_dir=tmp / "cache")
     c = prepare_cache(config)
     limit = json.loads(sys.argv[3])
     kw = dict(seed=3, batch_size=100, start_step=0, end_step=7)  # 700 of 240 rows: 3 epochs
@@ -131,7 +131,7 @@ def test_the_split_is_held_when_the_run_reads_it_more_than_once(
         from tests.conftest import prepare_cache
 
         data, tmp = Path(sys.argv[1]), Path(sys.argv[2])
-        c = prepare_cache(TrainConfig(data_dir=data, output_dir=tmp, cache_dir=tmp / "c"))
+        c = prepare_cache(TrainConfig.of(data_dir=data, output_dir=tmp, cache_dir=tmp / "c"))
         out = {}
         for limit, steps in ((None, 10_000), (None, 1), (1000, 10_000)):
             got = pipeline.choose_input(c, limit, 40, steps)
@@ -164,7 +164,7 @@ RESUME = textwrap.dedent(
     from tests.conftest import prepare_cache
 
     data, tmp = Path(sys.argv[1]), Path(sys.argv[2])
-    c = prepare_cache(TrainConfig(data_dir=data, output_dir=tmp / "out", cache_dir=tmp / "c"))
+    c = prepare_cache(TrainConfig.of(data_dir=data, output_dir=tmp / "out", cache_dir=tmp / "c"))
     def batches(start):
         given = pipeline.train_input(c, 1, seed=9, batch_size=10, start_step=start,
                                      end_step=40, stats=stream.Stats.of(c))

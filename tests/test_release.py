@@ -154,7 +154,7 @@ def test_models_marks_what_tf_serving_serves(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def data(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("release")
-    return prepare_cache(TrainConfig(data_dir=tiny_data, output_dir=tmp, cache_dir=tmp / "c"))
+    return prepare_cache(TrainConfig.of(data_dir=tiny_data, output_dir=tmp, cache_dir=tmp / "c"))
 
 
 def _linear(data, shrink: float = 1.0, outputs: int | None = None, inputs: int | None = None):

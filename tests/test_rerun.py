@@ -1,9 +1,8 @@
-"""A finished run rerun (app/training/rerun.py): nothing to do only when every piece of
+"""A finished run rerun (app/training/state/rerun.py): nothing to do only when every piece of
 evidence is there, in real files; anything missing or different goes on as a resume."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -11,8 +10,8 @@ import pytest
 
 from app.config import TrainConfig
 from app.release import layout
-from app.training import identity, rerun, workspace
-from app.training.outcome import Completed, TargetReached
+from app.training.loop.outcome import Completed, TargetReached
+from app.training.state import identity, rerun, workspace
 from tests.conftest import prepare_cache
 
 
@@ -20,7 +19,7 @@ from tests.conftest import prepare_cache
 def done(tiny_data: Path, tmp_path: Path):
     """A finished run's output as the finish writes it: metrics.json, model/, run.json, and
     version 4 of the publish directory holding its weights."""
-    config = TrainConfig(
+    config = TrainConfig.of(
         data_dir=tiny_data, output_dir=tmp_path / "out", max_steps=30,
         publish_dir=tmp_path / "models",
     )  # fmt: skip
@@ -32,11 +31,11 @@ def done(tiny_data: Path, tmp_path: Path):
     (ws.model / layout.KERAS_FILE).write_bytes(b"keras")
     decision = {
         "published": True, "reason": "better", "candidate_rmse": 0.1, "version": 4,
-        "directory": str(config.publish_dir),
+        "directory": str(config.publishing.publish_dir),
     }  # fmt: skip
     summary = {
         "status": "completed", "final_step": 30, "weights": "abc", "last_eval_rmse": 0.1,
-        "steps_per_loop": 5, "target_loss": config.target_loss, "publish": decision,
+        "steps_per_loop": 5, "target_loss": config.schedule.target_loss, "publish": decision,
         "export_files": layout.files_digest(ws.model),
     }  # fmt: skip
     ws.metrics.write_text(json.dumps(summary))
@@ -62,7 +61,7 @@ def test_target_reached_needs_the_same_target(done) -> None:
     ws.metrics.write_text(json.dumps({**summary, "status": "target_reached", "final_step": 12}))
     found = rerun.finished(ws, config, data, 1)
     assert isinstance(found.outcome, TargetReached) and found.outcome.step == 12
-    other = dataclasses.replace(config, target_loss=config.target_loss / 2)
+    other = config.with_options(target_loss=config.schedule.target_loss / 2)
     assert rerun.finished(ws, other, data, 1) is None
 
 
@@ -84,15 +83,15 @@ def test_anything_missing_or_different_goes_on(done, change: str) -> None:
     workers = 1
     summary = json.loads(ws.metrics.read_text())
     if change == "more steps":
-        config = dataclasses.replace(config, max_steps=60)
+        config = config.with_options(max_steps=60)
     elif change == "another seed":
-        config = dataclasses.replace(config, seed=config.seed + 1)
+        config = config.with_options(seed=config.recipe.seed + 1)
     elif change == "no export":
         (ws.model / layout.KERAS_FILE).unlink()
     elif change == "damaged export":
         (ws.model / layout.SAVED_MODEL_DIR / layout.SAVED_MODEL_FILE).write_bytes(b"pX")
     elif change == "another publish dir":
-        config = dataclasses.replace(config, publish_dir=config.publish_dir.parent / "other")
+        config = config.with_options(publish_dir=config.publishing.publish_dir.parent / "other")
     elif change == "unfinished":
         ws.metrics.write_text(json.dumps({**summary, "status": "preempted"}))
     elif change == "workers":
@@ -105,11 +104,11 @@ def test_anything_missing_or_different_goes_on(done, change: str) -> None:
 def test_a_version_withdrawn_since_is_not_published_again(done, logged) -> None:
     """The operator rolled version 4 back (moved it out): the rerun respects that."""
     config, data, ws = done
-    (config.publish_dir / "4").rename(config.publish_dir / "rolled-back")
+    (config.publishing.publish_dir / "4").rename(config.publishing.publish_dir / "rolled-back")
     result = rerun.finished(ws, config, data, 1)
     assert result.decision.published and result.decision.version == 4
     assert result.decision.reason == rerun.WITHDRAWN
     events = [r.event for r in logged]
     assert events == ["publish_withdrawn", "already_finished", "end"]
     assert "was withdrawn" in logged[1].getMessage()
-    assert layout.entries(config.publish_dir) == []
+    assert layout.entries(config.publishing.publish_dir) == []

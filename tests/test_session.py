@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from app.config import TrainConfig
 from tests.conftest import REPO
 
 SCRIPT = textwrap.dedent(
@@ -26,14 +27,14 @@ SCRIPT = textwrap.dedent(
     from app.config import TrainConfig
     from app.data import split, stream
     from app.training import session
-    from app.training.inputs import Inputs
+    from app.training.inputs.load import Inputs
     from tests.conftest import prepare_cache
 
     data, tmp, limit = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
-    config = TrainConfig(data_dir=data, output_dir=tmp / "out", cache_dir=tmp / "cache",
+    config = TrainConfig.of(data_dir=data, output_dir=tmp / "out", cache_dir=tmp / "cache",
                          batch_size=40, max_steps=12, validation_fraction=0.25, seed=3)
     c = prepare_cache(config)
-    rows = split.split(c.train_size, config.validation_fraction, config.seed)
+    rows = split.split(c.train_size, config.data.validation_fraction, config.recipe.seed)
     inputs = Inputs(c, rows, None)
     plan = types.SimpleNamespace(memory_limit=limit, tfdata_threads=1)
     reps = types.SimpleNamespace(count=1, index=0)
@@ -81,3 +82,78 @@ def test_training_input_holds_only_the_training_rows(
     # 12 steps of 40 rows: every one of the 180 training rows, none of the validation rows
     assert got["ids"] == got["train"]
     assert not set(got["ids"]) & set(got["validation"])
+
+
+# The session's own decisions, with stand-ins for its TensorFlow parts (fast).
+
+
+def _session(tmp_path: Path, *, validating: bool, publish_dir: Path | None = None) -> object:
+    from types import SimpleNamespace
+
+    from app.training.session import Session
+    from app.training.state.choose import Choice
+
+    config = TrainConfig.of(
+        data_dir=tmp_path, output_dir=tmp_path / "out", batch_size=8, publish_dir=publish_dir
+    )
+    lin = SimpleNamespace(test_rmse=0.5, to_json=lambda: {"test_rmse": 0.5})
+    inputs = SimpleNamespace(
+        rows=SimpleNamespace(validating=validating, validation=[1, 2, 3] if validating else []),
+        reference=SimpleNamespace(linear=lin, eval_mean=1.0, fields=dict),
+        data=SimpleNamespace(path=tmp_path / "cache-key"),
+    )
+    best = SimpleNamespace(restore=lambda: 40, rmse=0.3)
+    trainer = SimpleNamespace(evaluate=lambda split: {"test": 0.6}[split])
+    reps = SimpleNamespace(count=2, cluster=None)
+    plan = SimpleNamespace(to_json=lambda: {"intra_op_threads": 1})
+    choice = Choice("plain", "bfloat16", "measured", {})
+    return Session(
+        None,
+        config,
+        choice,
+        plan,
+        inputs,
+        reps,
+        lambda: False,
+        trainer,
+        None,
+        best,
+        0,  # type: ignore[arg-type]
+    )
+
+
+def test_the_exported_step_is_the_best_validated_one_and_judged_against_the_linear(
+    tmp_path: Path, logged: list
+) -> None:
+    from app.training.loop.outcome import Completed
+
+    run = _session(tmp_path, validating=True)
+    outcome = Completed(start_step=0, step=50, eval_rmse=0.3, loop_seconds=1.0, steps_per_loop=1)
+    fields = run.exported(outcome)  # type: ignore[attr-defined]
+    assert (fields["exported_step"], fields["val_rmse"], fields["test_rmse"]) == (40, 0.3, 0.6)
+    assert fields["validation_size"] == 3 and fields["linear_rmse"] == 0.5
+    assert [r.event for r in logged] == ["not_learning"]  # 0.6 is not below the linear's 0.5
+    without = _session(tmp_path, validating=False).exported(outcome)  # type: ignore[attr-defined]
+    assert (without["exported_step"], without["val_rmse"]) == (50, None)
+
+
+def test_samples_per_step_count_every_worker(tmp_path: Path) -> None:
+    assert _session(tmp_path, validating=False).samples_per_step == 16  # type: ignore[attr-defined]
+
+
+def test_the_publish_step_carries_the_decided_formulation_not_the_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.release import publish
+
+    assert _session(tmp_path, validating=False).publisher({}) is None  # type: ignore[attr-defined]
+    seen: dict = {}
+    monkeypatch.setattr(
+        publish, "publish", lambda exported, target, data, meta, **kw: seen.update(meta=meta, **kw)
+    )
+    run = _session(tmp_path, validating=False, publish_dir=tmp_path)
+    run.publisher({"test_rmse": 0.6, "plan": {}})("exported")  # type: ignore[attr-defined]
+    config = seen["meta"]["config"]
+    assert (config["formulation"], config["precision"]) == ("plain", "bfloat16")
+    assert run.config.compute.formulation == "auto"  # type: ignore[attr-defined]
+    assert seen["meta"]["metrics"] == {"test_rmse": 0.6} and seen["keep"] == 0

@@ -1,4 +1,4 @@
-"""The training step (app/training/step.py) end to end: several steps per call change
+"""The training step (app/training/loop/step.py) end to end: several steps per call change
 nothing."""
 
 from __future__ import annotations

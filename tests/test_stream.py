@@ -20,7 +20,7 @@ from tests.conftest import prepare_cache
 @pytest.fixture(scope="module")
 def cache(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -> DataCache:
     tmp = tmp_path_factory.mktemp("stream")
-    return prepare_cache(TrainConfig(data_dir=tiny_data, output_dir=tmp, cache_dir=tmp / "c"))
+    return prepare_cache(TrainConfig.of(data_dir=tiny_data, output_dir=tmp, cache_dir=tmp / "c"))
 
 
 def _expected(c: DataCache, ids: np.ndarray, stats: stream.Stats | None) -> tuple:
@@ -113,6 +113,6 @@ def test_a_truncated_cache_file_is_a_storage_error(cache: DataCache, tmp_path: P
 
 
 def test_the_memory_estimate_counts_the_chunks_a_reader_holds() -> None:
-    from app.budget import memory
+    from app.training.inputs import peak_memory as memory
 
     assert memory.STREAMED_BATCHES == stream.CHUNKS_HELD * order.WINDOW_STEPS + 5

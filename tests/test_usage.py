@@ -13,7 +13,7 @@ import pytest
 from app.budget.cgroups.detect import CpuBudget
 from app.budget.plan import Overrides, make_plan
 from app.budget.usage import CpuStat, Throttling, read_cpu_stat
-from app.training.budget_watch import BudgetWatch, warn_when_throttled
+from app.training.extras.budget_watch import BudgetWatch, warn_when_throttled
 from tests.conftest import FIXTURES
 
 V1 = "nr_periods 200\nnr_throttled 50\nthrottled_time 2500000000\n"
@@ -118,18 +118,18 @@ def _plan(quota: float | None, cpus: int = 4) -> object:
 def test_budget_watch_replans_only_when_the_threads_change(logged: list) -> None:
     now = {"plan": _plan(1.5)}
     watch = BudgetWatch(_plan(1.5), detect=lambda plan: now["plan"])  # type: ignore[arg-type]
-    assert watch() is False and logged == []  # nothing changed
+    assert watch.replan() is False and logged == []  # nothing changed
     now["plan"] = _plan(1.2)  # 2 intra-op threads and 1 inter-op thread, as before
-    assert watch() is False
+    assert watch.replan() is False
     assert [r.event for r in logged] == ["budget_changed"] and logged[0].replan is False
     now["plan"] = _plan(2.0)  # the same intra-op threads, but 2 inter-op threads
-    assert watch() is True
+    assert watch.replan() is True
     assert (logged[-1].old["inter_op_threads"], logged[-1].new["inter_op_threads"]) == (1, 2)
     assert "inter-op 1 → 2" in logged[-1].getMessage()
     now["plan"] = _plan(3.0)
-    assert watch() is True
+    assert watch.replan() is True
     assert logged[-1].old["intra_op_threads"] == 2 and logged[-1].new["intra_op_threads"] == 3
-    assert watch() is False  # the change is now the watch's plan
+    assert watch.replan() is False  # the change is now the watch's plan
 
 
 def test_budget_watch_disabled_logs_why_and_never_replans(logged: list) -> None:
@@ -139,7 +139,7 @@ def test_budget_watch_disabled_logs_why_and_never_replans(logged: list) -> None:
         why_not="--replan never",
         detect=lambda plan: _plan(4.0),  # type: ignore[arg-type, return-value]
     )
-    assert watch() is False
+    assert watch.replan() is False
     assert logged[-1].levelno == logging.WARNING and "--replan never" in logged[-1].getMessage()
 
 

@@ -1,5 +1,5 @@
 """Choosing the exported model on data it was not tested on (app/data/split.py,
-app/training/best.py, app/training/run.py), with the real CLI on a tiny set.
+app/training/state/best.py, app/training/run.py), with the real CLI on a tiny set.
 
 * the exported weights are the best validated step's checkpoint, and metrics.json says
   which step that was, its validation RMSE and the linear baseline;

@@ -1,4 +1,4 @@
-"""The output directory (app/training/workspace.py): one that can't be written is refused
+"""The output directory (app/training/state/workspace.py): one that can't be written is refused
 before training with exit 4 and one line naming it.
 
 These runs stop before TensorFlow is imported. Who owns the files a run writes (a

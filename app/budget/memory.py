@@ -1,61 +1,17 @@
-"""The run's expected peak memory, compared with the memory limit before training starts.
-
-A process over its cgroup's memory limit is killed by the kernel: exit 137, no message,
-no ``end`` event, and a Job retries it into the same wall. So the training recipe
-(app/training/run.py) estimates the peak from what is known once the data are converted,
-before TensorFlow is imported, and a run that can't fit ends with exit 8 and one line
-(:class:`app.errors.MemoryBudgetExceeded`). No TensorFlow here.
-
-The rule, bytes (constants measured on this project's model with TensorFlow 2.21 on 2
-CPUs, peak RSS of whole ``coretrain train`` runs: docs/security.md, "Memory")::
-
-    peak = (BASE + model + max(setup, training)) × (1 + MARGIN)
-    setup    = RESIDENT_SETUP_COPIES × split            (a split held in memory, else 0)
-    training = RESIDENT_COPIES × split                  (held in memory)
-             | STREAMED_BATCHES × batch × row + labels  (read from the cache file)
-             + batch × (PER_FEATURE × H·W + PER_OUTPUT × K)
-
-``split`` = training rows × row, ``row`` = 4 × (H·W + K) bytes, ``labels`` = training rows ×
-4·K (a streamed run maps the labels file); ``model`` = 16 bytes per
-weight of the last layer (weights, gradient, momentum, a copy), the rest is in BASE. The
-split is held in memory when it takes at most :data:`RESIDENT_SHARE` of the limit.
+"""How much of the memory limit a training split may take to be held in memory rather than
+read from the cache file batch by batch (app/data/pipeline.py). The run's expected peak, the
+model of the CNN's training memory that builds on it, is app/training/inputs/peak_memory.py.
+No TensorFlow here.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Any
-
-from app.errors import MemoryBudgetExceeded
 
 MIB = 1 << 20
 #: Share of the memory limit (physical memory without one) a training split may take to
 #: be held in memory rather than read from the cache file batch by batch.
 RESIDENT_SHARE = 0.25
-#: Python, TensorFlow, Keras, the model's graphs and their working set at a batch of ~0:
-#: their heap, and TensorFlow's shared libraries as the kernel maps them, which is more when
-#: their files were freshly written (a new image or venv: the page cache in large folios)
-#: than when they sit in an old page cache (docs/security.md, "Memory").
-HEAP = 270 * MIB
-CODE = 460 * MIB
-BASE = HEAP + CODE
-#: While a split is put in memory: the variables it is written into (the chunks on the
-#: way are in BASE's margin; app/data/pipeline.py load_resident).
-RESIDENT_SETUP_COPIES = 1
-#: Copies of a split held in memory while training: once, in the variables.
-RESIDENT_COPIES = 1
-#: Batches held when the split is read from the file: two chunks of 8 steps' rows (the one
-#: gathered from, the one being read: app/data/stream.py CHUNKS_HELD × app/data/order.py
-#: WINDOW_STEPS), and 5 batches in flight (prefetch 2, 2 parallel gathers, the step's).
-STREAMED_BATCHES = 2 * 8 + 5
-#: Bytes per sample of a batch, per feature value and per output: activations, their
-#: gradients and the fast formulation's patch matrices (app/model/fast.py).
-PER_FEATURE = 44
-PER_OUTPUT = 40
-DENSE_UNITS = 20  # app/model/geometry.py's hidden layer feeding the K outputs
-#: Room for what the rule does not see (allocator slack, page cache of written files).
-MARGIN = 0.10
 
 
 def resident_limit(memory_limit: int | None) -> int:
@@ -71,54 +27,3 @@ def resident_limit(memory_limit: int | None) -> int:
 def split_bytes(rows: int, values: int, outputs: int) -> int:
     """Bytes of ``rows`` samples of ``values`` features and ``outputs`` labels as float32."""
     return 4 * rows * (values + outputs)
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """The expected peak (``total`` bytes) and its parts (bytes, by name), for the log."""
-
-    total: int
-    parts: dict[str, int]
-    resident: bool
-
-    def to_json(self) -> dict[str, Any]:
-        return {"peak_bytes": self.total, "resident": self.resident, **self.parts}
-
-
-def estimate(
-    *, rows: int, height: int, width: int, outputs: int, batch_size: int,
-    memory_limit: int | None,
-) -> Estimate:  # fmt: skip
-    """The peak of a run training on ``rows`` samples of ``height``×``width`` features and
-    ``outputs`` labels in batches of ``batch_size`` (per process), by the module's rule."""
-    values = height * width
-    row = split_bytes(1, values, outputs)
-    split = rows * row
-    resident = split <= resident_limit(memory_limit)
-    streamed = STREAMED_BATCHES * batch_size * row + rows * 4 * outputs
-    data = RESIDENT_COPIES * split if resident else streamed
-    steps = batch_size * (PER_FEATURE * values + PER_OUTPUT * outputs)
-    parts = {
-        "base_bytes": BASE,
-        "model_bytes": 16 * (DENSE_UNITS + 1) * outputs,
-        "setup_bytes": RESIDENT_SETUP_COPIES * split if resident else 0,
-        "data_bytes": data,
-        "batch_bytes": steps,
-    }
-    during = max(parts["setup_bytes"], data + steps)
-    total = int((BASE + parts["model_bytes"] + during) * (1 + MARGIN))
-    return Estimate(total, parts, resident)
-
-
-def check(found: Estimate, memory_limit: int | None, batch_size: int) -> None:
-    """Raise MemoryBudgetExceeded (exit 8) when ``found`` is more than ``memory_limit``
-    (None: no limit, nothing to check)."""
-    if memory_limit is None or found.total <= memory_limit:
-        return
-    held = "held in memory" if found.resident else "read batch by batch"
-    raise MemoryBudgetExceeded(
-        f"the run would need about {found.total / MIB:,.0f} MiB of memory at its peak "
-        f"(TensorFlow {BASE / MIB:.0f} MiB, training split {held}, batches of "
-        f"{batch_size}), more than the memory limit of {memory_limit / MIB:,.0f} MiB; "
-        "lower --batch-size or raise the limit"
-    )

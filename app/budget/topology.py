@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from app.budget.cpulist import parse_cpulist
-from app.budget.files import RootFiles
+from app.budget.rootfiles import RootFiles
 
 _CPU_DIR = re.compile(r"cpu(\d+)$")
 _NODE_DIR = re.compile(r"node(\d+)$")

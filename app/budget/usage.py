@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.budget.files import RootFiles
+from app.budget.rootfiles import RootFiles
 
 #: An interval throttled in more than this share of its periods gets a warning event.
 THROTTLED_WARNING_RATIO = 0.25

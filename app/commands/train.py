@@ -3,7 +3,7 @@
 In order: the JSON log on stdout, the umask, the stop request (SIGTERM/SIGINT), the
 cluster (a multi-worker run, if any), the workspace and its output lock, the thread plan
 (detected and applied before TensorFlow starts), then :func:`app.training.run.train`.
-Its outcome (app/training/outcome.py) is mapped here, by :func:`conclude`, to the exit
+Its outcome (app/training/loop/outcome.py) is mapped here, by :func:`conclude`, to the exit
 code: 0, 7 when the gate kept the model out of ``--publish-dir``, 143 after a stop, or to
 a restart of the process with a new thread plan. Failures are raised
 (:class:`app.errors.AppError`) and mapped by the command line.
@@ -29,8 +29,8 @@ from app.config import TrainConfig
 from app.errors import ConfigError, NotPublished, Preempted, exit_code_of
 from app.report import ReportOptions, push
 from app.signals import StopRequest
-from app.training import workspace
-from app.training.outcome import REPLAN_AT_ENV, Replan, Result, Stopped
+from app.training.loop.outcome import REPLAN_AT_ENV, Replan, Result, Stopped
+from app.training.state import workspace
 
 #: Exit code of a completed run whose model the gate kept out of --publish-dir (README).
 NOT_PUBLISHED = NotPublished.exit_code
@@ -46,7 +46,7 @@ def run(
     AppError for every expected failure (its exit code: README, "Exit codes")."""
     text = report is not None and report.text(sys.stdout)
     logs.setup(text=text)
-    _check_data_dir(config.data_dir)  # a mistyped --data writes nothing into --output
+    _check_data_dir(config.data.data_dir)  # a mistyped --data writes nothing into --output
     restrict_umask()
     stop = StopRequest().install()
     cluster = spec.resolve(os.environ, cluster_options)
@@ -56,7 +56,7 @@ def run(
     held = lock.acquire(ws.own, below=ws.output)
 
     def body() -> Exit:
-        bfloat16 = "bfloat16" in config.precisions(native_bf16=True)
+        bfloat16 = "bfloat16" in config.compute.precisions(native_bf16=True)
         plan = detect_plan("/", options, bfloat16=bfloat16)
         apply.apply(plan)
         from app.training.run import train

@@ -15,21 +15,21 @@ Wq = (Wp-1)//2: 18×34, 9×17, 8×16, 4×8 and 160 features for 20×195.
 
 ``formulation="plain"`` runs Keras layers exactly as listed. ``"fast"``
 computes the same function with the same variables as a few wide matrix
-products; see app/model/fast.py. Both formulations own the same
+products; see app/model/fast_formulation.py. Both formulations own the same
 layers and variables under the same names (``conv1/kernel`` (3, 30, 1, 5),
 ``conv1/bias``, ``conv2/kernel`` (2, 2, 5, 5), ``conv2/bias``,
 ``dense1/kernel`` (160, 20), ...), so a checkpoint or ``.keras`` file written by
 one restores into the other.
 
-Modules: :mod:`app.model.geometry` (sizes), :mod:`app.model.fast` (the fast formulation),
-:mod:`app.model.cnn` (the Keras model), :mod:`app.model.loss` (dropout and the loss).
+Modules: :mod:`app.model.geometry` (sizes), :mod:`app.model.fast_formulation` (the fast
+formulation), :mod:`app.model.cnn` (the Keras model), :mod:`app.model.loss` (dropout and the loss).
 Importing the package registers the model with Keras (``.keras`` files load).
 """
 
 from __future__ import annotations
 
 from app.model.cnn import FORMULATIONS, PRECISIONS, SeedCNN, build_model, stock
-from app.model.fast import PHASES, fast_tables, matmul_maxpool
+from app.model.fast_formulation import PHASES, fast_tables, matmul_maxpool
 from app.model.geometry import Geometry, geometry
 from app.model.loss import dropout, forward, regularized_loss, weight_decay
 

@@ -1,7 +1,7 @@
 """The seed CNN as a Keras model, in two formulations of one function (plain, fast).
 
 The architecture is in the package docstring (app/model/__init__.py); the fast
-formulation in app/model/fast.py.
+formulation in app/model/fast_formulation.py.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from app.errors import ConfigError
-from app.model.fast import fast_features
+from app.model.fast_formulation import fast_features
 from app.model.geometry import (
     CONV1_KERNEL,
     CONV1_STRIDE,
@@ -178,8 +178,8 @@ def build_model(num_outputs: int, **arguments: Any) -> SeedCNN:
     ``arguments``: :class:`SeedCNN`'s (``height``, ``width``, ``seed``, ``formulation``,
     ``precision``; by default 20, 195, 0, "fast", "float32"). ``formulation`` is "plain"
     (Keras layers) or "fast" (matrix products, same function and variables:
-    app/model/fast.py); ``precision`` "float32" or "bfloat16" (computation only: variables
-    and outputs stay float32). The initial weights depend only on ``seed``. Raises
+    app/model/fast_formulation.py); ``precision`` "float32" or "bfloat16" (computation only:
+    variables and outputs stay float32). The initial weights depend only on ``seed``. Raises
     ConfigError for an unknown formulation or precision, K < 1 or an input too small for
     the network.
     """

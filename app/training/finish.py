@@ -1,5 +1,5 @@
 """The end of a run: its summary (``metrics.json``), the export and publishing, the ``end``
-event, for each outcome of the loop (app/training/outcome.py).
+event, for each outcome of the loop (app/training/loop/outcome.py).
 
 A finished run (completed, target reached) is exported by the chief
 (app/release/export.py), offered to the publish gate when ``--publish-dir`` is set, and
@@ -22,8 +22,8 @@ from app.atomic import write_json
 from app.data.cache import DataCache
 from app.release.export import Exported, export
 from app.release.gate import Decision
-from app.training.outcome import Outcome, Replan, Result, Stopped, results
-from app.training.workspace import Workspace
+from app.training.loop.outcome import Outcome, Replan, Result, Stopped, results
+from app.training.state.workspace import Workspace
 
 
 def summarize(

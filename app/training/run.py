@@ -1,16 +1,16 @@
 """The training entry point, ``train(ws, config, plan) -> Result``: the recipe, phase by phase.
 
-1. **open**: the JSON log file in the workspace (app/training/workspace.py) and the
+1. **open**: the JSON log file in the workspace (app/training/state/workspace.py) and the
    ``start`` event (versions, config, plan, cluster).
 2. **inputs**, before TensorFlow: the binary cache, the memory check, the validation split
-   and the baselines (app/training/inputs.py), so bad input fails in a fraction of a
+   and the baselines (app/training/inputs/load.py), so bad input fails in a fraction of a
    second with one line.
 3. **session**, TensorFlow from here on: the replicas (one process, or a worker of N:
-   app/training/replicas.py), the run's identity, the formulation and precision, the
+   app/training/loop/replicas.py), the run's identity, the formulation and precision, the
    trainer, the restored checkpoint, the input pipeline (app/training/session.py).
 4. **loop**: the controller trains to the absolute step ``--max-steps`` (or the target
-   loss, a stop, a budget change) and returns how it ended (app/training/controller.py,
-   app/training/outcome.py); a restarted job continues and ends at the same total.
+   loss, a stop, a budget change) and returns how it ended (app/training/loop/controller.py,
+   app/training/loop/outcome.py); a restarted job continues and ends at the same total.
 5. **finish**: the exported step, the summary, the export and publishing, the ``end``
    event (app/training/finish.py).
 
@@ -36,9 +36,10 @@ from app.config import TrainConfig
 from app.errors import Preempted
 from app.release import preflight
 from app.signals import StopRequest
-from app.training import phases, rerun, workspace
-from app.training.inputs import complete, load_data
-from app.training.outcome import FINISHED, Outcome, Replan, Result
+from app.training import phases
+from app.training.inputs.load import complete, load_data
+from app.training.loop.outcome import FINISHED, Outcome, Replan, Result
+from app.training.state import rerun, workspace
 
 if TYPE_CHECKING:
     from app.training.session import Session
@@ -51,15 +52,15 @@ def train(
     stop: Callable[[], bool] | None = None,
     cluster: Cluster | None = None,
 ) -> Result:
-    """Train to ``config.max_steps`` (or the target loss) and export; return the outcome
-    (app/training/outcome.py) with the summary (also ``metrics.json``: ``status``,
+    """Train to ``config.schedule.max_steps`` (or the target loss) and export; return the outcome
+    (app/training/loop/outcome.py) with the summary (also ``metrics.json``: ``status``,
     ``final_step``, ``exported_step``, ``test_rmse``, ``baseline_rmse`` in raw label
     units, ``examples_per_sec``, ``wall_seconds``, ``startup_seconds`` (to the first
     step), ``plan``, …).
 
-    ``ws`` is this process's workspace (:func:`app.training.workspace.for_run` of
+    ``ws`` is this process's workspace (:func:`app.training.state.workspace.for_run` of
     ``config`` and ``cluster``). With ``cluster`` this process is one worker of a
-    multi-worker run (docs/distributed.md): ``config.batch_size`` is per worker, only the
+    multi-worker run (docs/distributed.md): ``config.recipe.batch_size`` is per worker, only the
     chief (worker 0) writes checkpoints/, model/ and metrics.json. Raises DataError (bad
     input), StorageError (output), ConfigError (another run's checkpoints), Preempted (a
     stop before the first step), TrainingDiverged (NaN/Inf), MemoryBudgetExceeded,
@@ -70,8 +71,8 @@ def train(
     workspace.open_log(ws)
     write_json(ws.plan_file, plan.to_json(), "output directory")
     _log_start(config, plan, cluster, ws.plan_file)
-    if config.publish_dir is not None and ws.is_chief:
-        preflight.check(config.publish_dir)  # before anything is converted or fitted
+    if config.publishing.publish_dir is not None and ws.is_chief:
+        preflight.check(config.publishing.publish_dir)  # before anything is converted or fitted
     data = load_data(config, ws.cache, plan, stop, below=ws.cache_top)
     done = rerun.finished(ws, config, data, cluster.count if cluster else 1)
     if done is not None:
@@ -81,16 +82,17 @@ def train(
         raise Preempted("stopped by signal before training started")
     phases.tensorflow(plan.intra_op_threads)
     import_tensorflow()
-    from app.training import replicas, session
+    from app.training import session
+    from app.training.loop import replicas
 
     reps = replicas.create(cluster)
     try:
-        run = session.start(ws, config, plan, inputs, reps, stop)
+        ready = session.start(ws, config, plan, inputs, reps, stop)
         startup = time.perf_counter() - t_start  # what a run costs before its first step
-        outcome = run.controller().run(run.start)
+        outcome = ready.controller().run(ready.start)
         if isinstance(outcome, Replan):
             inputs.data.hand_over()  # the restart's exec keeps the cache held
-        return _finish(run, outcome, t_start, startup)
+        return _finish(ready, outcome, t_start, startup)
     except Exception as exc:
         reps.report_failure(exc)  # the other workers stop instead of waiting for this one
         raise
@@ -105,7 +107,7 @@ def _log_start(
     if cluster is not None:
         multi = {
             "cluster": cluster.to_json(),
-            "global_batch_size": config.batch_size * cluster.count,
+            "global_batch_size": config.recipe.batch_size * cluster.count,
         }
     logs.event(
         "start",
@@ -120,26 +122,28 @@ def _log_start(
     )
 
 
-def _finish(run: Session, outcome: Outcome, t_start: float, startup: float) -> Result:
+def _finish(ready: Session, outcome: Outcome, t_start: float, startup: float) -> Result:
     """The summary of ``outcome`` (the exported step's facts when the run finished), then
     the end of the run (app/training/finish.py)."""
     from app.training import finish
 
-    config, reps = run.config, run.reps
-    facts = run.exported(outcome) if isinstance(outcome, FINISHED) else {}
+    config, reps = ready.config, ready.reps
+    facts = ready.exported(outcome) if isinstance(outcome, FINISHED) else {}
     facts.update(
         wall_seconds=round(time.perf_counter() - t_start, 2),
         startup_seconds=round(startup, 2),
         steps_per_loop=outcome.steps_per_loop,
-        formulation=config.formulation,
-        precision=config.precision,
-        target_loss=config.target_loss,
+        formulation=ready.choice.formulation,
+        precision=ready.choice.precision,
+        target_loss=config.schedule.target_loss,
         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        plan=run.plan.to_json(),
+        plan=ready.plan.to_json(),
     )
     if reps.cluster is not None:
-        facts.update(workers=reps.count, global_batch_size=run.samples_per_step)
-    data = run.inputs.data
-    summary = finish.summarize(outcome, data, run.samples_per_step, **facts)
-    model, publisher = run.trainer.model, run.publisher(summary)
-    return finish.finish(run.ws, outcome, summary, model, data, config.standardize, publisher)
+        facts.update(workers=reps.count, global_batch_size=ready.samples_per_step)
+    data = ready.inputs.data
+    summary = finish.summarize(outcome, data, ready.samples_per_step, **facts)
+    model, publisher = ready.trainer.model, ready.publisher(summary)
+    return finish.finish(
+        ready.ws, outcome, summary, model, data, config.data.standardize, publisher
+    )

@@ -1,6 +1,6 @@
 """The TensorFlow part of a run, set up: what the loop trains and what it hands to the end.
 
-:func:`start` takes the run from its inputs (app/training/inputs.py) to the first step:
+:func:`start` takes the run from its inputs (app/training/inputs/load.py) to the first step:
 the run's identity checked against the checkpoints it would resume, the formulation and
 precision chosen, the trainer built, the newest valid checkpoint and the best validated
 step restored, the input pipeline fed from the restored step. The :class:`Session` it
@@ -11,8 +11,8 @@ facts of the exported step and the publish step (:meth:`Session.exported`,
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -28,28 +28,27 @@ from app.config import TrainConfig
 from app.errors import NotPublished, Preempted
 from app.release.export import Exported
 from app.release.gate import Decision
-from app.training import choose, identity
-from app.training.best import Best
-from app.training.budget_watch import BudgetWatch, warn_when_throttled
-from app.training.checkpointer import Checkpointer
-from app.training.controller import Controller, Meter, Schedule
-from app.training.inputs import Inputs
-from app.training.outcome import REPLAN_AT_ENV, Outcome, results
-from app.training.replicas import Replicas
-from app.training.trainer import Trainer
-from app.training.workspace import Workspace
-
-WARNING = 30
+from app.training import extras
+from app.training.inputs.load import Inputs
+from app.training.loop.controller import Controller, Meter, Schedule
+from app.training.loop.outcome import REPLAN_AT_ENV, Outcome, results
+from app.training.loop.replicas import Replicas
+from app.training.loop.trainer import Trainer
+from app.training.state import choose, identity
+from app.training.state.best import Best
+from app.training.state.checkpointer import Checkpointer
+from app.training.state.workspace import Workspace
 
 
 @dataclass(frozen=True)
 class Session:
-    """A run ready to train from ``start``: its workspace, ``config`` with the chosen
-    formulation and precision, plan, inputs, replicas, stop request and the TensorFlow
-    parts (trainer, checkpoints, best validated step)."""
+    """A run ready to train from ``start``: its workspace, ``config`` as asked and
+    ``choice``, the formulation and precision decided, plan, inputs, replicas, stop request
+    and the TensorFlow parts (trainer, checkpoints, best validated step)."""
 
     ws: Workspace
     config: TrainConfig
+    choice: choose.Choice
     plan: ThreadPlan
     inputs: Inputs
     reps: Replicas
@@ -62,58 +61,30 @@ class Session:
     @property
     def samples_per_step(self) -> int:
         """Samples of one global step (every worker's batch)."""
-        return self.config.batch_size * self.reps.count
+        return self.config.recipe.batch_size * self.reps.count
 
     def controller(self) -> Controller:
-        """The loop of the run (app/training/controller.py): its schedule, meter, progress
-        actions (the throttling warning, TensorBoard on the chief) and budget watch."""
-        config, plan, single = self.config, self.plan, self.reps.cluster is None
+        """The loop of the run (app/training/loop/controller.py): its schedule, meter and
+        the hooks of every extra (app/training/extras/)."""
+        s, plan = self.config.schedule, self.plan
         schedule = Schedule(
-            config.max_steps, config.eval_every, config.checkpoint_every,
-            config.steps_per_loop, config.target_loss,
-        )  # fmt: skip
-        meter = self._meter()
-        watch = BudgetWatch(
-            plan,
-            enabled=config.replan == "on-change" and single,
-            why_not="--replan never" if single else "a multi-worker run",
+            s.max_steps, s.eval_every, s.checkpoint_every, s.steps_per_loop, s.target_loss
+        )
+        meter = Meter(
+            plan.cpu_budget, self.samples_per_step, throttling=Throttling(plan.cpu_stat).read
         )
         validating = self.inputs.rows.validating
+        run = extras.Run(
+            self.ws, self.config, self.choice, plan, self.reps, self.best, self.start, validating
+        )
         return Controller(
             self.trainer, self.checkpoints, schedule, meter, self.stop,
             self.inputs.reference.eval_mean,
             agree=lambda k: float(self.reps.sum([k], "steps per loop")[0]) / self.reps.count,
-            actions=[warn_when_throttled(plan), *self._summaries()],
-            replan=watch,
+            hooks=extras.hooks(run),
             metric="val_rmse" if validating else "test_rmse",
             references=self.inputs.reference.fields(),
-            keep_best=self.best.offer if validating else lambda step, rmse: None,
-            ticks=self._ticks(),
         )  # fmt: skip
-
-    def _ticks(self) -> list[Any]:
-        """The progress bar's feed, when a console view shows it (app/report/view.py)."""
-        if not logs.shows(logs.STEP):
-            return []
-        from app.training.progress_view import StepView
-
-        return [StepView(self._meter(), self.config.max_steps)]
-
-    def _meter(self) -> Meter:
-        """Rate, CPU use and throttling between two marks of the loop."""
-        throttling = Throttling(self.plan.cpu_stat).read
-        return Meter(self.plan.cpu_budget, self.samples_per_step, throttling=throttling)
-
-    def _summaries(self) -> list[Any]:
-        """The TensorBoard action (the chief only: one set of curves per run)."""
-        if not self.ws.is_chief:
-            return []
-        from app.training.summaries import Summaries
-
-        config, plan = self.config.to_json(), self.plan.to_json()
-        run = {"config": config, "plan": plan, "version": __version__}
-        directory = self.ws.open(self.ws.output / "tensorboard", "TensorBoard directory")
-        return [Summaries(directory, run, self.start)]
 
     def exported(self, outcome: Outcome) -> dict[str, Any]:
         """Put the exported step's weights in the model (the best validated step, else the
@@ -137,7 +108,7 @@ class Session:
             logs.event(
                 "not_learning",
                 f"test RMSE {test_rmse:.4g} is not below the linear baseline's {lin.test_rmse:.4g}",
-                level=WARNING,
+                level=logging.WARNING,
                 step=fields["exported_step"],
                 test_rmse=test_rmse,
                 linear_rmse=lin.test_rmse,
@@ -147,7 +118,7 @@ class Session:
     def publisher(self, summary: dict[str, Any]) -> Callable[[Exported], Decision] | None:
         """The publish step for the end of the run: the gate against ``--publish-dir``'s
         champion (app/release/publish.py); None without ``--publish-dir``."""
-        config, target = self.config, self.config.publish_dir
+        publishing, target = self.config.publishing, self.config.publishing.publish_dir
         if target is None:
             return None
         from app.release import publish
@@ -157,14 +128,14 @@ class Session:
                 "published_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                 "metrics": results(summary),
                 "data_key": self.inputs.data.path.name,
-                "config": config.to_json(),
+                "config": self.choice.options_json(self.config),
                 "plan": self.plan.to_json(),
                 "versions": {"coretrain": __version__, "tensorflow": tensorflow_version()},
             }
             return publish.publish(
                 exported, target, self.inputs.data, meta,
-                tolerance=config.publish_tolerance, keep=config.publish_keep,
-                allow_signature_change=config.publish_allow_signature_change, stop=self.stop,
+                tolerance=publishing.publish_tolerance, keep=publishing.publish_keep,
+                allow_signature_change=publishing.publish_allow_signature_change, stop=self.stop,
             )  # fmt: skip
 
         return run
@@ -178,18 +149,24 @@ def start(
     checkpoints, or a precision they were not trained in), StorageError (no readable
     checkpoint), ClusterError (workers differ), Preempted (a stop agreed before the loop)."""
     mine = _same_run(ws, config, inputs, reps)
-    if reps.is_chief and config.publish_dir is not None:
-        _check_signature(config.publish_dir, inputs.data, config.publish_allow_signature_change)
+    if reps.is_chief and config.publishing.publish_dir is not None:
+        _check_signature(
+            config.publishing.publish_dir,
+            inputs.data,
+            config.publishing.publish_allow_signature_change,
+        )
     picked = choose.choose(config, plan, inputs.data, reps, ws.own, ws.checkpoints)
     logs.event(
         "choice",
         f"{picked.formulation} formulation in {picked.precision}: {picked.reason}",
         **picked.to_json(),
     )
-    config = dataclasses.replace(config, formulation=picked.formulation, precision=picked.precision)
-    trainer = Trainer(config, inputs.data, reps, inputs.rows, plan.tfdata_threads)
+    trainer = Trainer(
+        config.recipe, config.schedule.max_steps, picked, inputs.data, reps, inputs.rows,
+        plan.tfdata_threads, standardize=config.data.standardize,
+    )  # fmt: skip
     held = ws.open(ws.checkpoints, "checkpoint directory")  # open for the whole run
-    checkpoints = Checkpointer(trainer.train_step, held, config.keep_checkpoints, reps)
+    checkpoints = Checkpointer(trainer.train_step, held, config.schedule.keep_checkpoints, reps)
     step = checkpoints.restore()
     best = Best(trainer.model, held, reps)
     best.resume(step)
@@ -198,14 +175,14 @@ def start(
     if reps.sum([1.0 if stop() else 0.0], "restore")[0] > 0:  # agreed by all workers
         raise Preempted(f"stopped by signal before training resumed at step {step}")
     trainer.feed(_train_input(config, plan, inputs, reps, trainer.stats, step))
-    return Session(ws, config, plan, inputs, reps, stop, trainer, checkpoints, best, step)
+    return Session(ws, config, picked, plan, inputs, reps, stop, trainer, checkpoints, best, step)
 
 
 def _same_run(
     ws: Workspace, config: TrainConfig, inputs: Inputs, reps: Replicas
 ) -> identity.Identity:
     """This run's identity, checked against the checkpoints it would resume (on the chief)
-    and agreed by every worker (app/training/identity.py). Raises ConfigError (another
+    and agreed by every worker (app/training/state/identity.py). Raises ConfigError (another
     run's checkpoints), StorageError (an unreadable record), ClusterError (workers differ)."""
     mine = identity.of_run(config, inputs.data, reps.count)
     if reps.is_chief:
@@ -224,7 +201,7 @@ def _check_signature(target: Path, data: Any, allowed: bool) -> None:
     if change is not None and not allowed:
         raise NotPublished(f"model not published: {change}")
     if change is not None:
-        logs.event("signature_change", change, level=WARNING)
+        logs.event("signature_change", change, level=logging.WARNING)
 
 
 def _train_input(
@@ -236,8 +213,10 @@ def _train_input(
     from app.data import order, pipeline
 
     data, rows = inputs.data, inputs.rows.train
-    steps = config.max_steps - start
-    choice = pipeline.choose_input(data, plan.memory_limit, config.batch_size, steps, rows=rows)
+    steps = config.schedule.max_steps - start
+    choice = pipeline.choose_input(
+        data, plan.memory_limit, config.recipe.batch_size, steps, rows=rows
+    )
     logs.event(
         "input",
         ("training split held in memory: " if choice.resident else "training split streamed: ")
@@ -252,8 +231,8 @@ def _train_input(
         window_steps=order.WINDOW_STEPS,
     )
     return pipeline.train_input(
-        data, plan.tfdata_threads, seed=config.seed, batch_size=config.batch_size,
-        start_step=start, end_step=config.max_steps, workers=reps.count, index=reps.index,
+        data, plan.tfdata_threads, seed=config.recipe.seed, batch_size=config.recipe.batch_size,
+        start_step=start, end_step=config.schedule.max_steps, workers=reps.count, index=reps.index,
         resident=choice.resident, stats=stats, rows=rows,
     )  # fmt: skip
 

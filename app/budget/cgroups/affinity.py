@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterable
 
 from app.budget.cpulist import format_cpulist, parse_cpulist
-from app.budget.files import RootFiles
+from app.budget.rootfiles import RootFiles
 
 
 def read_affinity(

@@ -17,7 +17,7 @@ from app.budget.cgroups.affinity import combine_cpusets, online_cpus, read_affin
 from app.budget.cgroups.hints import CPU_LIMIT_ENV, read_hints
 from app.budget.cgroups.limits import read_cgroup_cpuset, read_cpu_quota, read_memory_limit
 from app.budget.cgroups.locate import locate, read_proc_files
-from app.budget.files import RootFiles
+from app.budget.rootfiles import RootFiles
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
-from app.budget.files import RootFiles
+from app.budget.rootfiles import RootFiles
 
 #: The interface file that holds each limit, by (controller, cgroup version).
 INTERFACE_FILES = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from app.budget.files import RootFiles
+from app.budget.rootfiles import RootFiles
 
 #: Downward API variables (k8s manifests use ``divisor: 1m``, so values are millicores).
 CPU_LIMIT_ENV = "CPU_LIMIT"

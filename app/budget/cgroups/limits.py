@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from app.budget.cgroups.hierarchy import Hierarchy
 from app.budget.cpulist import parse_cpulist
-from app.budget.files import RootFiles
+from app.budget.rootfiles import RootFiles
 
 #: Period the kernel uses when ``cpu.max`` holds only a quota (sched-bwc.rst: default 100 ms).
 DEFAULT_CFS_PERIOD_US = 100_000

@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from app.budget.cgroups.hierarchy import Hierarchy, relative_to_mount_root
 from app.budget.cgroups.proc_cgroup import CgroupEntry, parse_proc_cgroup
 from app.budget.cgroups.usual_mounts import usual_mount
-from app.budget.files import RootFiles
+from app.budget.rootfiles import RootFiles
 from app.mountinfo import Mount, parse_mountinfo
 
 

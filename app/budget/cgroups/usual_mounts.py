@@ -11,7 +11,7 @@ import posixpath
 
 from app.budget.cgroups.hierarchy import Hierarchy
 from app.budget.cgroups.proc_cgroup import CgroupEntry
-from app.budget.files import RootFiles
+from app.budget.rootfiles import RootFiles
 
 #: Where systemd, docker, podman and containerd mount cgroup2 (``unified``: hybrid systemd).
 USUAL_V2_MOUNTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.training import scaling
+from app.bench import step_scaling as scaling
 from tests.conftest import run_cli
 
 

@@ -1,4 +1,4 @@
-"""memory.estimate against the peaks it was calibrated on (docs/security.md, "Memory").
+"""memory.peak against the peaks it was calibrated on (docs/security.md, "Memory").
 
 Each row is a measured run: its data, batch, whether the split was held in memory, and
 the peak RSS measured (MiB). The estimate must cover every measured peak, and by no more
@@ -12,10 +12,11 @@ import os
 
 import pytest
 
-from app.budget import memory
+from app.budget import memory as residency
 from app.errors import MemoryBudgetExceeded
+from app.training.inputs import peak_memory as memory
 
-MIB = memory.MIB
+MIB = residency.MIB
 LIMIT = 6 << 30  # the 6 GiB group most rows were measured in
 #: (train samples, H, W, K, batch, held in memory, measured peak RSS MiB): the re-measured
 #: table (an old page cache) and the fresh install's peak of the tiny set (732 MiB).
@@ -36,7 +37,7 @@ MOST_ABOVE = 1.5
 def test_the_estimate_covers_each_measured_peak_and_not_by_far(
     rows: int, h: int, w: int, k: int, batch: int, held: bool, peak_mib: int
 ) -> None:
-    found = memory.estimate(
+    found = memory.peak(
         rows=rows, height=h, width=w, outputs=k, batch_size=batch, memory_limit=LIMIT
     )
     assert found.resident is held
@@ -45,7 +46,7 @@ def test_the_estimate_covers_each_measured_peak_and_not_by_far(
 
 def test_the_tiny_set_s_estimate_is_the_documented_one() -> None:
     """docs/security.md: "With the 730 MiB base the tiny set's estimate is 814 MiB"."""
-    found = memory.estimate(
+    found = memory.peak(
         rows=240, height=20, width=195, outputs=3, batch_size=40, memory_limit=LIMIT
     )
     assert round(found.total / MIB) == 814
@@ -53,10 +54,10 @@ def test_the_tiny_set_s_estimate_is_the_documented_one() -> None:
 
 def test_a_split_past_a_quarter_of_the_limit_is_streamed_and_costs_batches() -> None:
     limit = 1 << 30
-    held = memory.estimate(
+    held = memory.peak(
         rows=1000, height=20, width=195, outputs=3, batch_size=100, memory_limit=limit
     )
-    streamed = memory.estimate(
+    streamed = memory.peak(
         rows=100_000, height=20, width=195, outputs=3, batch_size=100, memory_limit=limit
     )
     assert held.resident and not streamed.resident
@@ -68,9 +69,7 @@ def test_a_split_past_a_quarter_of_the_limit_is_streamed_and_costs_batches() -> 
 
 
 def test_check_refuses_only_past_the_limit() -> None:
-    found = memory.estimate(
-        rows=240, height=20, width=195, outputs=3, batch_size=40, memory_limit=None
-    )
+    found = memory.peak(rows=240, height=20, width=195, outputs=3, batch_size=40, memory_limit=None)
     memory.check(found, None, 40)
     memory.check(found, found.total, 40)
     with pytest.raises(MemoryBudgetExceeded, match="lower --batch-size"):
@@ -78,7 +77,7 @@ def test_check_refuses_only_past_the_limit() -> None:
 
 
 def test_the_parts_are_the_memory_event_s_fields() -> None:
-    found = memory.estimate(
+    found = memory.peak(
         rows=240, height=20, width=195, outputs=3, batch_size=40, memory_limit=LIMIT
     )
     assert sorted(found.to_json()) == [
@@ -92,10 +91,10 @@ def test_the_parts_are_the_memory_event_s_fields() -> None:
 def test_a_split_of_exactly_a_quarter_of_the_limit_is_held() -> None:
     row = 4 * (3900 + 3)
     limit = 4 * row * 1000  # a quarter of it is 1000 rows exactly
-    held = memory.estimate(
+    held = memory.peak(
         rows=1000, height=20, width=195, outputs=3, batch_size=10, memory_limit=limit
     )
-    streamed = memory.estimate(
+    streamed = memory.peak(
         rows=1001, height=20, width=195, outputs=3, batch_size=10, memory_limit=limit
     )
     assert held.resident and not streamed.resident
@@ -103,11 +102,11 @@ def test_a_split_of_exactly_a_quarter_of_the_limit_is_held() -> None:
 
 def test_without_a_limit_a_quarter_of_physical_memory_decides() -> None:
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    assert memory.resident_limit(None) == int(physical * memory.RESIDENT_SHARE)
+    assert residency.resident_limit(None) == int(physical * residency.RESIDENT_SHARE)
 
 
 def test_the_refusal_names_the_peak_the_limit_and_what_to_change() -> None:
-    found = memory.estimate(
+    found = memory.peak(
         rows=240, height=20, width=195, outputs=3, batch_size=40, memory_limit=LIMIT
     )
     with pytest.raises(MemoryBudgetExceeded) as caught:
@@ -120,13 +119,13 @@ def test_the_refusal_names_the_peak_the_limit_and_what_to_change() -> None:
 
 
 def test_a_split_is_four_bytes_per_feature_value_and_label_of_each_row() -> None:
-    assert memory.split_bytes(1000, 3900, 3) == 15_612_000  # float32: 4 × 1000 × (3900 + 3)
+    assert residency.split_bytes(1000, 3900, 3) == 15_612_000  # float32: 4 × 1000 × (3900 + 3)
 
 
 def test_the_tiny_set_s_estimate_part_by_part() -> None:
     """The rule of the module docstring on the tiny set, held in memory: 240 rows of 20×195
     features and 3 labels, batches of 40."""
-    found = memory.estimate(
+    found = memory.peak(
         rows=240, height=20, width=195, outputs=3, batch_size=40, memory_limit=LIMIT
     )
     assert found.parts == {
@@ -140,7 +139,7 @@ def test_the_tiny_set_s_estimate_part_by_part() -> None:
 
 
 def test_the_refusal_of_a_streamed_split_says_it_is_read_batch_by_batch() -> None:
-    found = memory.estimate(
+    found = memory.peak(
         rows=100_000, height=20, width=195, outputs=3, batch_size=100, memory_limit=1 << 30
     )
     assert not found.resident

@@ -19,13 +19,12 @@ by later runs and resumes there. In a multi-worker run the chief decides and sen
 choice to the others.
 
 A run keeps its precision once it has checkpoints: it is recorded next to them
-(``checkpoints/run.json``, with the run's identity: app/training/identity.py) and a resume
+(``checkpoints/run.json``, with the run's identity: app/training/state/identity.py) and a resume
 uses it, so an exact resume stays exact.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import time
@@ -44,9 +43,10 @@ from app.budget.plan import ThreadPlan
 from app.config import TrainConfig
 from app.data.cache import DataCache
 from app.errors import ConfigError
-from app.training import identity, phases
-from app.training.replicas import Replicas
-from app.training.step import TrainStep, repeated
+from app.training import phases
+from app.training.loop.replicas import Replicas
+from app.training.loop.step import TrainStep, repeated
+from app.training.state import identity
 
 WARMUP_STEPS = 2
 TIMED_STEPS = 2
@@ -66,9 +66,14 @@ class Choice:
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
+    def options_json(self, config: TrainConfig) -> dict[str, Any]:
+        """``config``'s options as JSON with this decision in place of the asked
+        ``formulation`` and ``precision`` (the TensorBoard text, a published version's meta)."""
+        return {**config.to_json(), "formulation": self.formulation, "precision": self.precision}
+
 
 def recorded(checkpoints: Path) -> dict[str, Any] | None:
-    """The record of the checkpoints in ``checkpoints`` (app/training/identity.py), with the
+    """The record of the checkpoints in ``checkpoints`` (app/training/state/identity.py), with the
     formulation and precision they were trained in; None for a fresh start. Checkpoints
     without the record were written before precision was a choice: float32, the fast
     formulation. Raises StorageError for a record that can't be read beside checkpoints."""
@@ -105,20 +110,21 @@ def _decide(
     kept = recorded(checkpoints)
     if kept is not None:
         return _resumed(config, kept)
-    formulations = ["fast", "plain"] if config.formulation == "auto" else [config.formulation]
-    precisions = config.precisions(plan.native_bf16)
+    asked = config.compute.formulation
+    formulations = ["fast", "plain"] if asked == "auto" else [asked]
+    precisions = config.compute.precisions(plan.native_bf16)
     candidates = [(f, p) for f in formulations for p in precisions]
     if len(candidates) == 1:
         ((f, p),) = candidates
         reason = "as asked (--formulation, --precision)"
-        if config.precision == "auto":
+        if config.compute.precision == "auto":
             reason += f"; float32 under --precision auto ({_why_float32(plan)})"
         return Choice(f, p, reason, {})
     key = _key(plan, data, config, candidates)
     cached = _cached(workspace / CHOICE_FILE, key)
     if cached is not None:
         return cached
-    phases.timing(candidates, config.batch_size)
+    phases.timing(candidates, config.recipe.batch_size)
     timings = _measure(candidates, data, config)
     (f, p), ms = min(timings.items(), key=lambda item: item[1])
     names = {f"{a}/{b}": round(t, 2) for (a, b), t in timings.items()}
@@ -138,14 +144,14 @@ def _why_float32(plan: ThreadPlan) -> str:
 
 def _resumed(config: TrainConfig, kept: dict[str, str]) -> Choice:
     precision = kept.get("precision", "float32")
-    if config.precision not in ("auto", precision):
+    if config.compute.precision not in ("auto", precision):
         raise ConfigError(
             f"the checkpoints were trained in {precision}; resume with --precision {precision} "
             "(or auto), or train into a new output directory"
         )
     formulation = kept.get("formulation", "fast")
-    if config.formulation not in ("auto", formulation):
-        formulation = config.formulation  # the same function: only the last bits differ
+    if config.compute.formulation not in ("auto", formulation):
+        formulation = config.compute.formulation  # the same function: only the last bits differ
     return Choice(formulation, precision, "kept from the checkpoints being resumed", {})
 
 
@@ -153,7 +159,7 @@ def _key(plan: ThreadPlan, data: DataCache, config: TrainConfig, candidates: lis
     parts = [
         plan.cpu_model, plan.inputs.get("/proc/cpuinfo", ""), plan.intra_op_threads,
         plan.inter_op_threads, plan.onednn, data.height, data.width, data.num_outputs,
-        config.batch_size, tf.__version__, candidates,
+        config.recipe.batch_size, tf.__version__, candidates,
     ]  # fmt: skip
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
 
@@ -176,7 +182,7 @@ def _measure(
     candidate traced and warmed up, then :data:`ROUNDS` rounds of :data:`TIMED_STEPS`
     steps each, the candidates interleaved, and the best round of each (a moment of load
     from elsewhere then hurts one round, not one candidate)."""
-    n = min(config.batch_size, data.train_size)
+    n = min(config.recipe.batch_size, data.train_size)
     x = tf.constant(np.asarray(data.features("train")[:n])[..., None])
     y = tf.constant(np.asarray(data.labels("train")[:n]))
     t0 = time.perf_counter()
@@ -206,11 +212,12 @@ def _ms_per_step(step: Any, count: int) -> float:
 def train_step(
     formulation: str, precision: str, x: tf.Tensor, y: tf.Tensor, config: TrainConfig
 ) -> Callable[[], tf.Tensor]:
-    """The run's training step (:class:`app.training.step.TrainStep`, one process) of the
+    """The run's training step (:class:`app.training.loop.step.TrainStep`, one process) of the
     candidate on a fresh model, over the batch ``x`` (B, H, W, 1), ``y`` (B, K) repeated:
     each call runs one step, as the trainer runs it, and returns its loss (1,)."""
-    candidate = dataclasses.replace(config, formulation=formulation, precision=precision)
-    step = TrainStep(candidate, (x.shape[1], x.shape[2], y.shape[-1]), Replicas())
+    candidate = Choice(formulation, precision, "a candidate", {})
+    shape = (x.shape[1], x.shape[2], y.shape[-1])
+    step = TrainStep(config.recipe, config.schedule.max_steps, candidate, shape, Replicas())
     batches, one, go = repeated(x, y), tf.constant(1), tf.constant(0.0)
     return lambda: step.run(batches, one, go)[0]
 

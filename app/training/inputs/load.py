@@ -4,7 +4,7 @@ split and the baselines.
 The text files are parsed once into the binary cache (or the cache is reused) and checked,
 so bad input fails in a fraction of a second with one line (exit 3); the run's expected
 peak memory is compared with the memory limit (exit 8); the validation rows are drawn by
-seed (app/data/split.py) and the baselines fitted (app/training/baselines.py). No
+seed (app/data/split.py) and the baselines fitted (app/training/inputs/baselines.py). No
 TensorFlow here.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from app import logs
-from app.budget import memory
+from app.budget.memory import MIB
 from app.budget.plan import ThreadPlan
 from app.config import TrainConfig
 from app.data import cache as cache_lib
@@ -25,8 +25,7 @@ from app.data import split as split_lib
 from app.data.sources import ROLES, Sources, find
 from app.data.split import Split
 from app.errors import DataError
-from app.training import baselines
-from app.training.workspace import Workspace
+from app.training.inputs import baselines, peak_memory
 
 
 @dataclass(frozen=True)
@@ -39,32 +38,26 @@ class Inputs:
     reference: baselines.Baselines
 
 
-def prepare(
-    config: TrainConfig, plan: ThreadPlan, ws: Workspace, stop: Callable[[], bool]
-) -> Inputs:
-    """The inputs of the run (module docstring), in the workspace's cache. Raises DataError
-    (bad input), Preempted (a stop during the conversion), MemoryBudgetExceeded (exit 8)."""
-    return complete(config, plan, load_data(config, ws.cache, plan, stop, below=ws.cache_top))
-
-
 def complete(config: TrainConfig, plan: ThreadPlan, data: cache_lib.DataCache) -> Inputs:
     """The inputs of the run on ``data`` (the cache :func:`load_data` returned): the memory
     check, the split and the baselines. Raises MemoryBudgetExceeded (exit 8)."""
     check_memory(config, data, plan)
-    rows = split_lib.split(data.train_size, config.validation_fraction, config.seed)
-    reference = baselines.measure(data, rows, config.seed, plan.intra_op_threads)
+    rows = split_lib.split(data.train_size, config.data.validation_fraction, config.recipe.seed)
+    reference = baselines.measure(data, rows, config.recipe.seed, plan.intra_op_threads)
     return Inputs(data, rows, reference)
 
 
 def sources(config: TrainConfig) -> Sources:
-    """The data files (found in ``config.data_dir``: app/data/sources.py) and the parse
+    """The data files (found in ``config.data.data_dir``: app/data/sources.py) and the parse
     settings of ``config``. Raises DataError (a missing file), ConfigError (two
     candidates for one role)."""
     return Sources(
-        paths={role: find(config.data_dir, role, getattr(config, role)) for role in ROLES},
-        height=config.height,
-        width=config.width,
-        allow_nonfinite=config.allow_nonfinite,
+        paths={
+            role: find(config.data.data_dir, role, getattr(config.data, role)) for role in ROLES
+        },
+        height=config.data.height,
+        width=config.data.width,
+        allow_nonfinite=config.data.allow_nonfinite,
     )
 
 
@@ -86,10 +79,10 @@ def load_data(
     found = sources(config)
     data = cache_lib.prepare(
         found, cache_dir, stop=stop, threads=plan.intra_op_threads, below=below,
-        max_bytes=config.max_cache_bytes,
-        keep=cache_lib.Keep(config.cache_keep, config.cache_keep_bytes),
+        max_bytes=config.cache.max_cache_bytes,
+        keep=cache_lib.Keep(config.cache.cache_keep, config.cache.cache_keep_bytes),
     )  # fmt: skip
-    if config.standardize:
+    if config.data.standardize:
         for role, stats in (
             ("train_features", (data.feature_mean, data.feature_std)),
             ("train_labels", (data.label_mean, data.label_std)),
@@ -104,17 +97,18 @@ def load_data(
 
 
 def check_memory(config: TrainConfig, data: cache_lib.DataCache, plan: ThreadPlan) -> None:
-    """The expected peak memory against the memory limit (app/budget/memory.py), logged as
-    the ``memory`` event. Raises MemoryBudgetExceeded (exit 8) when it can't fit."""
-    found = memory.estimate(
+    """The expected peak memory against the memory limit (app/training/inputs/peak_memory.py),
+    logged as the ``memory`` event. Raises MemoryBudgetExceeded (exit 8) when it can't fit."""
+    found = peak_memory.peak(
         rows=data.train_size, height=data.height, width=data.width,
-        outputs=data.num_outputs, batch_size=config.batch_size, memory_limit=plan.memory_limit,
+        outputs=data.num_outputs, batch_size=config.recipe.batch_size,
+        memory_limit=plan.memory_limit,
     )  # fmt: skip
     logs.event(
         "memory",
-        f"expected peak memory {found.total / memory.MIB:,.0f} MiB"
-        + (f" of a {plan.memory_limit / memory.MIB:,.0f} MiB limit" if plan.memory_limit else ""),
+        f"expected peak memory {found.total / MIB:,.0f} MiB"
+        + (f" of a {plan.memory_limit / MIB:,.0f} MiB limit" if plan.memory_limit else ""),
         memory_limit=plan.memory_limit,
         **found.to_json(),
     )
-    memory.check(found, plan.memory_limit, config.batch_size)
+    peak_memory.check(found, plan.memory_limit, config.recipe.batch_size)

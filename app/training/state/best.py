@@ -17,6 +17,7 @@ chief's restored weights are sent to the others.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from typing import Any
@@ -26,12 +27,11 @@ import tensorflow as tf
 from app import logs
 from app.atomic import Dir
 from app.errors import StorageError, short_message
-from app.training.replicas import Replicas
+from app.training.loop.replicas import Replicas
 
 PREFIX = "best"
 _NUMBERED = re.compile(rf"^{PREFIX}-(\d+)\.index$")
 _RMSE = "rmse/.ATTRIBUTES/VARIABLE_VALUE"
-WARNING = 30
 
 
 class Best:
@@ -120,7 +120,7 @@ class Best:
             logs.event(
                 "checkpoint_unreadable",
                 f"skipping unreadable best checkpoint {PREFIX}-{step}: {short_message(exc)}",
-                level=WARNING,
+                level=logging.WARNING,
                 path=f"{self.held.path}/{PREFIX}-{step}",
             )
             return None

@@ -5,16 +5,18 @@ run, in calls of up to K steps (``--steps-per-loop``), and after each call decid
 
 * **evaluate** when the step is a multiple of ``eval_every``, the last step, or a stop
   was requested (a ``progress`` event: loss, the validation RMSE, or the test RMSE in a
-  run without a validation split, rate, CPU use, ETA), and offer the step to ``keep_best``
-  (the best validated step, exported at the end);
+  run without a validation split, rate, CPU use, ETA), and give the record to the hooks
+  (app/training/loop/hooks.py: the best validated step, exported at the end, among them);
+  the hooks also run after every call (a per-step boundary with K = 1);
 * **checkpoint** when the step is a multiple of ``checkpoint_every``, the last step, the
   target was reached, or a stop was requested (the only place a checkpoint is decided);
-* **stop** on an agreed stop request (:class:`~app.training.outcome.Stopped`), when the
+* **stop** on an agreed stop request (:class:`~app.training.loop.outcome.Stopped`), when the
   evaluated RMSE is below ``target_loss`` (``TargetReached``), at ``max_steps``
   (``Completed``), or when the CPU budget changed so that the thread plan must change
-  (``Replan``, after a checkpoint: the caller restarts TensorFlow with the new plan); a
+  (a hook says so: ``Replan``, after a checkpoint: the caller restarts TensorFlow with
+  the new plan); a
   non-finite loss or evaluated RMSE raises TrainingDiverged (exit 5) before anything is
-  saved. The outcome is returned as its type (app/training/outcome.py).
+  saved. The outcome is returned as its type (app/training/loop/outcome.py).
 
 A call never crosses an evaluation or checkpoint step or the last step: K is cut to the
 next boundary, so every interval is honoured at the step the user asked for. With K = 0
@@ -26,17 +28,18 @@ trainer and checkpointer are passed in, so the rules are tested with stand-ins.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from app import logs
 from app.errors import TrainingDiverged
-from app.training.outcome import Completed, Outcome, Replan, Stopped, TargetReached
+from app.training.loop.hooks import Hook, StepResult
+from app.training.loop.outcome import Completed, Outcome, Replan, Stopped, TargetReached
 
-WARNING = 30
 #: Warn when the evaluated RMSE is not below the mean predictor from this evaluation on.
 NOT_LEARNING_AFTER_EVALS = 2
 #: Work per call that K = auto aims at (seconds): the host wakes about twice a second,
@@ -46,25 +49,6 @@ TARGET_CALL_SECONDS = 0.5
 CALIBRATION_STEPS = 3
 MAX_STEPS_PER_LOOP = 1000
 _NAMES = {"val_rmse": "validation RMSE", "test_rmse": "test RMSE"}
-
-
-class StepResult(Protocol):
-    """What a trainer returns for one call (see app.training.trainer.Steps)."""
-
-    @property
-    def losses(self) -> Any: ...  # a sequence of floats, one per step run
-
-    @property
-    def train_rmse(self) -> float: ...
-
-    @property
-    def stop(self) -> bool: ...
-
-    @property
-    def loss(self) -> float: ...
-
-    @property
-    def diverged(self) -> bool: ...
 
 
 class TrainerLike(Protocol):
@@ -144,12 +128,12 @@ class Meter:
 class Controller:
     """Runs the loop of the module docstring. ``stop`` is this process's stop request;
     ``agree`` turns a per-worker number into the one all workers use (the mean; the
-    identity for one process); ``actions`` get every ``progress`` record (summaries),
-    ``ticks`` the step and result of every call into the trainer (the progress bar).
-    ``metric`` names the evaluated RMSE in the record (``val_rmse`` or ``test_rmse``),
-    ``baseline_rmse`` is the mean predictor's on the same rows, ``references`` are fields
-    every record carries (the test set's mean-predictor and linear-baseline RMSEs), and
-    ``keep_best(step, rmse)`` is offered every evaluation."""
+    identity for one process); ``hooks`` are the extras run at the loop's boundaries
+    (app/training/loop/hooks.py: after each call, after each evaluation, asked whether to
+    re-plan). ``metric`` names the evaluated RMSE in the record (``val_rmse`` or
+    ``test_rmse``), ``baseline_rmse`` is the mean predictor's on the same rows, and
+    ``references`` are fields every record carries (the test set's mean-predictor and
+    linear-baseline RMSEs)."""
 
     trainer: TrainerLike
     checkpoints: CheckpointsLike
@@ -158,12 +142,9 @@ class Controller:
     stop: Callable[[], bool]
     baseline_rmse: float
     agree: Callable[[float], float] = lambda value: value
-    actions: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
-    replan: Callable[[], bool] = lambda: False
+    hooks: Sequence[Hook] = ()
     metric: str = "test_rmse"
     references: dict[str, float | None] = field(default_factory=dict)
-    keep_best: Callable[[int, float], object] = lambda step, rmse: None
-    ticks: list[Callable[[int, StepResult], None]] = field(default_factory=list)
     evaluations: int = 0
 
     def run(self, start: int) -> Outcome:
@@ -184,14 +165,14 @@ class Controller:
                     f"loss became {result.loss} at step {step}; {self.checkpoints.kept()}; "
                     "lower --learning-rate"
                 )
+            for hook in self.hooks:
+                hook.after_steps(step, result)
             last, stopping = step >= s.max_steps, result.stop
             evaluate = step % s.eval_every == 0 or last or stopping
             if calls == 1 and not evaluate:
                 self.meter.mark(step)  # the first call traced the step function: not a rate
             elif calls == 2 and k == 0:
                 k = self._choose_steps_per_loop((clock() - t_call) / n)
-            for tick in self.ticks:  # after every call (the console's progress bar)
-                tick(step, result)
             if evaluate:
                 rmse = self._evaluate(step, result)
                 ending = self._ending(rmse, last or stopping)
@@ -206,7 +187,7 @@ class Controller:
         only when the loop would go on), or going on (:class:`Completed` at the end)."""
         if rmse < self.schedule.target_loss:
             return TargetReached
-        if not final and self.replan():
+        if not final and any([hook.replan() for hook in self.hooks]):  # every hook asked
             return Replan
         return Completed
 
@@ -226,8 +207,8 @@ class Controller:
         return k
 
     def _evaluate(self, step: int, result: StepResult) -> float:
-        """The evaluated RMSE at ``step``, logged as a ``progress`` event (and to the
-        actions), offered to ``keep_best``."""
+        """The evaluated RMSE at ``step``, logged as a ``progress`` event and given to the
+        hooks."""
         rmse = self.trainer.evaluate()
         if not math.isfinite(rmse):  # the weights to be checkpointed are broken
             raise TrainingDiverged(
@@ -251,16 +232,15 @@ class Controller:
             f"{self.metric} {rmse:.4f}",
             **record,
         )
-        for action in self.actions:
-            action(record)
-        self.keep_best(step, rmse)
+        for hook in self.hooks:
+            hook.after_evaluation(record)
         if self.evaluations >= NOT_LEARNING_AFTER_EVALS and rmse >= self.baseline_rmse:
             logs.event(
                 "not_learning",
                 f"{_NAMES.get(self.metric, self.metric)} {rmse:.4g} is not below the mean "
                 "predictor's "
                 f"{self.baseline_rmse:.4g}",
-                level=WARNING,
+                level=logging.WARNING,
                 step=step,
                 **{self.metric: rmse},
                 baseline_rmse=self.baseline_rmse,

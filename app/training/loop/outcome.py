@@ -1,6 +1,6 @@
 """How a training loop ended, as types: returned by the loop, mapped to an exit code once.
 
-The loop (:class:`app.training.controller.Controller`) returns one of these; failures (bad
+The loop (:class:`app.training.loop.controller.Controller`) returns one of these; failures (bad
 data, storage, a diverging loss, a lost worker) are raised instead, as the
 :class:`app.errors.AppError` of their exit code. A stop that comes before any step could
 be trained (during the cache conversion, before the loop) is raised too

@@ -16,29 +16,30 @@ from typing import Any
 
 import keras
 
-from app.config import TrainConfig
+from app.config import RecipeConfig
 
 
-def schedule(config: TrainConfig) -> Any:
-    """The learning rate as a function of the step (a Keras ``LearningRateSchedule``)."""
+def schedule(config: RecipeConfig, max_steps: int) -> Any:
+    """The learning rate as a function of the step (a Keras ``LearningRateSchedule``) of a
+    run to ``max_steps`` (the cosine's horizon)."""
     if config.lr_schedule == "exponential":
         return keras.optimizers.schedules.ExponentialDecay(
             config.learning_rate, config.lr_decay_steps, config.lr_decay, staircase=True
         )
     if config.lr_schedule == "cosine":
-        asked = config.max_steps // 10 if config.lr_warmup_steps is None else config.lr_warmup_steps
-        warmup = min(asked, config.max_steps - 1)
+        asked = max_steps // 10 if config.lr_warmup_steps is None else config.lr_warmup_steps
+        warmup = min(asked, max_steps - 1)
         if warmup < 1:
-            return keras.optimizers.schedules.CosineDecay(config.learning_rate, config.max_steps)
+            return keras.optimizers.schedules.CosineDecay(config.learning_rate, max_steps)
         return keras.optimizers.schedules.CosineDecay(
-            0.0, config.max_steps - warmup, warmup_target=config.learning_rate, warmup_steps=warmup
+            0.0, max_steps - warmup, warmup_target=config.learning_rate, warmup_steps=warmup
         )
     return keras.optimizers.schedules.PolynomialDecay(
         config.learning_rate, 1, config.learning_rate
     )  # constant: a schedule too, so the checkpoint layout does not depend on the choice
 
 
-def optimizer(config: TrainConfig, learning_rate: Any) -> keras.optimizers.Optimizer:
+def optimizer(config: RecipeConfig, learning_rate: Any) -> keras.optimizers.Optimizer:
     """A fresh, unbuilt optimizer of ``config.optimizer`` with ``learning_rate`` (a float
     or a schedule)."""
     if config.optimizer == "sgd":

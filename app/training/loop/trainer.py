@@ -1,10 +1,10 @@
 """The Trainer owns *what* is trained: the step on the run's data, and its evaluation.
 
-It knows no intervals (:mod:`app.training.controller` decides when to train, evaluate
+It knows no intervals (:mod:`app.training.loop.controller` decides when to train, evaluate
 and save) and is the same for one process and N workers: the replicas are passed in
-(:mod:`app.training.replicas`), a single process being one replica of one. The step
+(:mod:`app.training.loop.replicas`), a single process being one replica of one. The step
 itself, with the model, optimizer and the multi-worker loss, is
-:class:`app.training.step.TrainStep`; the Trainer feeds it the run's batches (standardised
+:class:`app.training.loop.step.TrainStep`; the Trainer feeds it the run's batches (standardised
 with the training statistics) and evaluates the model on the validation or test rows.
 """
 
@@ -18,13 +18,13 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from app.config import TrainConfig
+from app.config import RecipeConfig
 from app.data import pipeline, stream
 from app.data import split as split_lib
 from app.data.cache import DataCache
 from app.data.split import Split
-from app.training.replicas import Replicas
-from app.training.step import TrainStep
+from app.training.loop.replicas import Replicas
+from app.training.loop.step import Computed, TrainStep
 
 
 @dataclass(frozen=True)
@@ -53,21 +53,26 @@ class Steps:
 
 class Trainer:
     """The training step of one run on ``replicas`` (:attr:`train_step`, whose state the
-    checkpoints hold) fed with the run's batches, and its evaluation on ``data``'s
-    validation rows (``rows``) or test set, read with ``threads`` tf.data threads. Raises
+    checkpoints hold: ``recipe`` to ``max_steps``, computed as ``computed``) fed with the
+    run's batches, and its evaluation on ``data``'s validation rows (``rows``) or test set
+    (standardised with the training statistics when ``standardize``), read with ``threads``
+    tf.data threads. Raises
     ClusterError (exit 6) when workers were given different data or options.
     """
 
     def __init__(
         self,
-        config: TrainConfig,
+        recipe: RecipeConfig,
+        max_steps: int,
+        computed: Computed,
         data: DataCache,
         replicas: Replicas,
         rows: Split | None = None,
         threads: int = 1,
+        standardize: bool = True,
     ) -> None:
-        self.config, self.data, self.replicas = config, data, replicas
-        self.rows = rows or split_lib.split(data.train_size, 0.0, config.seed)
+        self.data, self.replicas = data, replicas
+        self.rows = rows or split_lib.split(data.train_size, 0.0, recipe.seed)
         # Different data or options would break the variables' broadcast: compare first.
         replicas.check_same(
             "the data set and training options",
@@ -76,21 +81,22 @@ class Trainer:
             num_outputs=data.num_outputs,
             height=data.height,
             width=data.width,
-            batch_size=config.batch_size,
-            max_steps=config.max_steps,
-            seed=config.seed,
+            batch_size=recipe.batch_size,
+            max_steps=max_steps,
+            seed=recipe.seed,
         )
-        self.train_step = TrainStep(config, (data.height, data.width, data.num_outputs), replicas)
+        shape = (data.height, data.width, data.num_outputs)
+        self.train_step = TrainStep(recipe, max_steps, computed, shape, replicas)
         self.model = self.train_step.model
-        stats = _statistics(data, config.standardize)
+        stats = _statistics(data, standardize)
         self.f_mean, self.f_inv, self.l_mean, self.l_std = (tf.constant(s) for s in stats)
         #: The same standardisation for the training input (applied as it reads the rows).
-        self.stats = stream.Stats.of(data, config.standardize)
+        self.stats = stream.Stats.of(data, standardize)
         self._sums = tf.function(self._batch_sums)
         self._eval = {
-            "test": pipeline.eval_dataset(data, threads, config.batch_size, self.standardize_x),
+            "test": pipeline.eval_dataset(data, threads, recipe.batch_size, self.standardize_x),
             "validation": pipeline.eval_dataset(
-                data, threads, config.batch_size, self.standardize_x, "train", self.rows.validation
+                data, threads, recipe.batch_size, self.standardize_x, "train", self.rows.validation
             ),
         }
         self._eval = {name: replicas.shard(ds) for name, ds in self._eval.items()}

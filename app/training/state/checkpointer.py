@@ -1,4 +1,4 @@
-"""Saving and restoring the training step's state (app/training/step.py) when the controller
+"""Saving and restoring the training step's state (app/training/loop/step.py) when the controller
 asks; never deciding when.
 
 Restore falls back: newest valid checkpoint first, never a silent restart.
@@ -26,6 +26,7 @@ docs/security.md.
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 import time
@@ -36,9 +37,9 @@ import tensorflow as tf
 from app import logs
 from app.atomic import Dir
 from app.errors import StorageError, TrainingDiverged, short_message
-from app.training import best
-from app.training.replicas import Replicas
-from app.training.step import TrainStep
+from app.training.loop.replicas import Replicas
+from app.training.loop.step import TrainStep
+from app.training.state import best
 
 PREFIX = "ckpt"
 _NUMBERED = re.compile(rf"^{PREFIX}-(\d+)\.index$")
@@ -103,7 +104,7 @@ def restore(
         logs.event(
             "checkpoint_cleanup",
             f"removed {len(removed)} partial checkpoint file(s) of an interrupted save",
-            level=30,
+            level=logging.WARNING,
             removed=removed,
         )
     tried = candidates(directory, manager)
@@ -118,7 +119,7 @@ def restore(
             logs.event(
                 "checkpoint_unreadable",
                 f"skipping unreadable checkpoint {prefix}: {reason}",
-                level=30,
+                level=logging.WARNING,
                 path=prefix,
             )
             continue
@@ -126,7 +127,7 @@ def restore(
             logs.event(
                 "checkpoint_fallback",
                 f"fell back to older checkpoint {prefix}",
-                level=30,
+                level=logging.WARNING,
                 path=prefix,
                 skipped=len(errors),
             )

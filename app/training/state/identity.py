@@ -48,7 +48,7 @@ from app.atomic import write_json
 from app.config import TrainConfig
 from app.data.cache import DataCache
 from app.errors import ClusterError, ConfigError, StorageError
-from app.options import flag_of, identity_fields
+from app.options import flag_of, flat, identity_fields
 
 RUN_FILE = "run.json"
 #: The splits and how a message names them.
@@ -69,7 +69,7 @@ HORIZON = "lr_horizon"
 
 
 class Agreeing(Protocol):
-    """What :func:`agree` needs of app.training.replicas.Replicas."""
+    """What :func:`agree` needs of app.training.loop.replicas.Replicas."""
 
     count: int
     index: int
@@ -100,8 +100,9 @@ def of_run(config: TrainConfig, data: DataCache, workers: int) -> Identity:
         }
         for split in SPLITS
     }
-    options = {f.name: getattr(config, f.name) for f in identity_fields(TrainConfig)}
-    options[HORIZON] = config.max_steps if config.lr_schedule == "cosine" else None
+    values = flat(config)
+    options = {f.name: values[f.name] for f in identity_fields(TrainConfig)}
+    options[HORIZON] = config.schedule.max_steps if config.recipe.lr_schedule == "cosine" else None
     return Identity({**splits, "outputs": data.num_outputs}, options, workers)
 
 

@@ -10,12 +10,17 @@ writes, so ``tensorboard --logdir OUTPUT`` shows the curves of every run under i
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
 
+from app import __version__
 from app.atomic import Dir
+from app.training.loop.hooks import Hook
+
+if TYPE_CHECKING:
+    from app.training.extras import Run
 
 #: progress fields written as scalars (TensorBoard tag = field name; lr as learning_rate).
 SCALARS = {
@@ -39,8 +44,8 @@ def _metadata(plugin: str) -> summary_pb2.SummaryMetadata:
     )
 
 
-class Summaries:
-    """A progress action writing :data:`SCALARS` of every ``progress`` record at its step.
+class Summaries(Hook):
+    """A hook writing :data:`SCALARS` of every ``progress`` record at its step.
 
     ``directory``: held open for the writer's life; TensorFlow writes through its
     descriptor (app/atomic.py), so a renamed or replaced path can't redirect the events.
@@ -55,7 +60,7 @@ class Summaries:
             tf.summary.write("config", tf.constant(text), step=step, metadata=_metadata("text"))
         self.writer.flush()
 
-    def __call__(self, record: dict[str, Any]) -> None:
+    def after_evaluation(self, record: dict[str, Any]) -> None:
         with self.writer.as_default():
             for field, tag in SCALARS.items():
                 value = record.get(field)
@@ -67,3 +72,17 @@ class Summaries:
                         metadata=_metadata("scalars"),
                     )
         self.writer.flush()
+
+
+def hooks(run: Run) -> list[Hook]:
+    """The TensorBoard hook, on the chief only (one set of curves per run), in
+    ``OUTPUT/tensorboard/`` with the run's options and plan as text."""
+    if not run.ws.is_chief:
+        return []
+    text = {
+        "config": run.choice.options_json(run.config),
+        "plan": run.plan.to_json(),
+        "version": __version__,
+    }
+    directory = run.ws.open(run.ws.output / "tensorboard", "TensorBoard directory")
+    return [Summaries(directory, text, run.start)]

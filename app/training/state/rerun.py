@@ -5,7 +5,7 @@ are fitted and before TensorFlow starts, :func:`finished` looks for the evidence
 very run is over in the output directory: ``metrics.json`` of a finished run at
 ``--max-steps`` (or its target reached) with the digest of the exported weights, the export
 itself (``model/``, its files as written), the identity in ``checkpoints/run.json`` equal
-to this run's (data fingerprints, identity options, workers: app/training/identity.py),
+to this run's (data fingerprints, identity options, workers: app/training/state/identity.py),
 and, with
 ``--publish-dir``, a version there that holds those weights (or, when this run published
 them there and the version has been removed since, a rollback to respect: a
@@ -30,9 +30,9 @@ from app.config import TrainConfig
 from app.data.cache import DataCache
 from app.release import layout
 from app.release.gate import Decision
-from app.training import identity
-from app.training.outcome import Completed, Outcome, Result, TargetReached, results
-from app.training.workspace import Workspace
+from app.training.loop.outcome import Completed, Outcome, Result, TargetReached, results
+from app.training.state import identity
+from app.training.state.workspace import Workspace
 
 _OUTCOMES = {"completed": Completed, "target_reached": TargetReached}
 #: The reason of a recorded decision whose version was removed from the publish directory.
@@ -51,13 +51,13 @@ def finished(ws: Workspace, config: TrainConfig, data: DataCache, workers: int) 
     mine = identity.of_run(config, data, workers).to_json()
     if {key: record.get(key) for key in mine} != mine:
         return None
-    decision = _still_published(config.publish_dir, summary)
-    if config.publish_dir is not None and decision is None:
+    decision = _still_published(config.publishing.publish_dir, summary)
+    if config.publishing.publish_dir is not None and decision is None:
         return None
     step = int(summary["final_step"])
     where = f"; published as version {decision.version}" if decision else ""
     if decision is not None and decision.reason == WITHDRAWN:
-        where = f"; version {decision.version} was withdrawn from {config.publish_dir}"
+        where = f"; version {decision.version} was withdrawn from {config.publishing.publish_dir}"
     logs.event(
         "already_finished",
         f"{ws.output}: this run finished at step {step} with these data and options (model "
@@ -89,8 +89,8 @@ def _at_end(summary: dict[str, Any], config: TrainConfig) -> bool:
     """Whether the recorded run ended where this one would: at ``--max-steps``, or at its
     target loss (the same ``--target-loss``) before it."""
     if summary["status"] == "target_reached":
-        return summary.get("target_loss") == config.target_loss
-    return bool(summary["final_step"] == config.max_steps)
+        return summary.get("target_loss") == config.schedule.target_loss
+    return bool(summary["final_step"] == config.schedule.max_steps)
 
 
 def _exported(model: Path, summary: dict[str, Any]) -> bool:

@@ -15,8 +15,8 @@ What a user runs on their own node (``docker run … coretrain bench-scaling``, 
 * **hyperthreads**: where CPUs share physical cores, one thread per physical core vs one
   per logical CPU.
 
-The report is a dict (app/commands/scaling.py prints it as a table). The measured step is
-the run's training step (app/training/step.py, timed as app/training/choose.py times the
+The report is a dict (app/commands/bench_scaling.py prints it as a table). The measured step is
+the run's training step (app/training/loop/step.py, timed as app/training/state/choose.py times the
 candidates) on a synthetic batch of the default shape (20×195, K = 3); every measuring
 process plans and applies its threads and affinity as a run does (app/budget/apply.py).
 """
@@ -53,7 +53,7 @@ def _threads_ladder(top: int) -> list[int]:
 def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     """In a fresh process: the plan for ``spec``'s threads, pinned to its CPUs (``pin``:
     the first N CPUs, or one per physical core), applied; then the run's training step
-    timed on a synthetic batch (:func:`app.training.choose.step_time`)."""
+    timed on a synthetic batch (:func:`app.training.state.choose.step_time`)."""
     from app.budget import apply, detect_plan
     from app.budget.plan import PlanOptions
 
@@ -65,20 +65,20 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     import tensorflow as tf
 
     from app.config import TrainConfig
-    from app.training.choose import step_time
+    from app.training.state.choose import step_time
 
     rng = np.random.default_rng(0)
     b = spec["batch"]
     x = tf.constant(rng.standard_normal((b, 20, 195, 1), dtype=np.float32))
     y = tf.constant(rng.standard_normal((b, 3), dtype=np.float32))
-    config = TrainConfig(data_dir=Path("."), output_dir=Path("."), batch_size=b)
+    config = TrainConfig.of(data_dir=Path("."), output_dir=Path("."), batch_size=b)
     ms = step_time(spec["formulation"], spec["precision"], x, y, config, STEPS, WARMUP)
     return {"step_ms": ms, "samples_per_s": b / ms * 1e3}
 
 
 def _measure_step(spec: dict[str, Any]) -> dict[str, Any]:
     proc = subprocess.run(
-        [sys.executable, "-m", "app.training.scaling", json.dumps(spec)],
+        [sys.executable, "-m", "app.bench.step_scaling", json.dumps(spec)],
         capture_output=True,
         text=True,
         timeout=600,

@@ -1,6 +1,6 @@
 """What the CNN is judged against, measured before TensorFlow starts: the mean predictor
 (the training-label mean) and the linear baseline (a ridge regression:
-app/training/linear.py), on the validation rows and the test set. Logged as the
+app/training/inputs/linear.py), on the validation rows and the test set. Logged as the
 ``linear_baseline`` event; the test set's figures go into every ``progress`` record,
 ``metrics.json`` and TensorBoard (``baseline_rmse``, ``linear_rmse``). No TensorFlow here.
 """
@@ -15,7 +15,7 @@ import numpy as np
 from app import logs
 from app.data.cache import DataCache
 from app.data.split import Split
-from app.training import linear
+from app.training.inputs import linear
 
 
 @dataclass(frozen=True)

@@ -15,17 +15,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app import logs
 from app.budget import plan_with
 from app.budget.plan import ThreadPlan
 from app.budget.usage import THROTTLED_WARNING_RATIO
+from app.training.loop.hooks import Hook
+
+if TYPE_CHECKING:
+    from app.training.extras import Run
 
 
 @dataclass
-class BudgetWatch:
-    """Callable for the controller: True when the plan must change (after logging why).
+class BudgetWatch(Hook):
+    """The loop's re-plan hook: True when the plan must change (after logging why).
 
     ``enabled`` False (``--replan never``, several workers) logs changes only, with
     ``why_not``. ``detect`` re-plans from the budget found now (default: under ``/``
@@ -37,7 +41,7 @@ class BudgetWatch:
     why_not: str = ""
     detect: Callable[[ThreadPlan], ThreadPlan] | None = None
 
-    def __call__(self) -> bool:
+    def replan(self) -> bool:
         new = (self.detect or _detect)(self.plan)
         old = self.plan
         if (new.cpu_budget, new.threads()) == (old.cpu_budget, old.threads()):
@@ -107,3 +111,25 @@ def warn_when_throttled(plan: ThreadPlan) -> Callable[[dict[str, Any]], None]:
         )
 
     return action
+
+
+class ThrottledWarning(Hook):
+    """The ``cpu_throttled`` warning (:func:`warn_when_throttled`) after each evaluation."""
+
+    def __init__(self, plan: ThreadPlan) -> None:
+        self.warn = warn_when_throttled(plan)
+
+    def after_evaluation(self, record: dict[str, Any]) -> None:
+        self.warn(record)
+
+
+def hooks(run: Run) -> list[Hook]:
+    """The throttling warning and the budget watch (re-planning only with ``--replan
+    on-change`` in a single-process run)."""
+    single = run.reps.cluster is None
+    watch = BudgetWatch(
+        run.plan,
+        enabled=run.config.compute.replan == "on-change" and single,
+        why_not="--replan never" if single else "a multi-worker run",
+    )
+    return [ThrottledWarning(run.plan), watch]

@@ -95,8 +95,8 @@ def for_run(config: TrainConfig, cluster: Cluster | None = None) -> Workspace:
     else:
         own = out / WORKERS_DIR / f"worker-{cluster.index}"
         cache = (
-            config.cache_dir / f"worker-{cluster.index}"
-            if config.cache_dir is not None
+            config.cache.cache_dir / f"worker-{cluster.index}"
+            if config.cache.cache_dir is not None
             else own / "cache"
         )
     return Workspace(
@@ -105,7 +105,7 @@ def for_run(config: TrainConfig, cluster: Cluster | None = None) -> Workspace:
         cache=cache,
         is_chief=cluster is None or cluster.is_chief,
         worker=None if cluster is None else cluster.index,
-        cache_top=config.cache_dir if config.cache_dir is not None else out,
+        cache_top=config.cache.cache_dir if config.cache.cache_dir is not None else out,
     )
 
 

@@ -1,5 +1,5 @@
 """``coretrain bench-scaling``: the training step over threads and processes on this machine,
-measured (app/training/scaling.py) and printed as a table."""
+measured (app/bench/step_scaling.py) and printed as a table."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class ScalingConfig:
 
 def run(config: ScalingConfig) -> str:
     """Measure (progress lines on stderr) and return the report as a table."""
-    from app.training import scaling
+    from app.bench import step_scaling as scaling
 
     return table(scaling.run(config.max_threads, config.batch_size, config.out))
 

@@ -22,17 +22,28 @@ non-finite loss. Import it after :func:`app.budget.apply.import_tensorflow`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import tensorflow as tf
 
 from app import model as model_lib
-from app.config import TrainConfig
-from app.training import recipe
-from app.training.replicas import Replicas
+from app.config import RecipeConfig
+from app.training.loop import recipe
+from app.training.loop.replicas import Replicas
 
 #: Lower bound of the RMSE a surrogate gradient divides by (a perfect fit has RMSE 0).
 _RMSE_FLOOR = 1e-12
+
+
+class Computed(Protocol):
+    """How the step computes, as decided at start (app/training/state/choose.py ``Choice``):
+    ``formulation`` "fast" or "plain", ``precision`` "float32" or "bfloat16"."""
+
+    @property
+    def formulation(self) -> str: ...
+
+    @property
+    def precision(self) -> str: ...
 
 
 class TrainStep:
@@ -45,15 +56,18 @@ class TrainStep:
     small for the network or K < 1.
     """
 
-    def __init__(self, config: TrainConfig, shape: tuple[int, int, int], replicas: Replicas):
+    def __init__(
+        self, config: RecipeConfig, max_steps: int, computed: Computed,
+        shape: tuple[int, int, int], replicas: Replicas,
+    ) -> None:  # fmt: skip
         height, width, outputs = shape
         self.config, self.replicas = config, replicas
         with replicas.scope():
             self.model = model_lib.build_model(
                 outputs, height=height, width=width, seed=config.seed,
-                formulation=config.formulation, precision=config.precision,
+                formulation=computed.formulation, precision=computed.precision,
             )  # fmt: skip
-            self.schedule = recipe.schedule(config)
+            self.schedule = recipe.schedule(config, max_steps)
             self.optimizer = recipe.optimizer(config, self.schedule)
             # A Keras 3 optimizer must be built before restore() or its state is skipped.
             self.optimizer.build(self.model.trainable_variables)
@@ -139,5 +153,5 @@ class TrainStep:
 
 def repeated(x: tf.Tensor, y: tf.Tensor) -> Any:
     """An endless iterator of the one batch (x, y): the step timed on a real batch without
-    the input pipeline (app/training/choose.py, app/training/scaling.py)."""
+    the input pipeline (app/training/state/choose.py, app/bench/step_scaling.py)."""
     return iter(tf.data.Dataset.from_tensors((x, y)).repeat())

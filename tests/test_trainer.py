@@ -1,0 +1,66 @@
+"""The Trainer (app/training/loop/trainer.py) in this process on a tiny cache: the steps it
+trains per call, its learning rate, and its evaluation against a reading by hand. The same
+parts in a whole run are pinned by tests/test_step.py and the CLI's tests."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.config import RecipeConfig, TrainConfig
+from app.data import pipeline
+from app.data import split as split_lib
+from app.training.loop import recipe
+from app.training.loop.replicas import Replicas
+from app.training.loop.trainer import Trainer
+from app.training.state.choose import Choice
+from tests.conftest import prepare_cache
+
+RECIPE = RecipeConfig(batch_size=16, learning_rate=0.01, seed=3)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    out = tmp_path_factory.mktemp("trainer")
+    data = prepare_cache(TrainConfig.of(data_dir=tiny_data, output_dir=out))
+    rows = split_lib.split(data.train_size, 0.1, RECIPE.seed)
+    computed = Choice("fast", "float32", "as asked", {})
+    trainer = Trainer(RECIPE, 10, computed, data, Replicas(), rows, threads=1)
+    batches = pipeline.train_input(
+        data, 1, seed=RECIPE.seed, batch_size=RECIPE.batch_size, start_step=0,
+        end_step=10, rows=rows.train, stats=trainer.stats,
+    )  # fmt: skip
+    trainer.feed(batches)
+    return trainer, data, rows, [trainer.train(3, lambda: False), trainer.train(2, lambda: True)]
+
+
+def test_each_call_trains_its_steps_and_reports_the_stop_request(trained: tuple) -> None:
+    trainer, _, _, (first, second) = trained
+    assert len(first.losses) == 3 and len(second.losses) == 2
+    assert all(math.isfinite(x) for x in [*first.losses, *second.losses])
+    assert (first.stop, second.stop) == (False, True)
+    assert trainer.train_step.global_step == 5
+
+
+def test_the_learning_rate_is_the_recipes(trained: tuple) -> None:
+    trainer = trained[0]
+    expected = recipe.schedule(RECIPE, 10)
+    assert [trainer.learning_rate(s) for s in (0, 1, 5)] == pytest.approx(
+        [float(expected(s)) for s in (0, 1, 5)]
+    )
+
+
+def test_evaluation_is_the_rmse_of_the_predictions_in_label_units(trained: tuple) -> None:
+    trainer, data, rows, _ = trained
+    for split, x, y in [
+        ("test", data.features("test"), data.labels("test")),
+        ("validation", data.features("train")[rows.validation],
+         data.labels("train")[rows.validation]),
+    ]:  # fmt: skip
+        xs = trainer.standardize_x(np.asarray(x, np.float32)[..., None])
+        err = np.asarray(trainer.predict(xs)) - np.asarray(y)
+        assert trainer.evaluate(split) == pytest.approx(math.sqrt(np.mean(err**2)), rel=1e-4)
+    assert trainer.eval_split == "validation"
