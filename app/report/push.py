@@ -115,13 +115,8 @@ def push(url: str, output: Path, recorder: Recorder, status: str, exit_code: int
             url, job=JOB, registry=registry, grouping_key={"run": run}, timeout=TIMEOUT_S
         )
     except Exception as exc:  # any failure of the push (URL, network, HTTP) is a warning
-        logs.event(
-            "metrics_push_failed",
-            f"metrics not pushed to {url}: {exc}",
-            level=logging.WARNING,
-            url=url,
-            error=str(exc),
-        )
+        why = f"metrics not pushed to {url}: {exc}"
+        logs.event("metrics_push_failed", why, level=logging.WARNING, url=url, error=str(exc))
         return False
     logs.event("metrics_pushed", f"metrics pushed to {url} (run {run})", url=url, run=run)
     return True
