@@ -38,13 +38,15 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def gateway() -> Iterator[str]:
-    """The URL of a Pushgateway of its own, on a loopback port."""
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The URL of a Pushgateway of its own, on a loopback port, empty: its own persistence
+    file (Debian's build persists to /var/lib/prometheus by default, shared by every run)."""
     if BINARY is None:
         pytest.skip("no Pushgateway binary (apt-get install prometheus-pushgateway; .ci/run does)")
     address = f"127.0.0.1:{_free_port()}"
+    state = tmp_path_factory.mktemp("pushgateway") / "pushgateway.data"
     proc = subprocess.Popen(
-        [BINARY, f"--web.listen-address={address}"],
+        [BINARY, f"--web.listen-address={address}", f"--persistence.file={state}"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -87,6 +89,7 @@ def test_a_published_run_pushes_every_metric(gateway: str, tmp_path: Path) -> No
 
     data, out, models = tmp_path / "data", tmp_path / "nightly-1", tmp_path / "models"
     models.mkdir()
+    assert pushed(gateway, "nightly-1") == {}  # nothing before the run
     synthetic.generate(data, train=1200, test=300, seed=1)  # enough to beat the mean
     proc = run_cli(
         "train", "--data", str(data), "--output", str(out), "--batch-size", "100",
@@ -123,6 +126,7 @@ def test_a_published_run_pushes_every_metric(gateway: str, tmp_path: Path) -> No
 def test_a_failed_run_pushes_its_status_and_exit_code(gateway: str, tmp_path: Path) -> None:
     empty = tmp_path / "data"
     empty.mkdir()
+    assert pushed(gateway, "failing") == {}  # nothing before the run
     proc = run_cli(
         "train", "--data", str(empty), "--output", str(tmp_path / "failing"),
         env={"CORETRAIN_METRICS_PUSH": gateway},
