@@ -21,7 +21,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 # binutils: `strip` for the size trim below; gcc, libc6-dev and (where the base has no
 # Python.h, e.g. Debian's own python3) python3-dev: the compiled parser
-# app/data/_fastparse.c. libc6-dev and python3-dev must match the base's libc6 and python3
+# app/data/formats/textfile/_fastparse.c. libc6-dev and python3-dev must match the base's libc6 and python3
 # exactly, so they are pinned to the installed versions. Builder stage only.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends binutils=2.40-2 gcc=4:12.2.0-3 \
@@ -56,7 +56,7 @@ COPY app ./app
 # fetched to build coretrain); then they go, with pip: nothing imports them at run time
 # (TF and astunparse declare setuptools and wheel but never import them).
 RUN /opt/venv/bin/pip install --no-cache-dir --no-deps --no-build-isolation --no-compile . \
- && /opt/venv/bin/python -I -c 'import app.data._fastparse' \
+ && /opt/venv/bin/python -I -c 'import app.data.formats.textfile._fastparse' \
  && /opt/venv/bin/pip uninstall -y setuptools wheel pip
 
 # Bytecode for what a training run imports, and only that (docs/deploy.md "Image size and

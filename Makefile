@@ -10,7 +10,7 @@ DEMO_TRAIN_ARGS ?= --max-steps 200 --eval-every 50 --checkpoint-every 100
 
 .PHONY: install train test test-fast lint typecheck unit bench lock container-test mutation mutation-report clean
 
-$(BIN)/coretrain: pyproject.toml constraints.txt setup.py app/data/_fastparse.c
+$(BIN)/coretrain: pyproject.toml constraints.txt setup.py app/data/formats/textfile/_fastparse.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'

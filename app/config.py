@@ -17,8 +17,9 @@ from typing import Any, ClassVar
 from app.options import Options, flat, from_flat, group, option
 
 FILE_HELP = (
-    "File name in --data (a .gz file is read as gzip, recognised by its content). Without "
-    "it the file is found by its default name, plain or with .gz."
+    "File name in --data: text (plain or gzip) or a .npy array, recognised by its content "
+    "(the array's name when --data is a .npz or HDF5 file). Without it the file is found by "
+    "its default name: .txt, .txt.gz or .npy (the array named after it)."
 )
 FORMULATION_CHOICES = ("auto", "fast", "plain")
 PRECISION_CHOICES = ("auto", "float32", "bfloat16")
@@ -36,21 +37,23 @@ class DataConfig(Options):
     inputs: app/training/inputs/, app/data/)."""
 
     data_dir: Path = option(
-        help="Directory with train/test feature and label files (read only).",
+        help="Directory with train/test feature and label files (read only), or one .npz "
+        "or HDF5 file holding the arrays train_features, train_labels, test_features and "
+        "test_labels.",
         flag="--data",
-        directory=True,
+        metavar="DIR|FILE",
     )
     train_features: str | None = option(
-        None, FILE_HELP, metavar="NAME", shown_default="train_features.txt[.gz]"
+        None, FILE_HELP, metavar="NAME", shown_default="train_features.txt[.gz] or .npy"
     )
     train_labels: str | None = option(
-        None, FILE_HELP, metavar="NAME", shown_default="train_labels.txt[.gz]"
+        None, FILE_HELP, metavar="NAME", shown_default="train_labels.txt[.gz] or .npy"
     )
     test_features: str | None = option(
-        None, FILE_HELP, metavar="NAME", shown_default="test_features.txt[.gz]"
+        None, FILE_HELP, metavar="NAME", shown_default="test_features.txt[.gz] or .npy"
     )
     test_labels: str | None = option(
-        None, FILE_HELP, metavar="NAME", shown_default="test_labels.txt[.gz]"
+        None, FILE_HELP, metavar="NAME", shown_default="test_labels.txt[.gz] or .npy"
     )
     height: int = option(20, "Feature rows H (a line holds H×W floats).", minimum=1, identity=True)
     width: int = option(195, "Feature columns W.", minimum=1, identity=True)
@@ -79,7 +82,7 @@ class DataConfig(Options):
 
 @dataclass(frozen=True)
 class CacheConfig(Options):
-    """The binary data cache: where it is, its bound and what it keeps (app/data/cache.py)."""
+    """The binary data cache: where it is, its bound and what it keeps (app/data/cache/entry.py)."""
 
     cache_dir: Path | None = option(
         None,
@@ -400,8 +403,9 @@ class PredictConfig(Options):
         directory=True,
     )
     features: Path = option(
-        help="Features in the training format: one sample of H×W floats per line (.gz read "
-        "as gzip).",
+        help="Features in any training format, recognised by content: text (one sample of "
+        "H×W floats per line, plain or gzip), .npy, or a .npz / HDF5 file's array features "
+        "(else test_features, else its only array).",
     )
     out: Path = option(
         help="Where to write the predictions: one line of K values per input line, or a "
@@ -412,6 +416,6 @@ class PredictConfig(Options):
     )
     allow_nonfinite: bool = option(
         False,
-        "Accept NaN/Inf tokens in the features file.",
+        "Accept NaN/Inf values in the features file.",
         flag="--allow-nonfinite/--reject-nonfinite",
     )

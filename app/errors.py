@@ -31,7 +31,7 @@ class DataError(AppError):
 
 class InputTooLarge(DataError):
     """The input would take more than its bound: a data cache past the free space of its
-    file system or ``--max-cache-bytes`` (app/data/bounds.py). Exit 3, as bad input."""
+    file system or ``--max-cache-bytes`` (app/data/cache/bounds.py). Exit 3, as bad input."""
 
 
 class MemoryBudgetExceeded(AppError):

@@ -3,7 +3,7 @@
 Both variants run the project's entry point, :func:`app.training.run.train`, in a fresh process
 with the thread plan applied by :func:`app.budget.apply.apply` (as ``coretrain train`` does),
 on the same prepared cache, config and steps. ``cache`` is the real job: batches gathered
-from the memory-mapped cache by the tf.data pipeline (:mod:`app.data.pipeline`).
+from the memory-mapped cache by the tf.data pipeline (:mod:`app.data.input.pipeline`).
 ``memory`` replaces only that pipeline with batches already in memory as tensors: the
 first :data:`DISTINCT_BATCHES` batches of the run (125 MB of features at batch 1000, more
 than the CPU's 32 MiB L3 cache), cycled, so the difference is what the input pipeline costs
@@ -60,7 +60,7 @@ def _plan() -> Any:
 def _input_ms(data: Any, plan: Any, batch: int, seed: int, batches: int = 20) -> float:
     """CPU milliseconds per batch of the real training pipeline alone (all threads of
     this process while it produces ``batches`` batches, after 5 to warm up)."""
-    from app.data import pipeline
+    from app.data.input import pipeline
 
     given = pipeline.train_input(
         data, plan.tfdata_threads, seed=seed, batch_size=batch, start_step=0,
@@ -90,7 +90,7 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
 
     from app.config import TrainConfig
     from app.data import cache as cache_lib
-    from app.data import pipeline
+    from app.data.input import pipeline
     from app.training.inputs.load import sources
     from app.training.run import train
     from app.training.state import workspace

@@ -11,7 +11,13 @@ Each measurement runs in its own process (:mod:`benchmarks.worker`) on the same
   note otherwise). Its process runs helper threads (pandas 3.1 used ~1.7 CPUs here), so
   ``pandas_one_cpu`` also runs it with its affinity set to one CPU: one process on one
   core, like the one-thread converter;
-* ``converter Nt``: :func:`app.data.parallel.convert_file` with N threads (one process),
+* ``npy in place``: the same samples as a float32 ``.npy`` (written once from the text by
+  the project's parser), read as the cache reads an array used in place: its rows through
+  the format seam (:class:`app.data.formats.npy.NpyArray`), checked for NaN/Inf, summed
+  and digested, nothing written. Its MB/s counts the *text's* bytes (the same samples), so
+  it compares with the text rows directly;
+* ``converter Nt``: :func:`app.data.formats.textfile.parallel.convert_file` with N threads (one
+  process),
   into a temporary file; 1 is one pass.
 
 MB are 10^6 bytes of text. ``cpu_s_measured`` is the measured process's CPU time (all its
@@ -69,7 +75,7 @@ def _pandas(spec: dict[str, Any]) -> dict[str, Any]:
 def _convert(spec: dict[str, Any]) -> dict[str, Any]:
     import resource
 
-    from app.data import parallel
+    from app.data.formats.textfile import parallel
 
     with tempfile.TemporaryDirectory(dir=spec.get("tmp")) as tmp:
         done, wall, cpu = worker.timed(
@@ -87,11 +93,43 @@ def _convert(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _npy_in_place(spec: dict[str, Any]) -> dict[str, Any]:
+    import hashlib
+
+    import numpy as np
+
+    from app.data.formats.base import Shape, add_sums
+    from app.data.formats.npy import NpyArray
+
+    def scan() -> int:
+        array, width = NpyArray(Path(spec["path"])), spec["width"]
+        digest, rows = hashlib.blake2b(digest_size=32), 0
+        total, total_sq = np.zeros(width), np.zeros(width)
+        for chunk in array.chunks(Shape(width), allow_nonfinite=False):
+            digest.update(chunk.data)
+            add_sums(chunk, total, total_sq)
+            rows += len(chunk)
+        return rows
+
+    rows, wall, cpu = worker.timed(scan)
+    return {"rows": rows, "wall_s": wall, "cpu_self_s": cpu}
+
+
+def _make_npy(spec: dict[str, Any]) -> dict[str, Any]:
+    import numpy as np
+
+    from app.data.formats import textfile
+
+    rows = np.concatenate(list(textfile.iter_chunks(spec["path"], width=spec["width"])))
+    np.save(spec["out"], rows, allow_pickle=False)
+    return {"rows": len(rows)}
+
+
 def _profile(spec: dict[str, Any]) -> dict[str, Any]:
     import cProfile
     import pstats
 
-    from app.data import textfile
+    from app.data.formats import textfile
 
     profile = cProfile.Profile()
     profile.enable()
@@ -131,6 +169,8 @@ WORKERS = {
     "decode_csv": _decode_csv,
     "pandas": _pandas,
     "convert": _convert,
+    "npy_in_place": _npy_in_place,
+    "make_npy": _make_npy,
     "profile": _profile,
     "generate": _generate,
 }
@@ -234,12 +274,19 @@ def measure(
     # Interleaved rounds (1 thread, 2 threads, 1 thread, ...): a disturbance then hits
     # both counts alike rather than all rounds of one.
     runs: dict[str, list[dict[str, Any]]] = {f"converter_{t}t": [] for t in threads}
+    npy = scratch / "train_features.npy"
+    worker.run(MODULE, {"kind": "make_npy", "path": str(src), "width": width, "out": str(npy)}, env)
+    runs["npy_in_place"] = []
     for r in range(rounds):
         for t in threads:
             log(f"ingest: converter, {t} thread(s), round {r + 1}/{rounds} ...")
             spec = {"kind": "convert", "path": str(src), "width": width, "threads": t}
             spec["tmp"] = str(scratch)
             runs[f"converter_{t}t"].append(_rates(worker.run(MODULE, spec, env), nbytes))
+        log(f"ingest: .npy read in place, round {r + 1}/{rounds} ...")
+        spec = {"kind": "npy_in_place", "path": str(npy), "width": width}
+        runs["npy_in_place"].append(_rates(worker.run(MODULE, spec, env), nbytes))
+    npy.unlink()
     for name, results in runs.items():
         out[name] = _median(results)
     log(f"ingest: converter with 1 thread on the first {decode_csv_lines} lines (memory) ...")
@@ -272,6 +319,9 @@ def ratios(part: dict[str, Any], threads: list[int]) -> dict[str, Any]:
             rate(one, "mb_per_s"), rate("pandas_one_cpu", "mb_per_s")
         ),
         "converter_1t_over_decode_csv": div(rate(one, "mb_per_s"), rate("decode_csv", "mb_per_s")),
+        "npy_in_place_over_converter_1t": div(
+            rate("npy_in_place", "mb_per_s"), rate(one, "mb_per_s")
+        ),
     }
     for t in threads:
         if t > 1:

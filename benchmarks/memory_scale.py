@@ -14,7 +14,7 @@ The binary cache of each size is kept in ``--work`` too, so a rerun measures sta
 without the conversion.
 
 A run of ``--steps`` steps (default 200, batch 1000) is long enough for holding the
-split in memory to pay at these sizes (app/data/pipeline.py ``choose_input``); pass
+split in memory to pay at these sizes (app/data/input/pipeline.py ``choose_input``); pass
 ``--steps 20`` to see it streamed. Prints a table on stderr and the JSON on stdout.
 """
 

@@ -1,4 +1,4 @@
-"""The training order (app/data/order.py) against a full permutation of each epoch.
+"""The training order (app/data/input/order.py) against a full permutation of each epoch.
 
 ``python -m benchmarks.order_quality [--rows 810901] [--batch 1000] [--epochs 3]``
 (numpy only, ~10 s). Rows whose order in the file carries no information (exchangeable
@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from app.data import order
+from app.data.input import order
 
 
 def _batches(kind: str, seed: int, n: int, batch: int, steps: int) -> np.ndarray:

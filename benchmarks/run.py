@@ -346,6 +346,7 @@ def table(report: dict[str, Any]) -> str:
         for k in ing
         if k.startswith("converter_") and k != "converter_profile"
     ]
+    names.append(("npy_in_place", ".npy read in place"))
     for key, label in names:
         r = ing.get(key)
         if not isinstance(r, dict) or key == "converter_profile":

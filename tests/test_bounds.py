@@ -20,9 +20,12 @@ import pytest
 
 from app.atomic import file_system
 from app.budget.memory import MIB
-from app.data import bounds, textfile
-from app.data.sources import ROLES, Sources
-from app.data.textfile import files, reader
+from app.data.cache import bounds
+from app.data.formats import textfile
+from app.data.formats.base import Shape
+from app.data.formats.sources import ROLES, Sources
+from app.data.formats.text import TextArray
+from app.data.formats.textfile import opener, reader
 from app.errors import DataError, InputTooLarge
 from app.training.inputs import peak_memory as memory_rule
 from benchmarks.cgroup_run import MEMORY_MOUNT, MemoryCgroup, memory_cgroup, unavailable_reason
@@ -32,6 +35,11 @@ from tests.runs import mount_tmpfs, umount
 LINE = b"0.5 -1.25 3 4.0 -0 100\n"  # six fields: features of --height 2 --width 3
 SMALL = ["--height", "2", "--width", "3"]
 MEMORY_REASON = unavailable_reason(MEMORY_MOUNT, "memory")
+
+
+def _labels(path: Path) -> Sources:
+    """A data set whose training labels are ``path``."""
+    return Sources(dict.fromkeys(ROLES, path), height=1, width=1)
 
 
 def _small_data(directory: Path, lines: int = 4) -> Path:
@@ -143,7 +151,7 @@ def test_a_labels_file_with_an_absurd_column_count_is_refused_on_its_first_line(
     assert proc.returncode == 3, proc.stderr
     assert _one_line(proc) == (
         f"coretrain: {labels}:1: more than {bounds.MAX_OUTPUTS} label columns (the limit, "
-        "app/data/bounds.py): not a label file?"
+        "app/data/cache/bounds.py): not a label file?"
     )
     assert _arrays(out) == []
 
@@ -152,8 +160,8 @@ def test_the_estimate_of_a_plain_and_a_gzip_file_is_their_cache_size(tmp_path: P
     plain = tmp_path / "x.txt"
     plain.write_bytes(LINE * 100_000)
     _gzip_of_repeats(tmp_path / "x.gz", LINE * 1000, 100)
-    assert bounds.cache_bytes(plain, 6) == 100_000 * 6 * 4
-    assert bounds.cache_bytes(tmp_path / "x.gz", 6) == 100_000 * 6 * 4
+    assert TextArray(plain).estimate(Shape(6)) == 100_000 * 6 * 4
+    assert TextArray(tmp_path / "x.gz").estimate(Shape(6)) == 100_000 * 6 * 4
 
 
 # --- the bounds, in process ---------------------------------------------------------------
@@ -237,7 +245,7 @@ def test_the_cache_estimate_is_the_lines_times_the_width_in_float32(
     for path in paths.values():
         path.write_bytes(text)
     sources = Sources(paths, height=2, width=3)
-    assert bounds.cache_bytes(paths["train_labels"], 5) == lines * 5 * 4
+    assert TextArray(paths["train_labels"]).estimate(Shape(5)) == lines * 5 * 4
     assert bounds.estimate(sources, 2, ("train_features", "test_labels")) == {
         "train_features": lines * 6 * 4,
         "test_labels": lines * 2 * 4,
@@ -247,13 +255,13 @@ def test_the_cache_estimate_is_the_lines_times_the_width_in_float32(
 def test_label_columns_are_counted_on_the_first_line_up_to_the_limit(tmp_path: Path) -> None:
     path = tmp_path / "train_labels.txt"
     path.write_bytes(b"1 " * bounds.MAX_OUTPUTS + b"\n")
-    assert bounds.label_width(path) == bounds.MAX_OUTPUTS
+    assert bounds.label_width(_labels(path)) == bounds.MAX_OUTPUTS
     path.write_bytes(b"1 " * (bounds.MAX_OUTPUTS + 1) + b"\n")
     with pytest.raises(DataError) as caught:
-        bounds.label_width(path)
+        bounds.label_width(_labels(path))
     assert str(caught.value) == (
         f"{path}:1: more than {bounds.MAX_OUTPUTS} label columns (the limit, "
-        "app/data/bounds.py): not a label file?"
+        "app/data/cache/bounds.py): not a label file?"
     )
 
 
@@ -335,7 +343,7 @@ def test_labels_without_a_first_line_are_bad_data_naming_the_file(
     path = tmp_path / ("train_labels.txt.gz" if packed else "train_labels.txt")
     path.write_bytes(gzip.compress(content) if packed else content)
     with pytest.raises(DataError) as caught:
-        bounds.label_width(path)
+        bounds.label_width(_labels(path))
     separator = "" if problem[0].isdigit() else " "
     assert str(caught.value) == f"{path}:{separator}{problem}"
 
@@ -347,11 +355,11 @@ def test_a_blank_first_label_line_is_named_before_the_lines_after_its_data_are_r
     of data: its problem is the one named, not that of a later line (over the line limit
     here; reads of 4 bytes, a limit of 100)."""
     monkeypatch.setattr(reader, "_READ_BYTES", 4)
-    monkeypatch.setattr(files, "MAX_LINE_BYTES", 100)
+    monkeypatch.setattr(opener, "MAX_LINE_BYTES", 100)
     path = tmp_path / "train_labels.txt"
     path.write_bytes(b"\n\n1 2\n" + b"1" * 200 + b"\n")
     with pytest.raises(DataError) as caught:
-        bounds.label_width(path)
+        bounds.label_width(_labels(path))
     assert str(caught.value) == f"{path}:1: blank line followed by more data on line 3"
 
 
@@ -361,7 +369,7 @@ def test_a_first_label_line_longer_than_the_line_limit_is_refused(tmp_path: Path
     path = tmp_path / "train_labels.txt.gz"
     path.write_bytes(gzip.compress(b"1" + b" " * (textfile.MAX_LINE_BYTES + 1), 1))
     with pytest.raises(DataError) as caught:
-        bounds.label_width(path)
+        bounds.label_width(_labels(path))
     assert str(caught.value) == f"{path}:1: line longer than {textfile.MAX_LINE_BYTES} bytes"
 
 

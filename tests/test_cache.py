@@ -17,7 +17,10 @@ import pytest
 
 from app.atomic import open_dir
 from app.config import TrainConfig
-from app.data import cache, cache_convert, cache_marker, cache_store
+from app.data import cache
+from app.data.cache import convert as cache_convert
+from app.data.cache import marker as cache_marker
+from app.data.cache import store as cache_store
 from app.errors import DataError, Preempted
 from app.training.inputs.load import sources
 from tests.conftest import prepare_cache
@@ -126,7 +129,7 @@ def test_the_cache_is_keyed_by_content_not_by_where_the_data_are(
 
 
 def _mark_work(d: Path, key: str = "0123456789abcdef") -> None:
-    """``d`` made and marked as a conversion's work directory, as app/data/cache_workdir.py
+    """``d`` made and marked as a conversion's work directory, as app/data/cache/workdir.py
     does it."""
     d.mkdir(parents=True)
     (d / cache_marker.MARKER).write_bytes(cache_marker.content(cache_marker.WORK, key))

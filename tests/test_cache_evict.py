@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from app.config import CacheConfig, TrainConfig
-from app.data import cache, cache_marker, synthetic
+from app.data import cache, synthetic
+from app.data.cache import marker as cache_marker
 from tests.conftest import REPO, prepare_cache
 
 
@@ -182,7 +183,7 @@ EXEC_USE = """
 import json, os, sys
 from pathlib import Path
 from app.config import TrainConfig
-from app.data.cache_store import HELD_FD_ENV
+from app.data.cache.store import HELD_FD_ENV
 from tests.conftest import prepare_cache
 
 data, shared = Path(sys.argv[1]), Path(sys.argv[2])

@@ -13,7 +13,8 @@ import pytest
 
 from app.atomic import open_dir
 from app.config import TrainConfig
-from app.data import cache, cache_marker, synthetic
+from app.data import cache, synthetic
+from app.data.cache import marker as cache_marker
 from app.errors import StorageError
 from app.training.inputs.load import sources
 from tests.conftest import prepare_cache

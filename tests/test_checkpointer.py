@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from app.data import cache_marker
+from app.data.cache import marker as cache_marker
 from tests import kill_harness
 from tests.conftest import FIXTURES, SEED_RECIPE_ARGS, events, json_lines, run_cli
 from tests.runs import (

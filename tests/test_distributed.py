@@ -194,7 +194,7 @@ def test_only_the_chief_writes_to_the_output_directory_itself(tmp_path: Path) ->
 
 @pytest.mark.parametrize(("workers", "batch", "n"), [(2, 40, 240), (3, 7, 50), (4, 64, 100)])
 def test_shards_split_the_single_process_batch(workers: int, batch: int, n: int) -> None:
-    from app.data.order import batch_indices, batch_rows
+    from app.data.input.order import batch_indices, batch_rows
 
     for step in (0, 1, 5, 17):
         shards = [batch_rows(3, step, batch, n, workers, i) for i in range(workers)]

@@ -1,4 +1,5 @@
-"""The compiled fast path (app/data/_fastparse.c): built, exact, hands over what it can't take."""
+"""The compiled fast path (app/data/formats/textfile/_fastparse.c): built, exact, hands over what
+it can't take."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.data import textfile
-from app.data.textfile import fast as fast_path
+from app.data.formats import textfile
+from app.data.formats.textfile import blocks as fast_path
 
 fast = pytest.importorskip(
-    "app.data._fastparse", reason="app.data._fastparse is not built (no C compiler at install)"
+    "app.data.formats.textfile._fastparse",
+    reason="app.data.formats.textfile._fastparse is not built (no C compiler at install)",
 )
 
 

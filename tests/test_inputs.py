@@ -86,7 +86,7 @@ def _bad_case(name: str, data: Path) -> tuple[Path, list[str], str, str]:
     if name == "line_count_mismatch":
         path = data / "train_labels.txt"
         path.write_text("\n".join(path.read_text().splitlines()[:-1]) + "\n")
-        return path, [], ": ", f"3 label lines but {data / 'train_features.txt'} has 4 feature"
+        return path, [], ": ", f"3 label rows but {data / 'train_features.txt'} has 4 feature"
     if name == "width_not_h_times_w":
         return data / "train_features.txt", ["--width", "4"], ":1: ", "expected 8 fields (H×W"
     if name == "missing_file":

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.data import order
-from app.data.order import BLOCK_ROWS, WINDOW_STEPS, batch_indices, batch_rows, epoch_order
+from app.data.input import order
+from app.data.input.order import BLOCK_ROWS, WINDOW_STEPS, batch_indices, batch_rows, epoch_order
 
 
 def test_batches_depend_only_on_seed_and_step() -> None:

@@ -1,4 +1,5 @@
-"""Parallel conversion (app.data.parallel): byte ranges at line starts, parsed in several
+"""Parallel conversion (app.data.formats.textfile.parallel): byte ranges at line starts, parsed in
+several
 threads, give the bytes and the error messages of one pass, and leave no partial files.
 
 Ranges are forced small (``min_range_bytes``) so that small files are cut into several;
@@ -17,8 +18,9 @@ import numpy as np
 import pytest
 
 from app.config import TrainConfig
-from app.data import parallel, synthetic, textfile
-from app.data.textfile import fast
+from app.data import synthetic
+from app.data.formats import textfile
+from app.data.formats.textfile import blocks, parallel
 from app.errors import DataError, Preempted
 from tests.conftest import prepare_cache
 
@@ -283,7 +285,7 @@ def test_written_bytes_are_reported_and_can_stop_the_conversion(tmp_path: Path) 
 def test_without_the_compiled_parser_threads_give_the_same(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fast, "compiled", None)
+    monkeypatch.setattr(blocks, "compiled", None)
     src = tmp_path / "f.txt"
     src.write_bytes(lines_of(2000, 6) + b"\n\n")
     one = parallel.convert_file(src, tmp_path / "one.f32", width=6)

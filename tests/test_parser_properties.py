@@ -44,8 +44,8 @@ from hypothesis import strategies as st
 
 from app import cli
 from app.config import TrainConfig
-from app.data import parallel
-from app.data.sources import ROLES
+from app.data.formats.sources import ROLES
+from app.data.formats.textfile import parallel
 from app.training.inputs.load import load_data
 
 EXAMPLES = int(os.environ.get("CORETRAIN_HYPOTHESIS_EXAMPLES", "300"))

@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent(
     import numpy as np
     import tensorflow as tf
     from app.config import TrainConfig
-    from app.data import pipeline
+    from app.data.input import pipeline
     from tests.conftest import prepare_cache
 
     data, tmp = Path(sys.argv[1]), Path(sys.argv[2])
@@ -30,7 +30,7 @@ SCRIPT = textwrap.dedent(
     kw = dict(seed=3, batch_size=100, start_step=0, end_step=7)  # 700 of 240 rows: 3 epochs
     out = {"limit": pipeline.resident_limit(limit), "bytes": pipeline.split_bytes(c)}
     got = {}
-    from app.data import order, stream
+    from app.data.input import order, stream
     kw["stats"] = stream.Stats.of(c)
     rows = None
     if len(sys.argv) > 4:  # a subset of the training rows (e.g. a validation split held out)
@@ -127,7 +127,7 @@ def test_the_split_is_held_when_the_run_reads_it_more_than_once(
         import json, sys
         from pathlib import Path
         from app.config import TrainConfig
-        from app.data import pipeline
+        from app.data.input import pipeline
         from tests.conftest import prepare_cache
 
         data, tmp = Path(sys.argv[1]), Path(sys.argv[2])
@@ -160,7 +160,7 @@ RESUME = textwrap.dedent(
     from pathlib import Path
     import numpy as np
     from app.config import TrainConfig
-    from app.data import pipeline, stream
+    from app.data.input import pipeline, stream
     from tests.conftest import prepare_cache
 
     data, tmp = Path(sys.argv[1]), Path(sys.argv[2])

@@ -1,4 +1,4 @@
-"""What the start of a data file says before it is parsed (app/data/textfile/probes.py): the
+"""What the start of a data file says before it is parsed (app/data/formats/textfile/probes.py): the
 fields of its first line, counted as it is read 64 KiB at a time; its size in bytes and lines
 from its first MiB (a gzip file's size from its trailer)."""
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from app.data.textfile import files, first_line_fields, sample_lines
+from app.data.formats.textfile import first_line_fields, opener, sample_lines
 from app.errors import DataError
 
-BOM = files.BOM
+BOM = opener.BOM
 READ = 1 << 16  # probes._FIRST_LINE_READ
 
 
@@ -52,7 +52,7 @@ def test_a_first_line_may_be_max_line_bytes_long(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Reading stops once more than MAX_LINE_BYTES were read without a newline."""
-    monkeypatch.setattr(files, "MAX_LINE_BYTES", 2 * READ)
+    monkeypatch.setattr(opener, "MAX_LINE_BYTES", 2 * READ)
     path = tmp_path / "labels.txt"
     path.write_bytes(b"1" * (2 * READ) + b"\n")
     assert first_line_fields(path, 10) == 1

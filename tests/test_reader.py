@@ -1,10 +1,10 @@
-"""Reading a data file's lines (app/data/textfile/reader.py): whole lines in blocks, read
+"""Reading a data file's lines (app/data/formats/textfile/reader.py): whole lines in blocks, read
 as they are needed, through a buffer that moves and grows; the line limit at every read
 boundary; the buffers kept from call to call; the bytes read, reported as progress.
 
 The read and block sizes are 1 MiB and 64 MiB; tests that need a boundary inside a small
 file make them a few bytes (``reader._READ_BYTES``, ``reader._CHUNK_BYTES``), as the line
-limit is made 100 bytes (``files.MAX_LINE_BYTES``).
+limit is made 100 bytes (``opener.MAX_LINE_BYTES``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.data.textfile import Buffers, Span, fast, files, iter_chunks, numpy_path, reader
+from app.data.formats.textfile import Buffers, Span, blocks, iter_chunks, numpy_path, opener, reader
 from app.errors import DataError
 
 
@@ -61,7 +61,7 @@ def test_the_numpy_path_decodes_a_large_file_without_the_precise_path(
     big: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The blocks after the buffer moved keep whitespace in front of them."""
-    monkeypatch.setattr(fast, "compiled", None)
+    monkeypatch.setattr(blocks, "compiled", None)
     slowly = []
     real = numpy_path.parse_block_slowly
     monkeypatch.setattr(
@@ -86,7 +86,7 @@ def test_buffers_are_kept_and_reused_from_call_to_call(big: Path, tmp_path: Path
     for path, chunk_rows in calls:
         got = []
         for chunk in iter_chunks(path, chunk_rows=chunk_rows, buffers=buffers):
-            if fast.compiled is not None:  # its rows are the kept ones
+            if blocks.compiled is not None:  # its rows are the kept ones
                 assert buffers.rows is not None and np.shares_memory(chunk, buffers.rows)
             got.append(chunk.copy())
         lines = {small: 100, big: LINES, huge: 2 * LINES}[path]
@@ -254,7 +254,7 @@ LONG = b"0" * 99 + b"1"  # a line of exactly the limit (a number: 1)
 def test_a_line_may_be_max_line_bytes_long(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_bytes: int
 ) -> None:
-    monkeypatch.setattr(files, "MAX_LINE_BYTES", 100)
+    monkeypatch.setattr(opener, "MAX_LINE_BYTES", 100)
     monkeypatch.setattr(reader, "_READ_BYTES", read_bytes)
     path = tmp_path / "long.txt"
     path.write_bytes(LONG + b"\n" + b"7\n" * 30)
@@ -278,7 +278,7 @@ def test_a_line_may_be_max_line_bytes_long(
 def test_a_line_over_max_line_bytes_is_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: bytes, read_bytes: int, line: int
 ) -> None:
-    monkeypatch.setattr(files, "MAX_LINE_BYTES", 100)
+    monkeypatch.setattr(opener, "MAX_LINE_BYTES", 100)
     monkeypatch.setattr(reader, "_READ_BYTES", read_bytes)
     path = tmp_path / "long.txt"
     path.write_bytes(text)
@@ -293,9 +293,9 @@ def test_a_bom_is_whitespace_at_the_start_of_the_file_only(
     """Also when a later line starts where the buffer's data was moved to (reads of 4 bytes)."""
     monkeypatch.setattr(reader, "_READ_BYTES", 4)
     path = tmp_path / "bom.txt"
-    path.write_bytes(files.BOM + b"1\n2\n")
+    path.write_bytes(opener.BOM + b"1\n2\n")
     np.testing.assert_array_equal(_read_all(path, chunk_rows=1), [[1], [2]])
-    path.write_bytes(b"1\n" + files.BOM + b"2\n")
+    path.write_bytes(b"1\n" + opener.BOM + b"2\n")
     with pytest.raises(DataError) as caught:
         _read_all(path, chunk_rows=1)
     assert str(caught.value) == f"{path}:2: field 1: not a number: '\\xef\\xbb\\xbf2'"

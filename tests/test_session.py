@@ -1,6 +1,6 @@
 """The session's training input: the batches come from the training rows only.
 
-The validation rows (app/data/split.py) choose the exported step and the target loss: a
+The validation rows (app/data/input/split.py) choose the exported step and the target loss: a
 run whose batches also held them would report a validation RMSE on rows it trained on.
 tf.data and TensorFlow's thread pools are process-global: the input runs in a subprocess.
 """
@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent(
     import numpy as np
     import tensorflow as tf
     from app.config import TrainConfig
-    from app.data import split, stream
+    from app.data.input import split, stream
     from app.training import session
     from app.training.inputs.load import Inputs
     from tests.conftest import prepare_cache

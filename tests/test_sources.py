@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from app.data.sources import ROLES, find, fingerprint
+from app.data.formats.sources import ROLES, find, fingerprint
 from app.errors import ConfigError, DataError
 from tests.conftest import run_cli
 

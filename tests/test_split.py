@@ -1,11 +1,11 @@
-"""The validation split (app/data/split.py): deterministic by seed, disjoint, complete."""
+"""The validation split (app/data/input/split.py): deterministic by seed, disjoint, complete."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from app.data import split as split_lib
+from app.data.input import split as split_lib
 
 COUNTS = [(1000, 0.1, 100), (7, 0.1, 1), (3, 0.4, 1), (10, 0.0, 0), (1, 0.3, 0), (2, 0.49, 1)]
 

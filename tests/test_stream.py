@@ -1,4 +1,4 @@
-"""The streamed reader (app/data/stream.py) gives the order's rows, resumes exactly, shards.
+"""The streamed reader (app/data/input/stream.py) gives the order's rows, resumes exactly, shards.
 
 No TensorFlow: the reader is numpy and ``preadv`` on a real converted cache.
 """
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from app.config import TrainConfig
-from app.data import order, stream
 from app.data.cache import DataCache
+from app.data.input import order, stream
 from app.errors import StorageError
 from tests.conftest import prepare_cache
 

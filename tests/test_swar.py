@@ -1,4 +1,4 @@
-"""The SWAR kernel (app/data/textfile/swar.py): its tables, built once at import, and its
+"""The SWAR kernel (app/data/formats/textfile/swar.py): its tables, built once at import, and its
 decoders on fields laid out as the reader lays them out; tests/test_textfile.py checks the
 values they give through whole files."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.data.textfile import swar
-from app.data.textfile.reader import PAD
+from app.data.formats.textfile import swar
+from app.data.formats.textfile.reader import PAD
 
 
 @pytest.mark.parametrize("nbytes", [8, 16])

@@ -24,13 +24,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.data.textfile import (
+from app.data.formats.textfile import (
     Span,
-    fast,
-    files,
+    blocks,
     is_gzip,
     iter_chunks,
     numpy_path,
+    opener,
     parse_field,
     precise,
     probes,
@@ -85,10 +85,12 @@ BAD: dict[str, tuple[str, dict]] = {
 @pytest.fixture(autouse=True, params=["compiled", "numpy"])
 def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every test runs with the compiled fast path (when built) and with the numpy path alone."""
-    if request.param == "compiled" and fast.compiled is None:
-        pytest.skip("app.data._fastparse is not built (no C compiler at install time)")
+    if request.param == "compiled" and blocks.compiled is None:
+        pytest.skip(
+            "app.data.formats.textfile._fastparse is not built (no C compiler at install time)"
+        )
     if request.param == "numpy":
-        monkeypatch.setattr(fast, "compiled", None)
+        monkeypatch.setattr(blocks, "compiled", None)
     return request.param
 
 
@@ -203,8 +205,8 @@ class _BadDisk:
 def test_an_io_failure_while_reading_names_the_file(tmp_path: Path) -> None:
     path = str(tmp_path / "train_features.txt")
     for call in (
-        lambda: files.read_into(_BadDisk(), memoryview(bytearray(8)), path),  # type: ignore[arg-type]
-        lambda: files.seek(_BadDisk(), 4, path),  # type: ignore[arg-type]
+        lambda: opener.read_into(_BadDisk(), memoryview(bytearray(8)), path),  # type: ignore[arg-type]
+        lambda: opener.seek(_BadDisk(), 4, path),  # type: ignore[arg-type]
         lambda: probes._gzip_isize(_BadDisk(), 100, path),  # type: ignore[arg-type]
         lambda: probes._gzip_isize(_BadDisk(seeks=True), 100, path),  # type: ignore[arg-type]
     ):
@@ -227,7 +229,7 @@ def test_a_failing_seek_past_the_start_names_the_file(
 ) -> None:
     """To a gzip file's trailer (its size, sampled) and to the start of a span."""
     monkeypatch.setattr(
-        files, "open", lambda path, mode: _SeeksOnlyToTheStart(io.FileIO(path)), raising=False
+        opener, "open", lambda path, mode: _SeeksOnlyToTheStart(io.FileIO(path)), raising=False
     )
     packed = tmp_path / "train_features.txt.gz"
     packed.write_bytes(gzip.compress(lines_of(100, 4)))
@@ -290,7 +292,7 @@ def test_corrupt_gzip(tmp_path: Path) -> None:
 
 
 def test_line_longer_than_the_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(files, "MAX_LINE_BYTES", 100)
+    monkeypatch.setattr(opener, "MAX_LINE_BYTES", 100)
     path = tmp_path / "long.txt"
     path.write_bytes(b"1 2\n" + b"3 " * 60 + b"\n")
     with pytest.raises(DataError) as caught:
@@ -917,7 +919,7 @@ def test_parse_field_grammar(token: bytes, value: float | None) -> None:
 
 def test_textfile_does_not_import_tensorflow() -> None:
     code = (
-        "import sys, app.data.textfile as t; "
+        "import sys, app.data.formats.textfile as t; "
         "list(t.iter_chunks(sys.argv[1])); "
         "assert 'tensorflow' not in sys.modules, 'tensorflow imported'"
     )

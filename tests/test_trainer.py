@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from app.config import RecipeConfig, TrainConfig
-from app.data import pipeline
-from app.data import split as split_lib
+from app.data.input import pipeline
+from app.data.input import split as split_lib
 from app.training.loop import recipe
 from app.training.loop.replicas import Replicas
 from app.training.loop.trainer import Trainer

@@ -1,4 +1,4 @@
-"""Choosing the exported model on data it was not tested on (app/data/split.py,
+"""Choosing the exported model on data it was not tested on (app/data/input/split.py,
 app/training/state/best.py, app/training/run.py), with the real CLI on a tiny set.
 
 * the exported weights are the best validated step's checkpoint, and metrics.json says

@@ -2,11 +2,12 @@
 
 The model is a run's ``model/`` (its ``saved_model/``), one published version (a
 directory with ``saved_model.pb``) or a publish directory (its newest version). The
-features file is read in the training format (plain or gzip, the same ``file:line``
-errors), ``--batch-size`` lines at a time, so memory is bounded by a batch, not the file;
-each batch goes through the SavedModel's ``serve`` signature (raw features in, raw-scale
-labels out). The output is written to a temporary name and renamed when complete.
-Import it after :func:`app.budget.apply.apply` (it imports TensorFlow).
+features file is read in any of the training formats, recognised by its content (text
+plain or gzip with the same ``file:line`` errors, .npy, or an array of a .npz or HDF5
+file: app/data/formats/detect.py), ``--batch-size`` rows at a time, so memory is bounded
+by a batch, not the file; each batch goes through the SavedModel's ``serve`` signature
+(raw features in, raw-scale labels out). The output is written to a temporary name and
+renamed when complete. Import it after :func:`app.budget.apply.apply` (it imports TensorFlow).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import tensorflow as tf
 
 from app import logs
 from app.config import PredictConfig
-from app.data import textfile
+from app.data.formats.base import Shape
+from app.data.formats.detect import features_array
 from app.errors import StorageError
 from app.release.layout import resolve_model
 
@@ -46,12 +48,9 @@ def predict(config: PredictConfig) -> dict[str, Any]:
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as sink:
-            for chunk in textfile.iter_chunks(
-                config.features,
-                width=width,
-                allow_nonfinite=config.allow_nonfinite,
-                chunk_rows=config.batch_size,
-                width_hint=f"the model takes {width} features",
+            shape = Shape(width, f"the model takes {width} features")
+            for chunk in features_array(config.features).chunks(
+                shape, config.allow_nonfinite, chunk_rows=config.batch_size
             ):
                 out = next(iter(served(tf.constant(chunk)).values())).numpy().astype(np.float32)
                 rows, outputs = rows + len(out), out.shape[1]

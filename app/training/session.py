@@ -209,8 +209,8 @@ def _train_input(
     start: int,
 ) -> Any:  # fmt: skip
     """The batches of the training rows from ``start`` on, resident or streamed as measured
-    (app/data/pipeline.py ``choose_input``): the ``input`` event."""
-    from app.data import order, pipeline
+    (app/data/input/pipeline.py ``choose_input``): the ``input`` event."""
+    from app.data.input import order, pipeline
 
     data, rows = inputs.data, inputs.rows.train
     steps = config.schedule.max_steps - start

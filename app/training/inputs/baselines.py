@@ -14,7 +14,7 @@ import numpy as np
 
 from app import logs
 from app.data.cache import DataCache
-from app.data.split import Split
+from app.data.input.split import Split
 from app.training.inputs import linear
 
 

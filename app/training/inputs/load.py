@@ -4,7 +4,7 @@ split and the baselines.
 The text files are parsed once into the binary cache (or the cache is reused) and checked,
 so bad input fails in a fraction of a second with one line (exit 3); the run's expected
 peak memory is compared with the memory limit (exit 8); the validation rows are drawn by
-seed (app/data/split.py) and the baselines fitted (app/training/inputs/baselines.py). No
+seed (app/data/input/split.py) and the baselines fitted (app/training/inputs/baselines.py). No
 TensorFlow here.
 """
 
@@ -21,9 +21,9 @@ from app.budget.memory import MIB
 from app.budget.plan import ThreadPlan
 from app.config import TrainConfig
 from app.data import cache as cache_lib
-from app.data import split as split_lib
-from app.data.sources import ROLES, Sources, find
-from app.data.split import Split
+from app.data.formats.sources import ROLES, Sources, find, in_container
+from app.data.input import split as split_lib
+from app.data.input.split import Split
 from app.errors import DataError
 from app.training.inputs import baselines, peak_memory
 
@@ -48,17 +48,17 @@ def complete(config: TrainConfig, plan: ThreadPlan, data: cache_lib.DataCache) -
 
 
 def sources(config: TrainConfig) -> Sources:
-    """The data files (found in ``config.data.data_dir``: app/data/sources.py) and the parse
-    settings of ``config``. Raises DataError (a missing file), ConfigError (two
-    candidates for one role)."""
-    return Sources(
-        paths={
-            role: find(config.data.data_dir, role, getattr(config.data, role)) for role in ROLES
-        },
-        height=config.data.height,
-        width=config.data.width,
-        allow_nonfinite=config.data.allow_nonfinite,
-    )
+    """The data files (found in the directory ``config.data.data_dir``, or its four arrays
+    when it is a .npz or HDF5 file: app/data/formats/sources.py) and the parse settings of
+    ``config``. Raises DataError (a missing file), ConfigError (two candidates for one
+    role)."""
+    given = config.data
+    data, names = given.data_dir, {role: getattr(given, role) for role in ROLES}
+    if data.is_file():
+        paths, members = dict.fromkeys(ROLES, data), in_container(data, names)
+    else:
+        paths, members = {role: find(data, role, names[role]) for role in ROLES}, {}
+    return Sources(paths, given.height, given.width, given.allow_nonfinite, members=members)
 
 
 def load_data(
@@ -73,7 +73,7 @@ def load_data(
     Large files are parsed in as many threads as TensorFlow gets intra-op threads.
     ``below``: the directory the operator named that ``cache_dir`` lies in (the
     workspace's ``cache_top``). Raises DataError for bad input (InputTooLarge past the
-    cache's bound: app/data/bounds.py), and when NaN/Inf values (let in by
+    cache's bound: app/data/cache/bounds.py), and when NaN/Inf values (let in by
     --allow-nonfinite) make the standardisation statistics non-finite.
     """
     found = sources(config)
@@ -89,7 +89,7 @@ def load_data(
         ):
             if not all(np.isfinite(s).all() for s in stats):
                 raise DataError(
-                    f"{found.path(role)}: NaN/Inf values (allowed by --allow-nonfinite) "
+                    f"{found.label(role)}: NaN/Inf values (allowed by --allow-nonfinite) "
                     "make the standardisation statistics NaN/Inf; train with --no-standardize, "
                     "or remove them"
                 )

@@ -39,12 +39,12 @@ HEAP = 270 * MIB
 CODE = 460 * MIB
 BASE = HEAP + CODE
 #: While a split is put in memory: the variables it is written into (the chunks on the
-#: way are in BASE's margin; app/data/pipeline.py load_resident).
+#: way are in BASE's margin; app/data/input/pipeline.py load_resident).
 RESIDENT_SETUP_COPIES = 1
 #: Copies of a split held in memory while training: once, in the variables.
 RESIDENT_COPIES = 1
 #: Batches held when the split is read from the file: two chunks of 8 steps' rows (the one
-#: gathered from, the one being read: app/data/stream.py CHUNKS_HELD × app/data/order.py
+#: gathered from, the one being read: app/data/input/stream.py CHUNKS_HELD × app/data/input/order.py
 #: WINDOW_STEPS), and 5 batches in flight (prefetch 2, 2 parallel gathers, the step's).
 STREAMED_BATCHES = 2 * 8 + 5
 #: Bytes per sample of a batch, per feature value and per output: activations, their

@@ -3,7 +3,7 @@
 One step of worker i of N (N = 1 for one process), batch B per worker:
 
 * the worker's rows are positions ``i::N`` of the single-process batch of N·B samples
-  (:func:`app.data.order.batch_rows`), standardised with the training statistics;
+  (:func:`app.data.input.order.batch_rows`), standardised with the training statistics;
 * dropout keeps the same rows of the single-process mask of the N·B batch, drawn from
   (seed, step) (:func:`app.model.dropout`);
 * the loss is the RMSE over the *global* batch plus the weight decay: the workers

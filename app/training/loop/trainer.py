@@ -19,10 +19,10 @@ import numpy as np
 import tensorflow as tf
 
 from app.config import RecipeConfig
-from app.data import pipeline, stream
-from app.data import split as split_lib
 from app.data.cache import DataCache
-from app.data.split import Split
+from app.data.input import pipeline, stream
+from app.data.input import split as split_lib
+from app.data.input.split import Split
 from app.training.loop.replicas import Replicas
 from app.training.loop.step import Computed, TrainStep
 

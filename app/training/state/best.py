@@ -1,6 +1,6 @@
 """The best validated step: its weights kept beside the checkpoints, exported at the end.
 
-With a validation split (app/data/split.py) every evaluation offers its step; one whose
+With a validation split (app/data/input/split.py) every evaluation offers its step; one whose
 validation RMSE is below the best so far is written as ``checkpoints/best-<step>``
 (``tf.train.Checkpoint.write`` of the model's variables, the step and the RMSE: a file
 that says what it is), and the older ``best-*`` files are removed after it. At the end the

@@ -1,22 +1,22 @@
 """The binary data cache: the text files parsed once into raw float32 arrays.
 
 :func:`prepare` is the entry: it reuses the verified cache of the sources when there is
-one, else checks the bounds (app/data/bounds.py: the label columns and the cache's
+one, else checks the bounds (app/data/cache/bounds.py: the label columns and the cache's
 estimated size) and converts. The cache's ``key`` hashes what the source files are (size,
-modification time and a sample of their bytes: app/data/sources.py), not where they are,
+modification time and a sample of their bytes: app/data/formats/sources.py), not where they are,
 plus the parse settings: an unchanged data set is reused wherever it is mounted, a
 changed one is converted again.
 
 The parts, each in its module:
 
-* app/data/cache_store.py -- the layout on disk, :class:`DataCache`, the digests and
+* app/data/cache/store.py -- the layout on disk, :class:`DataCache`, the digests and
   reading a cache back verified;
-* app/data/cache_workdir.py -- the work directory a conversion is built in: claimed, renamed
+* app/data/cache/workdir.py -- the work directory a conversion is built in: claimed, renamed
   into place, kept for resuming, removed when dead;
-* app/data/cache_marker.py -- what proves an entry is coretrain's, and the lock a run holds
+* app/data/cache/marker.py -- what proves an entry is coretrain's, and the lock a run holds
   on the cache it uses;
-* app/data/cache_evict.py -- several data sets side by side: which caches go, and when;
-* app/data/cache_convert.py -- the conversion itself: each file, the statistics, the
+* app/data/cache/evict.py -- several data sets side by side: which caches go, and when;
+* app/data/cache/convert.py -- the conversion itself: each file, the statistics, the
   manifest, progress.
 
 Never imports TensorFlow.
@@ -34,9 +34,9 @@ from typing import IO
 
 from app import logs
 from app.atomic import Dir, open_dir
-from app.data import bounds, cache_convert, cache_marker
-from app.data.cache_evict import Keep, evict
-from app.data.cache_store import (
+from app.data.cache import bounds, convert, marker
+from app.data.cache.evict import Keep, evict
+from app.data.cache.store import (
     FORMAT_VERSION,
     HELD_FD_ENV,
     Corrupt,
@@ -44,8 +44,8 @@ from app.data.cache_store import (
     corrupt_event,
     load,
 )
-from app.data.cache_workdir import OWNER, PARTIAL, claim, leave, remove_stale, swap_in
-from app.data.sources import ROLES, Sources, fingerprint
+from app.data.cache.workdir import OWNER, PARTIAL, claim, leave, remove_stale, swap_in
+from app.data.formats.sources import ROLES, Sources, fingerprint
 from app.errors import Preempted, StorageError
 
 __all__ = ["OWNER", "PARTIAL", "DataCache", "Keep", "prepare", "source_key"]
@@ -60,13 +60,14 @@ def prepare(
     max_bytes: int | None = None,
     keep: Keep | None = None,
 ) -> DataCache:
-    """Return the cache of ``sources`` in ``cache_dir``, converting the text files if needed.
+    """Return the cache of ``sources`` in ``cache_dir``, converting the data if needed.
 
     ``threads``: threads that parse a large plain-text file, each a byte range of it at
-    a time (:mod:`app.data.parallel`); the caller sizes it from the CPU budget. 1 reads
+    a time (:mod:`app.data.formats.textfile.parallel`); the caller sizes it from the CPU budget. 1
+    reads
     each file in one pass. ``below``: the directory the operator named that ``cache_dir``
     lies in (app/atomic.py's ``open_dir``; default ``cache_dir`` itself). ``max_bytes``:
-    ``--max-cache-bytes`` (app/data/bounds.py; None: the free space alone bounds it).
+    ``--max-cache-bytes`` (app/data/cache/bounds.py; None: the free space alone bounds it).
 
     ``stop`` is polled between chunks; when it returns True the files already converted
     are kept for the next run (in ``.partial-<key>``) and Preempted is raised. Raises
@@ -79,7 +80,7 @@ def prepare(
     released or the process ends: no other run evicts it meanwhile. Then the directory is
     tidied: work directories of dead conversions are removed, and the caches of other
     data sets beyond ``keep`` (``--cache-keep``, ``--cache-keep-bytes``; None: the
-    defaults) by the rule of app/data/cache_evict.py; only entries with coretrain's
+    defaults) by the rule of app/data/cache/evict.py; only entries with coretrain's
     marker, never anything else.
     Two runs converting the same data into a shared cache directory at once both succeed:
     the second works in a private directory, and its rename finds the first one's complete
@@ -89,7 +90,7 @@ def prepare(
     with open_dir(Path(cache_dir), "cache directory", below=below) as root:
         cache = _reuse(root, key)
         if cache is None:
-            k = bounds.label_width(sources.path("train_labels"))
+            k = bounds.label_width(sources)
             _check_size(root, key, sources, k, max_bytes)
             cache = _build(root, key, sources, k, stop, threads, max_bytes)
         _drop_inherited(cache)
@@ -121,7 +122,7 @@ def _reuse(root: Dir, key: str) -> DataCache | None:
     final = root.path / key
     if not root.is_dir(key):
         return None
-    held, adopted = cache_marker.hold(root, key), False
+    held, adopted = marker.hold(root, key), False
     if held is None:
         held = _adopt(root, key)
         adopted = held is not None
@@ -132,7 +133,7 @@ def _reuse(root: Dir, key: str) -> DataCache | None:
     except Corrupt as exc:
         held.close()
         corrupt_event(final / str(exc.args[0]), "the cached file")
-        if cache_marker.remove_if_unused(root, key):
+        if marker.remove_if_unused(root, key):
             return None
         raise StorageError(
             f"{final}: data cache does not match its digests and another run is using it; "
@@ -147,7 +148,7 @@ def _adopt(root: Dir, key: str) -> IO[bytes] | None:
     when its manifest's digests verify (the key names exactly these data and settings);
     None when it is gone. Raises StorageError when it is something else: not coretrain's
     to remove, and in the way of the cache."""
-    if cache_marker.owned(root, key) is not None or not root.is_dir(key):
+    if marker.owned(root, key) is not None or not root.is_dir(key):
         return None  # marked (removed while waiting for the lock), or gone
     with root.sub(key, "data cache", create=False) as d:
         if not d.names():
@@ -157,15 +158,15 @@ def _adopt(root: Dir, key: str) -> IO[bytes] | None:
     except Corrupt:
         raise StorageError(
             f"{root.path / key}: in the way of the data cache and not coretrain's (no "
-            f"{cache_marker.MARKER} marker, no verified cache): move it away"
+            f"{marker.MARKER} marker, no verified cache): move it away"
         ) from None
     with root.sub(key, "data cache", create=False) as d:
-        cache_marker.write(d, cache_marker.CACHE, key)
+        marker.write(d, marker.CACHE, key)
     logs.event(
         "cache", f"{root.path / key}: an earlier coretrain's cache, verified and marked",
         path=str(root.path / key), adopted=True,
     )  # fmt: skip
-    return cache_marker.hold(root, key)
+    return marker.hold(root, key)
 
 
 def _check_size(root: Dir, key: str, sources: Sources, k: int, max_bytes: int | None) -> None:
@@ -190,19 +191,19 @@ def _build(
     resumed = [role for role in ROLES if work.is_file(f"{role}.json")]
     logs.event(
         "cache",
-        f"converting text data into {final}"
+        f"converting the data into {final}"
         + (f" (resuming: {', '.join(resumed)} already done)" if resumed else ""),
         path=str(final),
         reused=False,
         resumed=resumed,
     )
     keep = ""  # what is kept of a resumable work directory: "finished" files, or "all"
-    progress = cache_convert.Progress(sum(sources.path(role).stat().st_size for role in ROLES))
+    progress = convert.Progress(sum(sources.array(role).size for role in ROLES))
     guard = bounds.Guard(bounds.bound(root.path, max_bytes))
     resumable = work.path.name.startswith(PARTIAL)
     try:
-        run = cache_convert.Run(sources, work, k, threads, stop, progress, guard)
-        manifest = cache_convert.convert(run)
+        run = convert.Run(sources, work, k, threads, stop, progress, guard)
+        manifest = convert.convert(run)
         swap_in(root, work, key)
     except Preempted:
         keep = "finished" if resumable else ""  # the finished files wait for the next run
@@ -216,7 +217,7 @@ def _build(
         leave(root, work, keep)
         work.close()
         owner.close()
-    held = cache_marker.hold(root, key)
+    held = marker.hold(root, key)
     if held is None:
         raise StorageError(f"{final}: the data cache was removed as soon as it was made")
     logs.event(
@@ -231,8 +232,10 @@ def _build(
 
 
 def source_key(sources: Sources) -> str:
-    """Hash of what the sources are (:func:`app.data.sources.fingerprint` of each file)
+    """Hash of what the sources are (:func:`app.data.formats.sources.fingerprint` of each file)
     and the parse settings. Raises DataError naming a missing or unreadable file."""
     parts: list[object] = [FORMAT_VERSION, sources.height, sources.width, sources.allow_nonfinite]
     parts += [fingerprint(sources.path(role)) for role in ROLES]
+    if sources.members:  # the arrays of a container (a text data set's key is unchanged)
+        parts.append([sources.members.get(role) for role in ROLES])
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]

@@ -13,25 +13,25 @@ Values are exactly what numpy gives for the text: the decimal is rounded once to
 
 The modules, from the file to the values (no Python per field on the happy path):
 
-* :mod:`~app.data.textfile.files` -- opening a file, plain or gzip; I/O errors; line limit;
-* :mod:`~app.data.textfile.probes` -- what a file's start says: gzip, first line, size;
-* :mod:`~app.data.textfile.reader` -- whole lines read in blocks into a padded buffer;
-* :mod:`~app.data.textfile.chunks` -- :func:`iter_chunks`: the blocks parsed, in order;
-* :mod:`~app.data.textfile.fast` -- a block: the compiled parser, then the numpy path;
-* :mod:`~app.data.textfile.numpy_path` -- a block split into fields and decoded by numpy;
-* :mod:`~app.data.textfile.swar` -- the SWAR kernel decoding many fields at once;
-* :mod:`~app.data.textfile.precise` -- one field at a time, and every error message.
+* :mod:`~app.data.formats.textfile.opener` -- opening a file, plain or gzip; I/O errors; line limit;
+* :mod:`~app.data.formats.textfile.probes` -- what a file's start says: gzip, first line, size;
+* :mod:`~app.data.formats.textfile.reader` -- whole lines read in blocks into a padded buffer;
+* :mod:`~app.data.formats.textfile.chunks` -- :func:`iter_chunks`: the blocks parsed, in order;
+* :mod:`~app.data.formats.textfile.blocks` -- a block: the compiled parser, then the numpy path;
+* :mod:`~app.data.formats.textfile.numpy_path` -- a block split into fields and decoded by numpy;
+* :mod:`~app.data.formats.textfile.swar` -- the SWAR kernel decoding many fields at once;
+* :mod:`~app.data.formats.textfile.precise` -- one field at a time, and every error message.
 
 No TensorFlow here (docs/architecture.md: data.textfile never imports it).
 """
 
 from __future__ import annotations
 
-from app.data.textfile.chunks import Span, iter_chunks
-from app.data.textfile.files import MAX_LINE_BYTES
-from app.data.textfile.precise import parse_field
-from app.data.textfile.probes import first_line_fields, is_gzip, sample_lines
-from app.data.textfile.reader import Buffers
+from app.data.formats.textfile.chunks import Span, iter_chunks
+from app.data.formats.textfile.opener import MAX_LINE_BYTES
+from app.data.formats.textfile.precise import parse_field
+from app.data.formats.textfile.probes import first_line_fields, is_gzip, sample_lines
+from app.data.formats.textfile.reader import Buffers
 
 __all__ = [
     "MAX_LINE_BYTES",

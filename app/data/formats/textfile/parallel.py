@@ -2,7 +2,7 @@
 
 A plain-text file is cut into byte ranges that begin at line starts (:func:`split_lines`,
 a few per thread). A first pass counts each range's lines (a newline count, ~GB/s); then
-each range is parsed by :func:`app.data.textfile.iter_chunks` and its rows are written
+each range is parsed by :func:`app.data.formats.textfile.iter_chunks` and its rows are written
 straight into the destination (``pwrite``) from the row its first line will have: a valid
 file has one row per line, blank lines only at its end. Ranges are handed out one at a
 time through a shared counter, and the calling thread works too, so a thread on a busier
@@ -11,7 +11,8 @@ column sums used for the statistics are added in another order (equal to float64
 rounding).
 
 Threads, not processes: the parse itself runs in compiled code that releases the GIL
-(:mod:`app.data._fastparse`; as do file reads, writes and numpy's reductions), so threads
+(:mod:`app.data.formats.textfile._fastparse`; as do file reads, writes and numpy's reductions), so
+threads
 parse in parallel without a worker process to start (a fresh interpreter importing numpy
 costs ~0.3 CPU-s, as much as parsing 60 MB) or to watch. Without the compiled parser the
 numpy path holds the GIL more, and more threads gain less.
@@ -27,7 +28,7 @@ gzip files are read in one pass: a compressed stream can't be entered in the mid
 
 Stop requests and failures: every thread polls ``stop`` and a shared halt flag between
 chunks; on a stop request or an error (the ``written`` callback's included: the cache's
-size bound, app/data/bounds.py) every thread abandons its range at the next chunk, the
+size bound, app/data/cache/bounds.py) every thread abandons its range at the next chunk, the
 calling thread waits for them, removes the destination, and raises. The destination is a
 new file (``O_CREAT | O_EXCL | O_NOFOLLOW``): an existing name or a planted symlink is
 never written through.
@@ -48,8 +49,9 @@ from typing import Any
 import numpy as np
 
 from app.atomic import FILE_MODE
-from app.data import textfile
-from app.data.textfile import fast, files
+from app.data.formats import textfile
+from app.data.formats.base import Converted
+from app.data.formats.textfile import blocks, opener
 from app.errors import DataError, InputTooLarge, Preempted
 
 __all__ = [
@@ -69,22 +71,6 @@ MIN_RANGE_BYTES = 4 << 20
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _SCAN_BYTES = 1 << 16  # read at a time when looking for the end of a line
 _COUNT_BYTES = 1 << 20  # read at a time when counting lines
-
-
-@dataclass(frozen=True)
-class Converted:
-    """What :func:`convert_file` wrote: ``rows`` samples of ``width`` float32 values.
-
-    ``sums`` / ``sums_sq``: float64 column sums of the values and of their squares,
-    shape (width,). ``threads``: threads that parsed (1 for one pass); ``ranges``: byte
-    ranges the file was cut into (1 for one pass).
-    """
-
-    rows: int
-    sums: np.ndarray
-    sums_sq: np.ndarray
-    threads: int
-    ranges: int
 
 
 def split_lines(
@@ -115,7 +101,7 @@ def split_lines(
     except FileNotFoundError:
         raise DataError(f"{name}: no such file") from None
     except OSError as exc:
-        raise files.cannot_read(name, exc) from None
+        raise opener.cannot_read(name, exc) from None
     return list(zip(cuts, [*cuts[1:], size], strict=True))
 
 
@@ -155,7 +141,7 @@ def convert_file(
     gzip files and files under ``2 * min_range_bytes``, default :data:`MIN_RANGE_BYTES`);
     the caller sizes it from the CPU budget (:attr:`app.budget.plan.ThreadPlan.intra_op_threads`).
     ``stop`` is polled between chunks of 512 lines, by every thread. ``width_hint`` and
-    ``allow_nonfinite`` as in :func:`app.data.textfile.iter_chunks`. ``progress`` is called
+    ``allow_nonfinite`` as in :func:`app.data.formats.textfile.iter_chunks`. ``progress`` is called
     with the bytes of ``src`` parsed since its last call, from any of the threads (it must
     be thread-safe); ``written`` likewise with the bytes of ``dst`` written by each chunk,
     and it may raise to stop the conversion. ``dir_fd``: a directory descriptor ``dst``'s
@@ -203,7 +189,7 @@ class _Result:
     """One range (or the whole file) parsed: how it went and what it held.
 
     ``status``: "ok", "data_error" (parse it again to get the message) or "stopped".
-    ``lines``, ``rows``, ``blank_line`` as in :class:`app.data.textfile.Span` (numbered
+    ``lines``, ``rows``, ``blank_line`` as in :class:`app.data.formats.textfile.Span` (numbered
     from the range's first line).
     """
 
@@ -223,7 +209,7 @@ def _write_rows(
     buffers: textfile.Buffers,
 ) -> _Result:
     """Parse ``job.src`` (or its span) into the open file ``f``; DataError only without a
-    span. ``buffers``: the calling thread's (see :class:`app.data.textfile.Buffers`)."""
+    span. ``buffers``: the calling thread's (see :class:`app.data.formats.textfile.Buffers`)."""
     rows, width = 0, job.width
     total = np.zeros(width, np.float64)
     total_sq = np.zeros(width, np.float64)
@@ -238,8 +224,8 @@ def _write_rows(
             if job.written is not None:
                 job.written(chunk.nbytes)
             f.write(chunk.data)
-            if fast.compiled is not None:  # the same sums, without holding the GIL
-                fast.compiled.add_column_sums(chunk, width, total, total_sq)
+            if blocks.compiled is not None:  # the same sums, without holding the GIL
+                blocks.compiled.add_column_sums(chunk, width, total, total_sq)
             else:  # float64 sums without a float64 copy of the chunk
                 total += chunk.sum(axis=0, dtype=np.float64)
                 total_sq += np.einsum("ij,ij->j", chunk, chunk, dtype=np.float64)
@@ -344,8 +330,8 @@ def _count_lines(src: str, start: int, stop: int, last: bool, buf: memoryview) -
     """Lines in bytes [start, stop) of ``src``: newlines, plus an unterminated last line.
     ``buf``: where to read, _COUNT_BYTES long."""
     count_newlines = (
-        fast.compiled.count_newlines
-        if fast.compiled is not None
+        blocks.compiled.count_newlines
+        if blocks.compiled is not None
         else lambda b: int(np.count_nonzero(np.frombuffer(b, np.uint8) == 10))
     )
     lines, pos, tail = 0, start, b"\n"

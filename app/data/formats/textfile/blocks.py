@@ -1,11 +1,12 @@
 """The fast path of a block of lines: the compiled parser takes what it can, the numpy path
 the rest.
 
-The compiled parser (:mod:`app.data._fastparse`, built from ``app/data/_fastparse.c`` by
+The compiled parser (:mod:`app.data.formats.textfile._fastparse`, built from
+``app/data/formats/textfile/_fastparse.c`` by
 setup.py where a C compiler is present) parses whole lines of plain decimals straight into
 float32 rows and stops at the first line it can't take (another number of fields, a blank
 line, a field that is not a plain decimal, nan/inf, a value outside its exact range); the
-numpy path (:mod:`app.data.textfile.numpy_path`) parses the block from that line on. Both
+numpy path (:mod:`app.data.formats.textfile.numpy_path`) parses the block from that line on. Both
 give the same values, and the errors are the precise path's. Without the compiled module
 the numpy path parses every block.
 """
@@ -16,14 +17,15 @@ from types import ModuleType
 
 import numpy as np
 
-from app.data.textfile import numpy_path
-from app.data.textfile.precise import State
+from app.data.formats.textfile import numpy_path
+from app.data.formats.textfile.precise import State
 
-#: The compiled fast path (:mod:`app.data._fastparse`); None: the numpy path alone. Also
-#: what app/data/parallel.py counts newlines and sums columns with.
+#: The compiled fast path (:mod:`app.data.formats.textfile._fastparse`); None: the numpy
+#: path alone. Also what app/data/formats/textfile/parallel.py counts newlines and sums
+#: columns with.
 compiled: ModuleType | None
 try:
-    from app.data import _fastparse as compiled
+    from app.data.formats.textfile import _fastparse as compiled
 except ImportError:  # no compiler at install time: the numpy path alone
     compiled = None
 
@@ -33,7 +35,7 @@ def parse_block(
 ) -> np.ndarray:
     """The samples of the lines ``u[begin:ends[-1]]`` as float32 (rows, width).
 
-    ``u``: the reader's buffer (:func:`app.data.textfile.reader.read_blocks`);
+    ``u``: the reader's buffer (:func:`app.data.formats.textfile.reader.read_blocks`);
     ``first_line``: the number of the line at ``begin``; ``ends``: offsets just past each
     line. The compiled parser, when built, takes the lines it can, all of them in a
     well-formed file of plain decimals; the numpy path parses the rest from the first line

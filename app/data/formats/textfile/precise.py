@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.data.textfile.reader import Buffers
+from app.data.formats.textfile.reader import Buffers
 from app.errors import DataError
 
 _SHOWN = 24  # characters of an offending field quoted in a message (a float has fewer)

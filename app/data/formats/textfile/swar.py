@@ -8,10 +8,10 @@ mantissa ``m <= 2**53`` times ``10**k`` with ``|k| <= 22`` is one correctly roun
 operation, both operands being exact (Clinger's fast path: W. D. Clinger, "How to read
 floating point numbers accurately", PLDI 1990), then rounded to float32: the value numpy
 gives for the text. Fields outside that range are marked ``slow`` for the caller
-(:mod:`app.data.textfile.numpy_path`) to decode otherwise.
+(:mod:`app.data.formats.textfile.numpy_path`) to decode otherwise.
 
 The bytes are a uint8 buffer ``u`` (8-aligned, with padding before and after the data:
-:mod:`app.data.textfile.reader`) and ``words``, the same buffer viewed as uint64; fields
+:mod:`app.data.formats.textfile.reader`) and ``words``, the same buffer viewed as uint64; fields
 are given by their start and end offsets in it.
 """
 

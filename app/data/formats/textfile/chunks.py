@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.data.textfile import fast
-from app.data.textfile.precise import State
-from app.data.textfile.reader import Buffers, read_blocks
+from app.data.formats.textfile import blocks
+from app.data.formats.textfile.precise import State
+from app.data.formats.textfile.reader import Buffers, read_blocks
 from app.errors import DataError
 
 
@@ -19,7 +19,7 @@ from app.errors import DataError
 class Span:
     """A part of a plain-text file, bytes ``[start, stop)``, that begins at a line start.
 
-    For parsing one file in several threads (:mod:`app.data.parallel`). Set by the
+    For parsing one file in several threads (:mod:`app.data.formats.textfile.parallel`). Set by the
     caller: ``start`` / ``stop`` byte offsets (``stop`` None: to the end of the file);
     ``first_line``, the 1-based number of the line at ``start``; ``blank_line``, the
     first line of the run of blank lines that ends just before ``start`` (None when the
@@ -87,7 +87,7 @@ def iter_chunks(
         state.path, chunk_rows, part.start, part.stop, part.first_line, buffers, progress
     ):
         next_line = first_line + len(ends)
-        values = fast.parse_block(state, buf, begin, first_line, ends)
+        values = blocks.parse_block(state, buf, begin, first_line, ends)
         if len(values):
             state.rows += len(values)
             part.rows = state.rows

@@ -12,8 +12,9 @@ multi-member file, or 4 GiB and more: it holds the size modulo 2**32) and first 
 be longer than the rest, a :class:`Guard` also counts the bytes written and stops the
 conversion as soon as they pass the bound (exit 3; the file's partial array is removed).
 
-Label columns are bounded too (:data:`MAX_OUTPUTS`), checked on the first line of the
-training labels before anything else is read.
+Label columns are bounded too (:data:`MAX_OUTPUTS`), checked on the first line (or the
+header) of the training labels before anything else is read. An array read in place
+(app/data/formats/base.py, ``Place``) adds nothing to the cache: its estimate is 0.
 """
 
 from __future__ import annotations
@@ -24,49 +25,35 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.atomic import file_system
-from app.data import textfile
-from app.data.sources import Sources
-from app.errors import DataError, InputTooLarge
+from app.data.formats.base import Shape
+from app.data.formats.sources import Sources
+from app.errors import InputTooLarge
 
 #: Most label columns (K) a data set may have. The seed's task has K = 3; 10,000 keeps one
 #: batch of 1000 labels at 40 MB and the last layer at 200,000 weights. A first line with
 #: more is taken for a wrong file (a transposed matrix, features given as labels).
 MAX_OUTPUTS = 10_000
-BYTES_PER_VALUE = 4  # float32
 
 
-def label_width(path: Path) -> int:
-    """K >= 1: the fields on the first line of the label file ``path``, counted without
-    parsing more than :data:`MAX_OUTPUTS` of them. Raises DataError naming the file (and
-    line) when there are more, when the file can't be read, and when the first line has
-    no field: then the parser names the problem as for any other file (an empty file, a
-    blank line followed by data)."""
-    k = textfile.first_line_fields(path, MAX_OUTPUTS)
-    if k is None:
-        raise DataError(
-            f"{path}:1: more than {MAX_OUTPUTS} label columns (the limit, "
-            "app/data/bounds.py): not a label file?"
-        )
-    if k == 0:
-        next(textfile.iter_chunks(path, chunk_rows=1), None)  # raises: no data, or after line 1
-        raise DataError(f"{path}:1: blank first line (the number of labels is read from it)")
-    return k
+def label_width(sources: Sources) -> int:
+    """K >= 1: the values per row of the training labels, from the first line of a text
+    file (counted without parsing more than :data:`MAX_OUTPUTS` fields) or an array's
+    header. Raises DataError naming the file (and array or line) when there are more, when
+    it can't be read, and when there is no first row."""
+    return sources.array("train_labels").columns(MAX_OUTPUTS)
 
 
-def cache_bytes(path: Path, width: int) -> int:
-    """Estimated bytes of ``path``'s cache array: its lines (its size over the bytes per
-    line of its first MiB) × ``width`` × 4. Raises DataError (unreadable)."""
-    sampled, lines, total = textfile.sample_lines(path)
-    per_line = sampled / max(lines, 1)
-    return int(-(-total // max(per_line, 1))) * width * BYTES_PER_VALUE
+def shape(sources: Sources, role: str, k: int) -> Shape:
+    """What a row of ``role`` holds: H×W features, or ``k`` labels."""
+    if "features" in role:
+        hw = (sources.height, sources.width)
+        return Shape(hw[0] * hw[1], f"H×W = {hw[0]}×{hw[1]}", hw)
+    return Shape(k, f"K = {k} labels", labels=True)
 
 
 def estimate(sources: Sources, k: int, roles: tuple[str, ...]) -> dict[str, int]:
-    """Estimated cache bytes of each of ``roles``' files (features H×W, labels ``k``)."""
-    hw = sources.height * sources.width
-    return {
-        role: cache_bytes(sources.path(role), hw if "features" in role else k) for role in roles
-    }
+    """Estimated cache bytes of each of ``roles``' data (0 for an array read in place)."""
+    return {role: sources.array(role).estimate(shape(sources, role, k)) for role in roles}
 
 
 @dataclass(frozen=True)
@@ -96,7 +83,7 @@ def check(sources: Sources, estimates: dict[str, int], limit: Bound) -> None:
         return
     role = max(estimates, key=lambda r: estimates[r])
     raise InputTooLarge(
-        f"{sources.path(role)}: the data cache would take about {_size(total)} "
+        f"{sources.label(role)}: the data cache would take about {_size(total)} "
         f"(this file {_size(estimates[role])}), more than {limit.reason}; "
         "refusing to convert (free space, or raise --max-cache-bytes)"
     )

@@ -1,7 +1,7 @@
 """Several data sets side by side in one cache directory, and which of them go.
 
 The rule (README, "The data cache"; docs/architecture.md): after a run has its cache, the
-marked caches of the directory (app/data/cache_marker.py) are taken newest first by last
+marked caches of the directory (app/data/cache/marker.py) are taken newest first by last
 use (the marker's modification time, set whenever a run uses the cache), the run's own
 first; they are kept while they fit within ``--cache-keep`` caches and
 ``--cache-keep-bytes`` bytes; once one does not fit, it and every older one are removed,
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from app import logs
 from app.atomic import Dir
-from app.data import cache_marker
-from app.data.cache_store import MANIFEST
+from app.data.cache import marker
+from app.data.cache.store import MANIFEST
 
 #: Default of ``--cache-keep``: the data sets a cache directory keeps.
 KEEP = 4
@@ -44,26 +44,26 @@ class Entry:
 
 def _entry(root: Dir, name: str) -> Entry | None:
     """The marked cache ``name`` of ``root``, or None when it is not one."""
-    if cache_marker.owned(root, name) != "cache":
+    if marker.owned(root, name) != "cache":
         return None
     try:
         with root.sub(name, create=False) as d:
             sizes = [st.st_size for n in d.names() if (st := d.lstat(n)) is not None]
-            marker = d.lstat(cache_marker.MARKER)
+            mark = d.lstat(marker.MARKER)
     except OSError:
         return None
-    if marker is None:
+    if mark is None:
         return None
-    return Entry(name, marker.st_mtime_ns, sum(sizes))
+    return Entry(name, mark.st_mtime_ns, sum(sizes))
 
 
 def _unmarked(root: Dir, name: str) -> bool:
     """Whether ``name`` looks like a cache of an earlier coretrain: a directory named as a
     key, with a manifest, and no marker."""
     return (
-        cache_marker.KEY.fullmatch(name) is not None
+        marker.KEY.fullmatch(name) is not None
         and root.is_file(f"{name}/{MANIFEST}")
-        and cache_marker.owned(root, name) is None
+        and marker.owned(root, name) is None
     )
 
 
@@ -78,7 +78,7 @@ def evict(root: Dir, current: str, keep: Keep) -> list[Entry]:
     for entry in sorted(found, key=lambda e: (e.last_used, e.name), reverse=True):
         fits = count < keep.count and (keep.bytes is None or total + entry.size <= keep.bytes)
         full = full or not fits
-        if full and cache_marker.remove_if_unused(root, entry.name):
+        if full and marker.remove_if_unused(root, entry.name):
             removed.append(entry)
             logs.event(
                 "cache_evicted",

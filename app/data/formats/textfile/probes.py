@@ -1,8 +1,9 @@
 """What the start of a data file says before it is parsed: gzip or not, the fields on its
 first line, its size in bytes and lines (a gzip file's size from its trailer).
 
-For the bounds checked before a conversion (app/data/bounds.py) and the choice of one pass
-or several threads (app/data/parallel.py). Each reads a bounded amount, never the file.
+For the bounds checked before a conversion (app/data/cache/bounds.py) and the choice of one pass
+or several threads (app/data/formats/textfile/parallel.py). Each reads a bounded amount, never the
+file.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from app.data.textfile import files
+from app.data.formats.textfile import opener
 
 _FIRST_LINE_READ = 1 << 16  # bytes read at a time when counting the first line's fields
 _WHITESPACE = np.zeros(256, bool)
@@ -21,7 +22,7 @@ _WHITESPACE[[9, 10, 11, 12, 13, 32]] = True  # what bytes.split() splits on
 
 def is_gzip(path: str | os.PathLike[str]) -> bool:
     """True when the file starts with the gzip magic bytes. Raises DataError (unreadable)."""
-    raw, stream = files.open_data(os.fspath(path))
+    raw, stream = opener.open_data(os.fspath(path))
     with raw, stream:
         return stream is not raw
 
@@ -32,14 +33,14 @@ def first_line_fields(path: str | os.PathLike[str], limit: int) -> int | None:
     blank first line. Memory: one 64 KiB read. Raises DataError (unreadable, corrupt gzip,
     a first line over MAX_LINE_BYTES)."""
     name = os.fspath(path)
-    raw, stream = files.open_data(name)
+    raw, stream = opener.open_data(name)
     buf = bytearray(_FIRST_LINE_READ)
     count, inside, seen = 0, False, 0
     with raw, stream:
-        while got := files.read_into(stream, memoryview(buf), name):
+        while got := opener.read_into(stream, memoryview(buf), name):
             block = bytes(buf[:got])
             if seen == 0:
-                block = block.removeprefix(files.BOM)
+                block = block.removeprefix(opener.BOM)
             end = block.find(b"\n")
             count, inside = _count_fields(block if end < 0 else block[:end], count, inside)
             if count > limit:
@@ -47,8 +48,8 @@ def first_line_fields(path: str | os.PathLike[str], limit: int) -> int | None:
             if end >= 0:
                 break
             seen += got
-            if seen > files.MAX_LINE_BYTES:
-                raise files.line_too_long(name, 1)
+            if seen > opener.MAX_LINE_BYTES:
+                raise opener.line_too_long(name, 1)
     return count
 
 
@@ -73,11 +74,11 @@ def sample_lines(path: str | os.PathLike[str], nbytes: int = 1 << 20) -> tuple[i
     treat a gzip ``total`` as an estimate. Raises DataError (unreadable, corrupt gzip).
     """
     name = os.fspath(path)
-    raw, stream = files.open_data(name)
+    raw, stream = opener.open_data(name)
     buf = bytearray(nbytes)
     with raw, stream:
         got = 0
-        while got < nbytes and (n := files.read_into(stream, memoryview(buf)[got:], name)):
+        while got < nbytes and (n := opener.read_into(stream, memoryview(buf)[got:], name)):
             got += n
         gzip_file = stream is not raw
         size = os.fstat(raw.fileno()).st_size
@@ -92,8 +93,8 @@ def _gzip_isize(raw: BinaryIO, size: int, path: str) -> int:
     endian); 0 for a file too short to have one."""
     if size < 18:  # a gzip header (10) and trailer (8) at least
         return 0
-    files.seek(raw, size - 4, path)
+    opener.seek(raw, size - 4, path)
     try:
         return int.from_bytes(raw.read(4), "little")
     except OSError as exc:
-        raise files.cannot_read(path, exc) from None
+        raise opener.cannot_read(path, exc) from None

@@ -1,14 +1,18 @@
 """Converting the four text files into a cache's arrays, statistics and manifest.
 
-Each file is parsed (:func:`app.data.parallel.convert_file`, in several threads when it
-pays) into the work directory (app/data/cache_workdir.py), and its result is kept there as
+Each file is parsed (:func:`app.data.formats.textfile.parallel.convert_file`, in several threads
+when it
+pays) into the work directory (app/data/cache/workdir.py), and its result is kept there as
 soon as that file is done (its array, then ``<role>.json`` with its row count and digest,
 ``<role>.npz`` with its column sums), so a conversion stopped by SIGTERM, or killed, goes
 on at the next run with the files not yet done; a kept array that does not match its
 recorded digest is logged (``cache_corrupt``) and converted again. The statistics come
 from the column sums; the manifest is written last. Progress (bytes, rate, ETA) is logged
-every :data:`PROGRESS_EVERY_S` seconds. Bounds (app/data/bounds.py): the bytes written
-while converting. Never imports TensorFlow.
+every :data:`PROGRESS_EVERY_S` seconds. A float32 array that can be used where it lies
+(``Array.in_place``) is not copied: it is read once for its statistics, NaN/Inf check and
+digest (the digest its converted copy would have, so the run's identity is the same
+whatever the format), and the manifest's ``in_place`` records its file and offset.
+Bounds (app/data/cache/bounds.py): the bytes written while converting. Never imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -19,14 +23,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from app import logs
 from app.atomic import Dir
-from app.data import bounds, parallel
-from app.data.cache_store import (
+from app.data.cache import bounds
+from app.data.cache.store import (
     CHECKSUM,
     FILES,
     FORMAT_VERSION,
@@ -37,8 +42,9 @@ from app.data.cache_store import (
     npz,
     read_npz,
 )
-from app.data.sources import ROLES, Sources, fingerprint
-from app.errors import DataError
+from app.data.formats.base import Array, Io, Place, Shape, add_sums
+from app.data.formats.sources import ROLES, Sources, fingerprint
+from app.errors import DataError, Preempted
 
 #: Seconds between two ``cache_progress`` events while a file converts.
 PROGRESS_EVERY_S = 5.0
@@ -113,48 +119,79 @@ def _finished(run: Run, role: str, width: int) -> tuple[int, np.ndarray, np.ndar
     return rows, sums["sums"], sums["sums_sq"], recorded
 
 
-def _convert_role(run: Run, role: str) -> tuple[int, np.ndarray, np.ndarray, str]:
-    """Convert one file into ``run.work`` unless a finished result is there; (rows, sums,
-    sums², digest).
+def _convert_role(run: Run, role: str) -> tuple[int, np.ndarray, np.ndarray, str, Place | None]:
+    """Convert one file into ``run.work`` unless a finished result is there, or scan an
+    array read in place; (rows, sums, sums², digest, where it lies or None).
 
     The array is written as ``<name>.part`` (a new file) and renamed when complete;
     ``<role>.json`` (rows, digest) and ``<role>.npz`` (float64 column sums) are written
-    after it: together they mark the file done.
+    after it: together they mark the file done. An array read in place is scanned (its
+    values checked, summed and digested: nothing is written) by :func:`_scan`.
     """
     sources, work, final = run.sources, run.work, FILES[role]
-    hw = sources.height * sources.width
-    width, hint = (
-        (hw, f"H×W = {sources.height}×{sources.width}")
-        if "features" in role
-        else (run.k, f"K = {run.k} labels")
-    )
-    done_before = _finished(run, role, width)
+    array, shape = sources.array(role), bounds.shape(sources, role, run.k)
+    place = array.in_place(shape)
+    if place is not None:
+        return (*_scan(run, role, array, shape), place)
+    done_before = _finished(run, role, shape.width)
     if done_before is not None:
-        run.progress.add(sources.path(role).stat().st_size)
-        return done_before
+        run.progress.add(array.size)
+        return (*done_before, None)
     part = final + ".part"
     work.check(part, "cache file")
     work.remove(part)  # what a killed conversion left
-    run.guard.path = sources.path(role)
-    done = parallel.convert_file(
-        sources.path(role), work.path / part, width=width, width_hint=hint,
-        allow_nonfinite=sources.allow_nonfinite, threads=run.threads, stop=run.stop,
-        progress=run.progress.add, written=run.guard.add, dir_fd=work.fd,
-    )  # fmt: skip
+    run.guard.path = Path(sources.label(role))
+    io = Io(run.threads, run.stop, run.progress.add, run.guard.add, work.fd)
+    done = array.convert(work.path / part, shape, sources.allow_nonfinite, io)
     work.rename(part, final)
     checksum = digest(work, final)
     work.write_bytes(f"{role}.npz", npz({"sums": done.sums, "sums_sq": done.sums_sq}))
     work.write_json(
         f"{role}.json", {"rows": done.rows, "threads": done.threads, "checksum": checksum}
     )
+    _converted_event(sources, role, done.rows, done.threads)
+    return done.rows, done.sums, done.sums_sq, checksum, None
+
+
+def _scan(
+    run: Run, role: str, array: Array, shape: Shape
+) -> tuple[int, np.ndarray, np.ndarray, str]:
+    """An array used where it lies: its rows read once (checked for NaN/Inf, summed, and
+    digested as the cache's own array would be: the same BLAKE2b of the same bytes), nothing
+    written. Raises DataError, Preempted."""
+    h = hashlib.blake2b(digest_size=32)
+    total, total_sq, rows = np.zeros(shape.width), np.zeros(shape.width), 0
+    for chunk in array.chunks(shape, run.sources.allow_nonfinite):
+        if run.stop():
+            raise Preempted(f"{array.label}: stopped by signal while reading it")
+        h.update(chunk.data)
+        add_sums(chunk, total, total_sq)
+        rows += len(chunk)
+        run.progress.add(chunk.nbytes)
+    _converted_event(run.sources, role, rows, 1, in_place=True)
+    return rows, total, total_sq, h.hexdigest()
+
+
+def _converted_event(sources: Sources, role: str, rows: int, threads: int, **extra: bool) -> None:
     logs.event(
         "cache_progress",
-        f"converted {sources.path(role)}",
+        f"{'read in place' if extra else 'converted'} {sources.label(role)}",
         file=role,
-        rows=done.rows,
-        threads=done.threads,
+        rows=rows,
+        threads=threads,
+        **extra,
     )
-    return done.rows, done.sums, done.sums_sq, checksum
+
+
+def _check_rows(sources: Sources, sizes: dict[str, int]) -> None:
+    """Raises DataError when the features and labels of a split differ in rows."""
+    for split in ("train", "test"):
+        nf, nl = sizes[f"{split}_features"], sizes[f"{split}_labels"]
+        if nf != nl:
+            raise DataError(
+                f"{sources.label(f'{split}_labels')}: {nl} label rows but "
+                f"{sources.label(f'{split}_features')} has {nf} feature rows"
+            )
 
 
 def convert(run: Run) -> dict[str, Any]:
@@ -168,16 +205,13 @@ def convert(run: Run) -> dict[str, Any]:
     sizes: dict[str, int] = {}
     sums: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     checksums: dict[str, str] = {}
+    in_place: dict[str, dict[str, Any]] = {}
     for role in ROLES:
-        rows, total, total_sq, checksums[FILES[role]] = _convert_role(run, role)
+        rows, total, total_sq, checksums[FILES[role]], place = _convert_role(run, role)
         sizes[role], sums[role] = rows, (total, total_sq)
-    for split in ("train", "test"):
-        nf, nl = sizes[f"{split}_features"], sizes[f"{split}_labels"]
-        if nf != nl:
-            raise DataError(
-                f"{sources.path(f'{split}_labels')}: {nl} label lines but "
-                f"{sources.path(f'{split}_features')} has {nf} feature lines"
-            )
+        if place is not None:
+            in_place[FILES[role]] = {"path": str(place.path), "offset": place.offset}
+    _check_rows(sources, sizes)
     n_train = sizes["train_features"]
     f_mean, f_std = _std(*sums["train_features"], n_train)
     l_mean, l_std = _std(*sums["train_labels"], n_train)
@@ -208,10 +242,11 @@ def convert(run: Run) -> dict[str, Any]:
         "train_size": n_train,
         "test_size": n_test,
         "baseline_rmse": baseline,
-        "sources": {role: str(sources.path(role)) for role in ROLES},
+        "sources": {role: sources.label(role) for role in ROLES},
         "fingerprints": {role: fingerprint(sources.path(role)) for role in ROLES},
         "checksum": CHECKSUM,
         "checksums": checksums,
+        "in_place": in_place,
     }
     work.write_json(MANIFEST, manifest)
     return manifest

@@ -6,7 +6,7 @@ into place (:func:`swap_in`), so a reader never sees a partial cache; what a sto
 conversion finished stays there for the next run (:func:`leave`). The converting process
 holds an flock on the directory's ``.owner`` file (:data:`OWNER`): a second run converting
 the same data at once works in a private ``.<key>.<pid>.<random>`` directory instead
-(:func:`claim`). Each work directory is marked as coretrain's (app/data/cache_marker.py)
+(:func:`claim`). Each work directory is marked as coretrain's (app/data/cache/marker.py)
 once its ``.owner`` lock is held, so a marked work directory nobody holds is a dead
 conversion's, removed (:func:`remove_stale`); a directory without the marker is not
 coretrain's to remove, whatever its name. Never imports TensorFlow.
@@ -20,8 +20,8 @@ from typing import IO
 
 from app import logs
 from app.atomic import Dir
-from app.data import cache_marker
-from app.data.cache_store import MANIFEST
+from app.data.cache import marker
+from app.data.cache.store import MANIFEST
 from app.errors import StorageError
 
 OWNER = ".owner"  # flock-ed by the process converting into a work directory
@@ -71,14 +71,14 @@ def _in_use(root: Dir, name: str) -> bool:
 
 def remove_stale(root: Dir, key: str) -> None:
     """Remove the work directories of dead conversions: marked as coretrain's work
-    (app/data/cache_marker.py), no live process holding their ``.owner``, and not another
+    (app/data/cache/marker.py), no live process holding their ``.owner``, and not another
     data set's resumable ``.partial-<key>`` (a stopped conversion keeps its finished files
     for its own data's next run, which converts only the rest). Nothing else."""
     for name in root.names():
         if not (name.startswith(".") and root.is_dir(name)):
             continue
         resumable = name.startswith(PARTIAL) and name != f"{PARTIAL}{key}"
-        if not resumable and cache_marker.owned(root, name) == "work" and not _in_use(root, name):
+        if not resumable and marker.owned(root, name) == "work" and not _in_use(root, name):
             root.remove(name)
 
 
@@ -90,7 +90,7 @@ def claim(root: Dir, key: str) -> tuple[Dir, IO[bytes]]:
     owner = open(partial.open(OWNER, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab")  # noqa: SIM115
     try:
         fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        cache_marker.write(partial, cache_marker.WORK, key)  # held first, then marked
+        marker.write(partial, marker.WORK, key)  # held first, then marked
         return partial, owner
     except BlockingIOError:
         owner.close()
@@ -98,7 +98,7 @@ def claim(root: Dir, key: str) -> tuple[Dir, IO[bytes]]:
     private = root.temp_dir(f".{key}.{os.getpid()}.")
     owner = open(private.create(OWNER, "cache owner lock"), "wb")  # noqa: SIM115 - held
     fcntl.flock(owner, fcntl.LOCK_EX)
-    cache_marker.write(private, cache_marker.WORK, key)
+    marker.write(private, marker.WORK, key)
     return private, owner
 
 
@@ -119,7 +119,7 @@ def swap_in(root: Dir, work: Dir, key: str) -> None:
     """Rename the finished ``work`` to ``key``; when another run sharing the directory
     finished the same data set first (ENOTEMPTY/EEXIST), its complete, identical cache is
     used. The work's marker becomes the cache's first. Raises OSError, StorageError."""
-    cache_marker.write(work, cache_marker.CACHE, key)
+    marker.write(work, marker.CACHE, key)
     try:
         root.publish(work, key)
     except OSError:

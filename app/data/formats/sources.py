@@ -1,12 +1,14 @@
-"""Where a data set's text files are, and what identifies them: found by name, known by content.
+"""Where a data set's files are, and what identifies them: found by name, known by content.
 
-Each of the four roles (:data:`ROLES`) is looked up in the data directory as its default
-name or that name plus ``.gz`` (data as it arrives compressed), unless a name was given
-explicitly; two candidates for one role is a usage error, not a guess. Whether a file is
-gzip is decided by its magic bytes when it is read (app/data/textfile/files.py), whatever
-its name. The fingerprint that keys the binary cache is made of what the files *are* —
-size, modification time and a sample of their bytes — not of where they were mounted, so
-a cache built on the host is reused in a container that mounts the same files elsewhere.
+Each of the four roles (:data:`ROLES`) is looked up in the data directory under one of its
+default names (:data:`CANDIDATES`: ``<role>.txt``, ``<role>.txt.gz``, ``<role>.npy``),
+unless a name was given explicitly; two candidates for one role is a usage error, not a
+guess. A data *file* (``--data FILE``: a .npz or HDF5 container) holds the four as arrays
+named after their roles. Which format a file is in is decided by its content when it is
+read (app/data/formats/detect.py), whatever its name.
+The fingerprint that keys the binary cache is made of what the files *are* — size,
+modification time and a sample of their bytes — not of where they were mounted, so a cache
+built on the host is reused in a container that mounts the same files elsewhere.
 No TensorFlow here.
 """
 
@@ -16,14 +18,16 @@ import hashlib
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.data.formats.base import Array
+from app.data.formats.detect import open_array
 from app.errors import ConfigError, DataError
 
 ROLES = ("train_features", "train_labels", "test_features", "test_labels")
-DEFAULT_NAMES = {role: f"{role}.txt" for role in ROLES}
-GZIP_SUFFIX = ".gz"
+#: The names a role's file is found by, in this order in messages.
+SUFFIXES = (".txt", ".txt.gz", ".npy")
 #: Bytes read from a file's start and end, and from each of the samples between, for its
 #: fingerprint: enough to tell a changed file, little enough to cost nothing at 8 GB.
 SAMPLE_BYTES = 1 << 16
@@ -32,43 +36,62 @@ SAMPLES = 16
 
 @dataclass(frozen=True)
 class Sources:
-    """A data set in text: the file of each role (:data:`ROLES`) and how to parse them.
+    """A data set: the file of each role (:data:`ROLES`), the array in it (``members``,
+    for a container) and how to read them.
 
-    Features are ``height``×``width`` floats per line; ``allow_nonfinite`` admits
-    NaN/Inf tokens.
+    Features are ``height``×``width`` values per row; ``allow_nonfinite`` admits NaN/Inf.
     """
 
     paths: Mapping[str, Path]
     height: int
     width: int
     allow_nonfinite: bool = False
+    members: Mapping[str, str] = field(default_factory=dict)
 
     def path(self, role: str) -> Path:
         """The file of ``role`` (a key of :data:`ROLES`)."""
         return Path(self.paths[role])
 
+    def label(self, role: str) -> str:
+        """How messages name ``role``'s data: ``FILE``, or ``FILE:array`` in a container."""
+        member = self.members.get(role)
+        return f"{self.path(role)}:{member}" if member else str(self.path(role))
+
+    def array(self, role: str) -> Array:
+        """``role``'s data through the format seam (app/data/formats/base.py). Raises
+        DataError (missing, unreadable, not the format its content says)."""
+        return open_array(self.path(role), self.members.get(role))
+
+
+def in_container(path: Path, names: Mapping[str, str | None]) -> dict[str, str]:
+    """The members of the four roles in the container ``path`` (``--data FILE``): the
+    array ``names[role]`` when given (``--train-features NAME``), else the one named after
+    the role."""
+    regular(path)
+    return {role: names.get(role) or role for role in ROLES}
+
 
 def find(data_dir: Path, role: str, name: str | None = None) -> Path:
-    """The file of ``role`` in ``data_dir``: ``name`` if given, else the default name or
-    the default name + ``.gz``.
+    """The file of ``role`` in ``data_dir``: ``name`` if given, else the one of its
+    default names (:data:`SUFFIXES`) that exists.
 
-    Raises DataError (exit 3) when none exists, ConfigError (exit 2) when both the plain
-    and the ``.gz`` name exist (which one is meant can't be known).
+    Raises DataError (exit 3) when none exists, ConfigError (exit 2) when two exist
+    (which one is meant can't be known).
     """
     if name is not None:
         return regular(data_dir / name)
-    plain = data_dir / DEFAULT_NAMES[role]
-    packed = plain.with_name(plain.name + GZIP_SUFFIX)
-    found = [p for p in (plain, packed) if p.exists()]
-    if len(found) == 2:
+    names = [f"{role}{suffix}" for suffix in SUFFIXES]
+    found = [data_dir / n for n in names if (data_dir / n).exists()]
+    if len(found) > 1:
         raise ConfigError(
-            f"{data_dir}: both {plain.name} and {packed.name} are there for the "
+            f"{data_dir}: both {' and '.join(p.name for p in found)} are there for the "
             f"{role.replace('_', ' ')}: remove one, or name it with "
             f"--{role.replace('_', '-')}"
         )
     if not found:
         raise DataError(
-            f"{plain}: missing data file ({role.replace('_', ' ')}; also looked for {packed.name})"
+            f"{data_dir / names[0]}: missing data file ({role.replace('_', ' ')}; also "
+            f"looked for {', '.join(names[1:])})"
         )
     return regular(found[0])
 

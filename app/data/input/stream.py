@@ -1,11 +1,11 @@
-"""Streamed training batches: the rows of :data:`app.data.order.WINDOW_STEPS` steps read as
+"""Streamed training batches: the rows of :data:`app.data.input.order.WINDOW_STEPS` steps read as
 one chunk, in blocks, ahead of the step that needs them.
 
 Why chunks (measured at the seed's scale, docs/performance.md "Streaming"): a batch of
 1,000 rows read one row at a time costs 2,000 ``preadv`` calls from Python, and from a
 disk that the page cache can't cover (a container whose memory limit is below the split)
-1,000 random 16 KB reads. The order (:mod:`app.data.order`) shuffles blocks of
-:data:`~app.data.order.BLOCK_ROWS` consecutive rows and then each window of
+1,000 random 16 KB reads. The order (:mod:`app.data.input.order`) shuffles blocks of
+:data:`~app.data.input.order.BLOCK_ROWS` consecutive rows and then each window of
 ``WINDOW_STEPS`` batches, so the rows of one window are whole blocks: a chunk is read as
 a few thousand reads of ~62 KB, in file order, by a background thread while the steps
 before it train, and standardised right after each read while it is still in the CPU's
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.data import order
 from app.data.cache import DataCache
+from app.data.input import order
 from app.errors import StorageError
 
 #: Chunks a reader holds at once: the one the steps gather from and the next one.
@@ -100,17 +100,18 @@ def read_features(cache: DataCache, ids: np.ndarray, out: np.ndarray, stats: Sta
     """Read training rows ``ids`` (sorted) of the features into ``out`` (len(ids), H, W, 1),
     one ``preadv`` per run, standardising every :data:`STANDARDIZE_BYTES`. Raises
     StorageError if the file is shorter than the manifest says."""
-    path = cache.path / "train_x.f32"
+    path, base = cache.where("train_x.f32")
     row = 4 * cache.height * cache.width
     flat = out.reshape(len(ids), cache.height, cache.width)
     buf = memoryview(out.reshape(-1).view(np.uint8).data)
     starts, ends = runs(ids)
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no readahead past a block
+        os.posix_fadvise(fd, base, 0, os.POSIX_FADV_RANDOM)  # no readahead past a block
         done = 0
         for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
-            if os.preadv(fd, [buf[a * row : b * row]], int(ids[a]) * row) != (b - a) * row:
+            at = base + int(ids[a]) * row
+            if os.preadv(fd, [buf[a * row : b * row]], at) != (b - a) * row:
                 raise StorageError(f"{path}: cache file is truncated; delete {cache.path}")
             if stats is not None and (b - done) * row >= STANDARDIZE_BYTES:
                 _standardize(flat[done:b], stats)

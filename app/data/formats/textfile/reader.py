@@ -14,7 +14,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from app.data.textfile import files
+from app.data.formats.textfile import opener
 
 _READ_BYTES = 1 << 20  # one readinto() from the (possibly gzip) stream
 _CHUNK_BYTES = 64 << 20  # a chunk ends early once its lines hold this many bytes
@@ -26,7 +26,7 @@ Block = tuple[int, np.ndarray, int, np.ndarray]
 
 
 class Buffers:
-    """Memory :func:`app.data.textfile.iter_chunks` keeps between chunks and calls: the
+    """Memory :func:`app.data.formats.textfile.iter_chunks` keeps between chunks and calls: the
     text read buffer and the rows of the compiled path. Reusing them spares a fresh
     allocation, and the page faults of first touching it, per chunk and per call (their
     kernel time grows when threads fault in the same process at once). One per thread."""
@@ -56,12 +56,12 @@ def read_blocks(
     with the file's bytes (compressed bytes for gzip) read since its last call, after every
     read. Raises DataError; ValueError for a range of a gzip file other than the whole file.
     """
-    raw, stream = files.open_data(path)
+    raw, stream = opener.open_data(path)
     with raw, stream:
         if start or stop is not None:
             if stream is not raw:
                 raise ValueError(f"{path}: a gzip file can only be read as a whole")
-            files.seek(raw, start, path)
+            opener.seek(raw, start, path)
         left = None if stop is None else max(0, stop - start)
         lines = _Lines(path, raw, stream, left, first_line, start == 0, buffers, progress)
         yield from lines.blocks(chunk_rows)
@@ -130,12 +130,12 @@ class _Lines:
 
     def _read(self) -> None:
         """One read after the data, its newlines found; at the end of the file, ``eof``."""
-        if self.end - self._last_end() > files.MAX_LINE_BYTES:
-            raise files.line_too_long(self.path, self.line + len(self.nls))
+        if self.end - self._last_end() > opener.MAX_LINE_BYTES:
+            raise opener.line_too_long(self.path, self.line + len(self.nls))
         if self.end + _READ_BYTES + 9 > len(self.buf):
             self._make_room()
         got = self._read_into_buffer()
-        if self.bom and self.buf[PAD : PAD + 3].tobytes() == files.BOM:
+        if self.bom and self.buf[PAD : PAD + 3].tobytes() == opener.BOM:
             self.buf[PAD : PAD + 3] = 32
         self.bom = False
         self._find_newlines(got)
@@ -157,7 +157,7 @@ class _Lines:
         """Read up to _READ_BYTES (and no more than is left) at ``end``; the bytes read."""
         want = _READ_BYTES if self.left is None else min(_READ_BYTES, self.left)
         view = self.buf.data[self.end : self.end + want]
-        got = files.read_into(self.stream, view, self.path) if want else 0
+        got = opener.read_into(self.stream, view, self.path) if want else 0
         if self.left is not None:
             self.left -= got
         if self.progress is not None:
@@ -171,9 +171,9 @@ class _Lines:
         found = np.flatnonzero(self.buf[self.end : self.end + got] == 10) + (self.end + 1)
         if len(found):
             lengths = np.diff(found, prepend=self._last_end()) - 1
-            if lengths.max() > files.MAX_LINE_BYTES:
-                where = self.line + len(self.nls) + int(np.argmax(lengths > files.MAX_LINE_BYTES))
-                raise files.line_too_long(self.path, where)
+            if lengths.max() > opener.MAX_LINE_BYTES:
+                where = self.line + len(self.nls) + int(np.argmax(lengths > opener.MAX_LINE_BYTES))
+                raise opener.line_too_long(self.path, where)
             self.nls = np.concatenate([self.nls, found])
 
     def _end_last_line(self) -> None:

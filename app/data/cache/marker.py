@@ -6,12 +6,12 @@ it makes there holds :data:`MARKER`, a small JSON file whose content says so
 (``{"made_by": "coretrain", "kind": "data-cache" | "cache-work", "key": <key>}``) and which
 is checked by content, not by name: :func:`owned` accepts a ``data-cache`` only under its
 own key's name, and work only under the names a conversion of that key uses
-(``.partial-<key>``, ``.<key>.<pid>.<random>``: app/data/cache_workdir.py). Nothing else
+(``.partial-<key>``, ``.<key>.<pid>.<random>``: app/data/cache/workdir.py). Nothing else
 in the directory is touched.
 
 A run holds a shared ``flock`` on its cache's marker from the moment it uses the cache to
 its end (:func:`hold`; the kernel drops it when the process ends, however it ends):
-eviction (app/data/cache_evict.py) removes a cache only when it gets an exclusive lock on
+eviction (app/data/cache/evict.py) removes a cache only when it gets an exclusive lock on
 the marker without waiting (:func:`remove_if_unused`). flock works across containers that
 share the volume (one file system), whatever their PID namespaces. A cache's last use is
 the marker's modification time, set by every :func:`hold`. Never imports TensorFlow.
@@ -33,7 +33,7 @@ MARKER = ".coretrain"
 MADE_BY = "coretrain"
 CACHE = "data-cache"
 WORK = "cache-work"
-#: A cache key (app/data/cache.py ``source_key``): 16 lowercase hex digits.
+#: A cache key (app/data/cache/entry.py ``source_key``): 16 lowercase hex digits.
 KEY = re.compile(r"[0-9a-f]{16}")
 #: The largest marker read: a marker is some 80 bytes; anything bigger is not one.
 MAX_BYTES = 4096
@@ -71,7 +71,7 @@ def _read(fd: int) -> tuple[str, str] | None:
 
 def is_work_name(name: str, key: str) -> bool:
     """Whether ``name`` is one a conversion of ``key`` works under: ``.partial-<key>``, or
-    the private ``.<key>.<pid>.<8 hex digits>`` (app/data/cache_workdir.py ``claim``) — not
+    the private ``.<key>.<pid>.<8 hex digits>`` (app/data/cache/workdir.py ``claim``) — not
     any name that merely starts like one (a user's ``.<key>.bak``)."""
     return (
         name == f".partial-{key}"

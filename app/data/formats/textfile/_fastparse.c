@@ -1,5 +1,5 @@
 /*
- * app.data._fastparse: the compiled fast path of app/data/textfile/ (fast.py).
+ * app.data.formats.textfile._fastparse: the compiled fast path of app/data/formats/textfile/ (fast.py).
  *
  * parse_lines(buffer, begin, stop, width, out) -> rows
  *
@@ -226,7 +226,7 @@ static PyObject *py_count_newlines(PyObject *self, PyObject *args)
 static PyMethodDef methods[] = {
     {"parse_lines", py_parse_lines, METH_VARARGS,
      "parse_lines(text, begin, stop, width, out) -> rows: whole lines of text[begin:stop] "
-     "parsed into the float32 buffer out (see app/data/_fastparse.c)."},
+     "parsed into the float32 buffer out (see app/data/formats/textfile/_fastparse.c)."},
     {"count_newlines", py_count_newlines, METH_VARARGS,
      "count_newlines(text) -> the number of b'\\n' bytes in text."},
     {"add_column_sums", py_add_column_sums, METH_VARARGS,
@@ -237,7 +237,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_fastparse",
-    "Compiled fast path of app.data.textfile (plain decimals to float32).", -1, methods,
+    "Compiled fast path of app.data.formats.textfile (plain decimals to float32).", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 

@@ -1,7 +1,7 @@
 """tf.data input pipelines reading the binary cache (held in memory, or streamed).
 
 The training batch for step ``s`` depends only on ``(seed, s)``: positions
-:func:`app.data.order.batch_rows` of the run's training rows (a sorted int64 array of row
+:func:`app.data.input.order.batch_rows` of the run's training rows (a sorted int64 array of row
 ids of the cache's training split; all rows by default), the same whichever way the rows
 are read. A resumed run therefore sees the same batches as an uninterrupted one.
 
@@ -12,7 +12,7 @@ unlimited), in a run that will read more rows than loading the whole split costs
 file chunk by chunk, standardised on the way, assigned into the variables' preallocated
 memory), and each batch is a ``tf.gather`` from them inside the training step; the input
 pipeline then only yields each step's positions. Otherwise the split is **streamed**
-(:mod:`app.data.stream`): the rows of a few steps read ahead as one chunk, in blocks, and
+(:mod:`app.data.input.stream`): the rows of a few steps read ahead as one chunk, in blocks, and
 each batch gathered from it, so memory stays bounded by a few batches however large the
 data set is. Both give the same batches (tested).
 """
@@ -30,9 +30,9 @@ import tensorflow as tf
 
 from app import logs
 from app.budget import memory
-from app.data import order, stream
 from app.data.cache import DataCache
-from app.data.stream import Stats
+from app.data.input import order, stream
+from app.data.input.stream import Stats
 
 PREFETCH_BATCHES = 2
 #: An elementwise function of a batch tensor (e.g. the standardisation).
@@ -150,7 +150,7 @@ def choose_input(
     Resident needs the split (the training ``rows``) to fit in :func:`resident_limit`, and
     pays when the run reads more rows than loading the split costs: loading reads the n
     rows once in order, streaming reads ``steps × batch_size`` rows in blocks
-    (:mod:`app.data.stream`). Both costs are measured here, each as the better of two tries
+    (:mod:`app.data.input.stream`). Both costs are measured here, each as the better of two tries
     on one batch of rows of the cache file (read in order and written into fresh memory,
     as a load does; read in random blocks and standardised, as a stream does), so the page
     cache, the disk, page faults and the machine's load all count.
@@ -192,7 +192,7 @@ def _timed_load(cache: DataCache, rows: np.ndarray) -> float:
 
 
 def _timed_read(cache: DataCache, rows: np.ndarray) -> float:
-    """Seconds to stream ``rows`` as :class:`app.data.stream.Reader` does (blocks read and
+    """Seconds to stream ``rows`` as :class:`app.data.input.stream.Reader` does (blocks read and
     standardised into a chunk, then gathered into a batch)."""
     t0 = time.perf_counter()
     x = np.empty((len(rows), cache.height, cache.width, 1), np.float32)
@@ -239,10 +239,10 @@ def train_input(
     with ``threads`` tf.data threads (the plan's).
 
     ``rows``: the training rows (a sorted int64 array of row ids of the cache's training
-    split; None: all of them); the positions of a step are :func:`app.data.order.batch_rows`
+    split; None: all of them); the positions of a step are :func:`app.data.input.order.batch_rows`
     for worker ``index`` of ``workers`` (``batch_size`` per worker). ``resident``: hold the
     rows in memory (:func:`load_resident`) and yield positions; else stream them
-    (:class:`app.data.stream.Reader`). ``stats``: the standardisation (raw values without).
+    (:class:`app.data.input.stream.Reader`). ``stats``: the standardisation (raw values without).
     """
     if rows is not None:
         rows = np.asarray(rows, np.int64)

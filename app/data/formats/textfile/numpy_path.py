@@ -2,21 +2,22 @@
 
 Lines are taken ~:data:`_GROUP_BYTES` at a time (temporaries stay in cache) and split into
 fields with a few passes over the bytes; each group's fields are then decoded by the SWAR
-kernel (:mod:`app.data.textfile.swar`) with one 64-bit word per field when they are short
+kernel (:mod:`app.data.formats.textfile.swar`) with one 64-bit word per field when they are short
 on average, else two, or exponents first when the file is mostly exponents. What that
 first pass leaves is decoded, for the whole block, with two words, then exponents when
-there are many, then one by one with ``float()`` (:func:`~app.data.textfile.precise.parse_field`)
+there are many, then one by one with ``float()``
+(:func:`~app.data.formats.textfile.precise.parse_field`)
 -- or by ``np.loadtxt`` when most fields are like that (numpy's default ``%.18e``,
 ``repr()``). A block with any problem is parsed again by the precise path
-(:mod:`app.data.textfile.precise`), which names the first bad line and field.
+(:mod:`app.data.formats.textfile.precise`), which names the first bad line and field.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from app.data.textfile.precise import State, parse_block_slowly, parse_field
-from app.data.textfile.swar import U64, decode, decode_exponents, decode_slices
+from app.data.formats.textfile.precise import State, parse_block_slowly, parse_field
+from app.data.formats.textfile.swar import U64, decode, decode_exponents, decode_slices
 
 _GROUP_BYTES = 256 << 10  # lines decoded together (temporaries stay in cache)
 _ONE_WORD_BYTES = 10  # bytes per field (with separator) below which one word is tried first
@@ -32,7 +33,7 @@ def parse_block(
     """The samples of the lines ``u[begin:ends[-1]]`` as float32 (rows, width), without
     the compiled parser; ``first_line``: the number of the line at ``begin``.
 
-    ``u``: the reader's buffer (:func:`app.data.textfile.reader.read_blocks`). Fields are
+    ``u``: the reader's buffer (:func:`app.data.formats.textfile.reader.read_blocks`). Fields are
     found group by group (~_GROUP_BYTES of lines) and decoded with one word, then the
     block's leftovers with two words, with exponents, and one by one. Any surprise sends
     the whole block, with the state it started with, to the precise path, which raises

@@ -4,7 +4,7 @@ Positions index the run's *training rows*: a sorted int64 array of row ids of th
 training split (all its rows by default; a subset when some rows are held out), so
 position ``p`` is row ``rows[p]``. Positions next to each other are rows next to each
 other in the cache file (or close, with held-out rows between them), which is what lets a
-streamed run read blocks instead of single rows (:mod:`app.data.stream`).
+streamed run read blocks instead of single rows (:mod:`app.data.input.stream`).
 
 Epoch ``e`` of ``m`` positions, with a global batch of ``B`` samples:
 

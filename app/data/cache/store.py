@@ -5,10 +5,18 @@ Layout: ``<cache_dir>/<key>/`` holds ``train_x.f32`` (N×H×W), ``train_y.f32``
 ``stats.npz`` (training-set mean and standard deviation of features (H×W) and
 labels (K,)) and ``manifest.json``; ``key``: :func:`app.data.cache.source_key`.
 
+An array used where it lies (a float32 ``.npy``, or a contiguous float32 HDF5 dataset:
+app/data/formats/base.py, ``Place``) has no file here: the manifest's ``in_place`` maps
+its file name to the source's real path and the byte offset of its rows.
+
 Integrity: ``manifest.json`` records a BLAKE2b digest of each array and of ``stats.npz``
 (:data:`CHECKSUM`); a reader verifies them before using the cache (:func:`load`), and a
 mismatch is logged as a ``cache_corrupt`` warning (:func:`corrupt_event`) and converted
-again. Every file here is opened through the cache directory's descriptor without
+again. An array read in place is digested when it is first read (the same digest its copy
+would have) but not again at each reuse: it is the operator's file, known by the
+fingerprint in the cache's key (size, modification time, sampled bytes:
+app/data/formats/sources.py), and reading 12 GB at every start would cost what reading in
+place saves. Every file here is opened through the cache directory's descriptor without
 following symlinks (app/atomic.py). Never imports TensorFlow.
 """
 
@@ -69,8 +77,12 @@ class DataCache:
     baseline_rmse: float
     #: The manifest's :data:`CHECKSUM` digest of each array file (name → hex).
     checksums: dict[str, str] = field(default_factory=dict)
+    #: The arrays used where they lie (app/data/formats/base.py, ``Place``): file name of
+    #: :data:`FILES` → (the source file, the byte offset of its rows). The others are in
+    #: ``path``.
+    in_place: dict[str, tuple[Path, int]] = field(default_factory=dict)
     #: The shared lock on the cache's marker that keeps it from eviction while this run
-    #: uses it (app/data/cache_marker.py ``hold``); None when not held.
+    #: uses it (app/data/cache/marker.py ``hold``); None when not held.
     hold: IO[bytes] | None = field(default=None, compare=False, repr=False)
 
     def release(self) -> None:
@@ -94,10 +106,15 @@ class DataCache:
         parts = [self.checksums.get(f"{split}_{a}.f32", "") for a in ("x", "y")]
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
+    def where(self, name: str) -> tuple[Path, int]:
+        """The file that holds the array ``name`` (a value of :data:`FILES`) and the byte
+        offset of its first row: the cache's own file at 0, or the source read in place."""
+        return self.in_place.get(name, (self.path / name, 0))
+
     def features(self, split: str) -> np.memmap:
         """Memory-mapped raw features of ``split`` ("train"/"test"), shape (N, H, W)."""
         n = self.train_size if split == "train" else self.test_size
-        return _map(self.path / f"{split}_x.f32", (n, self.height, self.width))
+        return _map(*self.where(f"{split}_x.f32"), (n, self.height, self.width))
 
     def read_rows(self, split: str, what: str, idx: np.ndarray) -> np.ndarray:
         """Rows ``idx`` (sorted int array) of ``what`` ("features" → (len, H, W), "labels" →
@@ -108,7 +125,7 @@ class DataCache:
         Raises StorageError if the cache file is shorter than the manifest says.
         """
         shape = (self.height, self.width) if what == "features" else (self.num_outputs,)
-        path = self.path / f"{split}_{'x' if what == 'features' else 'y'}.f32"
+        path, base = self.where(f"{split}_{'x' if what == 'features' else 'y'}.f32")
         row_bytes = 4 * int(np.prod(shape))
         out = np.empty((len(idx), *shape), np.float32)
         if len(idx) == 0:
@@ -119,7 +136,8 @@ class DataCache:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             for a, b in zip(starts.tolist(), ends, strict=True):
-                got = os.preadv(fd, [buf[a * row_bytes : b * row_bytes]], int(idx[a]) * row_bytes)
+                at = base + int(idx[a]) * row_bytes
+                got = os.preadv(fd, [buf[a * row_bytes : b * row_bytes]], at)
                 if got != (b - a) * row_bytes:
                     raise StorageError(f"{path}: cache file is truncated; delete {self.path}")
         finally:
@@ -129,13 +147,14 @@ class DataCache:
     def labels(self, split: str) -> np.memmap:
         """Memory-mapped raw labels of ``split``, shape (N, K)."""
         n = self.train_size if split == "train" else self.test_size
-        return _map(self.path / f"{split}_y.f32", (n, self.num_outputs))
+        return _map(*self.where(f"{split}_y.f32"), (n, self.num_outputs))
 
 
-def _map(path: Path, shape: tuple[int, ...]) -> np.memmap:
-    """A read-only float32 memory map of ``path`` (a symlink is not followed)."""
+def _map(path: Path, offset: int, shape: tuple[int, ...]) -> np.memmap:
+    """A read-only float32 memory map of ``path`` from byte ``offset`` (a symlink is not
+    followed)."""
     with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
-        return np.memmap(f, np.float32, "r", shape=shape)
+        return np.memmap(f, np.float32, "r", offset=offset, shape=shape)
 
 
 def digest(directory: Dir, name: str) -> str:
@@ -177,8 +196,12 @@ def load(root: Dir, key: str, verify: bool = True) -> DataCache:
             if not isinstance(manifest, dict) or not isinstance(manifest.get("checksums"), dict):
                 raise ValueError(f"{MANIFEST}: not a coretrain manifest")
             checksums = manifest["checksums"]
+            in_place = {
+                name: (Path(where["path"]), int(where["offset"]))
+                for name, where in manifest.get("in_place", {}).items()
+            }
             for name in [*FILES.values(), STATS] if verify else ():
-                if digest(d, name) != checksums.get(name):
+                if name not in in_place and digest(d, name) != checksums.get(name):
                     raise Corrupt(name)
             stats = read_npz(d, STATS)
         except (OSError, ValueError, KeyError) as exc:
@@ -196,6 +219,7 @@ def load(root: Dir, key: str, verify: bool = True) -> DataCache:
         label_std=stats["label_std"],
         baseline_rmse=manifest["baseline_rmse"],
         checksums=dict(manifest["checksums"]),
+        in_place=in_place,
     )
 
 

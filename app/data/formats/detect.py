@@ -1,0 +1,81 @@
+"""Which format a file is in, by its content (never by its name), and its :class:`Array`
+(app/data/formats/base.py).
+
+The first bytes decide: ``\\x93NUMPY`` is a .npy file, ``PK\\x03\\x04`` a .npz (zip),
+the HDF5 signature (at 0 or a user block's end) HDF5; anything else is text, plain or
+gzip (app/data/formats/textfile/opener.py tells those apart). A .npz or HDF5 file is a
+container: its arrays are named (``member``). No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from app.data.formats import hdf5, npy, npz
+from app.data.formats.base import Array
+from app.data.formats.text import TextArray
+from app.errors import DataError
+
+#: The container formats.
+CONTAINERS = ("npz", "hdf5")
+
+
+def _member(found: str, path: Path, name: str) -> Array:
+    return npz.NpzArray(path, name) if found == "npz" else hdf5.HdfArray(path, name)
+
+
+def _members(found: str, path: Path) -> list[str]:
+    return npz.members(path) if found == "npz" else hdf5.members(path)
+
+
+def kind(path: Path) -> str:
+    """ "npy", "npz", "hdf5" or "text", from the content of ``path``. Raises DataError
+    (missing, unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            size = os.fstat(f.fileno()).st_size
+    except FileNotFoundError:
+        raise DataError(f"{path}: missing data file") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read: {exc.strerror}") from exc
+    if head.startswith(npy.MAGIC):
+        return "npy"
+    if head.startswith(npz.MAGIC):
+        return "npz"
+    if hdf5.is_hdf5(path, size):
+        return "hdf5"
+    return "text"
+
+
+def open_array(path: Path, member: str | None = None) -> Array:
+    """The :class:`Array` of ``path`` (the array ``member`` of a container). Raises
+    DataError naming the file: a container without ``member``, ``member`` of a file that
+    is not a container, what the format's reader raises."""
+    found = kind(path)
+    if member is not None:
+        if found not in CONTAINERS:
+            raise DataError(
+                f"{path}: not a .npz or HDF5 file (the array {member} is read from those)"
+            )
+        return _member(found, path, member)
+    if found in CONTAINERS:
+        raise DataError(f"{path}: a {found} file holds several arrays: name the one to read")
+    return npy.NpyArray(path) if found == "npy" else TextArray(path)
+
+
+def features_array(path: Path) -> Array:
+    """The features of ``path`` for ``predict``: the file itself, or of a container its
+    array ``features``, else ``test_features``, else its only array. Raises DataError."""
+    found = kind(path)
+    if found not in CONTAINERS:
+        return open_array(path)
+    names = _members(found, path)
+    for name in ("features", "test_features", *(names if len(names) == 1 else ())):
+        if name in names:
+            return open_array(path, name)
+    raise DataError(
+        f"{path}: no array named features or test_features, and more than one array "
+        f"({', '.join(names)})"
+    )

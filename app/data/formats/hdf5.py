@@ -1,0 +1,80 @@
+"""HDF5 files (h5py), recognised by the format signature ``\\x89HDF\\r\\n\\x1a\\n`` at byte 0 or
+at a user block's end (512, 1024, 2048, … bytes: the HDF5 file format specification,
+"Superblock").
+
+A dataset is read in blocks of whole chunks (its chunk rows, bounded as a text chunk is:
+app/data/formats/arrays.py), so a chunked and compressed dataset never needs more memory
+than a block; each block is converted once. A contiguous, uncompressed float32 dataset in
+native byte order is used where it lies, like a ``.npy`` (its data's offset in the file,
+``h5py.h5d.DatasetID.get_offset``). No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from app.data.formats.arrays import ArrayFile, Header, float_rows, reading
+from app.data.formats.base import CHUNK_BYTES, CHUNK_ROWS, Shape
+
+MAGIC = b"\x89HDF\r\n\x1a\n"
+#: What h5py raises for a damaged, cut or unexpected file.
+_BROKEN = (OSError, KeyError, ValueError, RuntimeError, TypeError)
+
+
+def is_hdf5(path: Path, size: int) -> bool:
+    """True when the signature is at byte 0, 512, 1024, 2048, … of ``path``."""
+    offset = 0
+    with open(path, "rb") as f:
+        while offset + len(MAGIC) <= size:
+            if os.pread(f.fileno(), len(MAGIC), offset) == MAGIC:
+                return True
+            offset = 512 if offset == 0 else offset * 2
+    return False
+
+
+def members(path: Path) -> list[str]:
+    """The datasets at the root of the HDF5 file ``path``, by name."""
+    with reading(f"{path}: not a readable HDF5 file", _BROKEN), h5py.File(path, "r") as f:
+        return [n for n, v in f.items() if isinstance(v, h5py.Dataset)]
+
+
+class HdfArray(ArrayFile):
+    """The dataset ``name`` of an HDF5 file, through the format seam."""
+
+    def __init__(self, path: Path, name: str) -> None:
+        self.name = name
+        self.name_member(path, name, members(path), "dataset in the HDF5 file")
+        with reading(f"{self.label}: cannot read", _BROKEN), h5py.File(path, "r") as f:
+            ds = f[name]
+            self.header = Header(self.label, tuple(int(n) for n in ds.shape), ds.dtype)
+            self.chunk_rows = ds.chunks[0] if ds.chunks else None
+            plain = ds.chunks is None  # filters (compression) need chunks in HDF5
+            offset = ds.id.get_offset() if plain else None
+        self.offset, self.file_size = offset, os.stat(path).st_size
+
+    def chunks(
+        self, shape: Shape, allow_nonfinite: bool, chunk_rows: int = CHUNK_ROWS
+    ) -> Iterator[np.ndarray]:
+        self.header.check(shape)
+        step = max(1, min(chunk_rows, self.header.block_rows()))
+        block = step  # rows read at once: whole chunks of the dataset when they fit the bound
+        if self.chunk_rows and self.chunk_rows * self.header.row_values * 4 <= CHUNK_BYTES:
+            block = -(-self.chunk_rows // step) * step
+        with reading(f"{self.label}: cannot read", _BROKEN), h5py.File(self.path, "r") as f:
+            ds = f[self.name]
+            held: dict[str, Any] = {"start": -1, "rows": np.zeros(0)}  # the block read last
+
+            def read(a: int, b: int) -> np.ndarray:
+                first = a // block * block
+                if held["start"] != first:
+                    held["start"], held["rows"] = first, ds[first : first + block]
+                rows: np.ndarray = held["rows"]
+                return rows[a - first : b - first]
+
+            yield from float_rows(self.header, read, shape.width, allow_nonfinite, step)

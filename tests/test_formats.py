@@ -1,0 +1,336 @@
+"""The data formats: .npy, .npz and HDF5 beside text, found by content, read in place when
+they can be, and every bad array a one-line exit 3 (app/data/formats/)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from app.config import TrainConfig
+from app.data.formats import textfile
+from app.data.formats.base import Shape
+from app.data.formats.detect import features_array, kind, open_array
+from app.data.formats.sources import ROLES
+from app.errors import DataError
+from tests.conftest import TINY_TRAIN_ARGS, events, json_lines, prepare_cache, run_cli
+
+
+def _arrays(text_dir: Path) -> dict[str, np.ndarray]:
+    """The four text files of ``text_dir`` as the float32 arrays the parser gives."""
+    return {
+        role: np.concatenate(list(textfile.iter_chunks(text_dir / f"{role}.txt"))) for role in ROLES
+    }
+
+
+@pytest.fixture(scope="module")
+def arrays(tiny_data: Path) -> dict[str, np.ndarray]:
+    return _arrays(tiny_data)
+
+
+def _npy_dir(path: Path, arrays: dict[str, np.ndarray], **replace: np.ndarray) -> Path:
+    """A data directory of four .npy files (features as (n, 20, 195)); ``replace``: other
+    arrays for some roles."""
+    path.mkdir(parents=True, exist_ok=True)
+    for role, a in {**arrays, **replace}.items():
+        out = a.reshape(len(a), 20, 195) if "features" in role and role not in replace else a
+        np.save(path / f"{role}.npy", out, allow_pickle=role in replace and a.dtype == object)
+    return path
+
+
+def _h5(path: Path, arrays: dict[str, np.ndarray], chunked: tuple[str, ...] = ()) -> Path:
+    with h5py.File(path, "w") as f:
+        for role, a in arrays.items():
+            if role in chunked:
+                f.create_dataset(role, data=a, chunks=(7, *a.shape[1:]), compression="gzip")
+            else:
+                f.create_dataset(role, data=a)
+    return path
+
+
+def _train(data: Path, out: Path, *extra: str) -> tuple[int, list[str], list[dict]]:
+    proc = run_cli(
+        "train", "--data", str(data), "--output", str(out), "--max-steps", "1", *extra,
+        *TINY_TRAIN_ARGS,
+    )  # fmt: skip
+    return proc.returncode, proc.stderr.splitlines(), json_lines(proc.stdout)
+
+
+# --- found by content ------------------------------------------------------------------------
+
+
+def test_the_format_is_told_by_content_not_by_name(tmp_path: Path, arrays: dict) -> None:
+    a = arrays["train_labels"]
+    np.save(tmp_path / "x.npy", a)
+    shutil.copy(tmp_path / "x.npy", tmp_path / "labels.txt")  # a .npy under a text name
+    np.savez(tmp_path / "x.npz", train_labels=a)
+    shutil.copy(tmp_path / "x.npz", tmp_path / "archive.dat")
+    _h5(tmp_path / "x.hdf", {"train_labels": a})
+    (tmp_path / "t.npy").write_bytes(b"1 2 3\n4 5 6\n")  # text under a .npy name
+    assert [kind(tmp_path / n) for n in ("labels.txt", "archive.dat", "x.hdf", "t.npy")] == [
+        "npy", "npz", "hdf5", "text",
+    ]  # fmt: skip
+    got = np.concatenate(list(open_array(tmp_path / "labels.txt").chunks(Shape(3), False)))
+    np.testing.assert_array_equal(got, a)
+
+
+def test_an_hdf5_file_behind_a_user_block_is_recognised(tmp_path: Path, arrays: dict) -> None:
+    path = tmp_path / "blocked.h5"
+    with h5py.File(path, "w", userblock_size=1024) as f:
+        f.create_dataset("train_labels", data=arrays["train_labels"])
+    assert kind(path) == "hdf5"
+    assert open_array(path, "train_labels").columns(10) == 3
+
+
+def test_npy_files_are_found_by_their_default_names(tmp_path: Path, arrays: dict) -> None:
+    data = _npy_dir(tmp_path / "d", arrays)
+    config = TrainConfig.of(data_dir=data, output_dir=tmp_path / "o")
+    from app.training.inputs.load import sources
+
+    found = sources(config)
+    assert {r: found.path(r).name for r in ROLES} == {r: f"{r}.npy" for r in ROLES}
+
+
+# --- read in place ----------------------------------------------------------------------------
+
+
+def test_a_float32_npy_is_used_in_place_with_the_texts_digests(
+    tmp_path: Path, tiny_data: Path, arrays: dict
+) -> None:
+    """No array of a float32 .npy is copied into the cache; its rows, statistics and
+    digests are the ones the text gives."""
+    data = _npy_dir(tmp_path / "npy", arrays)
+    text = prepare_cache(TrainConfig.of(data_dir=tiny_data, output_dir=tmp_path / "t"))
+    npy = prepare_cache(TrainConfig.of(data_dir=data, output_dir=tmp_path / "n"))
+    assert sorted(p.name for p in npy.path.iterdir()) == [
+        ".coretrain",
+        "manifest.json",
+        "stats.npz",
+    ]
+    assert npy.where("train_x.f32") == (data.resolve() / "train_features.npy", 128)
+    assert npy.checksums == text.checksums
+    assert (npy.fingerprint("train"), npy.fingerprint("test")) == (
+        text.fingerprint("train"), text.fingerprint("test"),
+    )  # fmt: skip
+    for stat in ("feature_mean", "feature_std", "label_mean", "label_std"):
+        np.testing.assert_array_equal(getattr(npy, stat), getattr(text, stat))
+    np.testing.assert_array_equal(npy.features("train"), text.features("train"))
+    idx = np.array([0, 1, 2, 17, 100, 239])
+    np.testing.assert_array_equal(
+        npy.read_rows("train", "features", idx), text.read_rows("train", "features", idx)
+    )
+    manifest = json.loads((npy.path / "manifest.json").read_text())
+    assert set(manifest["in_place"]) == {"train_x.f32", "train_y.f32", "test_x.f32", "test_y.f32"}
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float16", "int32", "uint8", ">f4"])
+def test_other_real_dtypes_are_converted_once(tmp_path: Path, arrays: dict, dtype: str) -> None:
+    feats = arrays["train_features"].astype(dtype)
+    data = _npy_dir(tmp_path / "d", arrays, train_features=feats)
+    cache = prepare_cache(TrainConfig.of(data_dir=data, output_dir=tmp_path / "o"))
+    assert (cache.path / "train_x.f32").stat().st_size == feats.size * 4
+    np.testing.assert_array_equal(
+        cache.features("train").reshape(len(feats), -1), feats.astype(np.float32)
+    )
+
+
+def test_a_fortran_ordered_npy_is_converted_not_mapped(tmp_path: Path, arrays: dict) -> None:
+    feats = np.asfortranarray(arrays["train_features"])
+    data = _npy_dir(tmp_path / "d", arrays, train_features=feats)
+    cache = prepare_cache(TrainConfig.of(data_dir=data, output_dir=tmp_path / "o"))
+    assert (cache.path / "train_x.f32").is_file()
+    np.testing.assert_array_equal(cache.features("train").reshape(len(feats), -1), feats)
+
+
+def test_hdf5_chunked_compressed_is_read_in_blocks_contiguous_in_place(
+    tmp_path: Path, arrays: dict
+) -> None:
+    path = _h5(tmp_path / "d.h5", arrays, chunked=("train_features",))
+    cache = prepare_cache(TrainConfig.of(data_dir=path, output_dir=tmp_path / "o"))
+    assert (cache.path / "train_x.f32").is_file()  # compressed: converted
+    assert not (cache.path / "test_x.f32").exists()  # contiguous float32: in place
+    np.testing.assert_array_equal(cache.features("test").reshape(60, -1), arrays["test_features"])
+    np.testing.assert_array_equal(
+        cache.features("train").reshape(240, -1), arrays["train_features"]
+    )
+
+
+def test_predict_picks_a_containers_features_array(tmp_path: Path, arrays: dict) -> None:
+    a = arrays["test_features"]
+    np.savez(tmp_path / "one.npz", anything=a)
+    np.savez(tmp_path / "two.npz", test_features=a, test_labels=arrays["test_labels"])
+    np.savez(tmp_path / "many.npz", x=a, y=a)
+    for name in ("one.npz", "two.npz"):
+        got = np.concatenate(list(features_array(tmp_path / name).chunks(Shape(3900), False)))
+        np.testing.assert_array_equal(got, a)
+    with pytest.raises(DataError, match=r"many\.npz: no array named features"):
+        features_array(tmp_path / "many.npz")
+
+
+# --- bad arrays: exit 3, one line naming the file (and array) --------------------------------
+
+
+def _bad_cases(tmp: Path, arrays: dict) -> dict[str, tuple[Path, str]]:
+    """name → (--data, what the one line must hold after ``coretrain: ``)."""
+    feats, labels = arrays["train_features"], arrays["train_labels"]
+    cases: dict[str, tuple[Path, str]] = {}
+
+    def npy(name: str, expect: str, **replace: np.ndarray) -> None:
+        cases[name] = (_npy_dir(tmp / name, arrays, **replace), expect)
+
+    d = str(tmp)
+    npy(
+        "width",
+        f"{d}/width/train_features.npy: shape (240, 100), expected",
+        train_features=feats[:, :100],
+    )
+    npy("shape", f"{d}/shape/train_features.npy: shape (240, 20, 195, 2)",
+        train_features=np.repeat(feats.reshape(240, 20, 195, 1), 2, axis=3))  # fmt: skip
+    npy("labels3d", f"{d}/labels3d/train_labels.npy: shape (240, 3, 1): labels are",
+        train_labels=labels.reshape(240, 3, 1))  # fmt: skip
+    npy("object", f"{d}/object/train_labels.npy: object dtype", train_labels=labels.astype(object))
+    npy("structured", f"{d}/structured/train_labels.npy: structured dtype",
+        train_labels=np.zeros(240, [("a", "f4"), ("b", "f4"), ("c", "f4")]))  # fmt: skip
+    npy("complex", f"{d}/complex/train_labels.npy: dtype complex64, not real numbers",
+        train_labels=labels.astype(np.complex64))  # fmt: skip
+    nan = feats.copy()
+    nan[17, 5] = np.nan
+    npy("nonfinite", f"{d}/nonfinite/train_features.npy: row 18, column 6: nan", train_features=nan)
+    npy("rows", f"{d}/rows/train_labels.npy: 239 label rows but {d}/rows/train_features.npy",
+        train_labels=labels[:239])  # fmt: skip
+    npy("empty", f"{d}/empty/train_labels.npy: empty array", train_labels=labels[:0])
+    npy("truncated", f"{d}/truncated/train_features.npy: truncated")
+    path = tmp / "truncated" / "train_features.npy"
+    path.write_bytes(path.read_bytes()[:-1000])
+    np.savez(tmp / "cut.npz", **arrays)
+    raw = (tmp / "cut.npz").read_bytes()
+    (tmp / "cut.npz").write_bytes(raw[: len(raw) // 2])
+    cases["npz_truncated"] = (tmp / "cut.npz", f"{d}/cut.npz: not a readable .npz")
+    np.savez(tmp / "missing.npz", **{r: a for r, a in arrays.items() if r != "test_labels"})
+    cases["npz_missing"] = (tmp / "missing.npz", f"{d}/missing.npz:test_labels: no such array")
+    mixed = {**arrays, "test_features": arrays["test_features"][:59]}
+    cases["h5_rows"] = (_h5(tmp / "rows.h5", mixed), f"{d}/rows.h5:test_labels: 60 label rows")
+    _h5(tmp / "cut.h5", arrays)
+    raw = (tmp / "cut.h5").read_bytes()
+    (tmp / "cut.h5").write_bytes(raw[: len(raw) // 3])
+    cases["h5_truncated"] = (tmp / "cut.h5", f"{d}/cut.h5")
+    return cases
+
+
+BAD = [
+    "width", "shape", "labels3d", "object", "structured", "complex", "nonfinite", "rows", "empty",
+    "truncated", "npz_truncated", "npz_missing", "h5_rows", "h5_truncated",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def bad_cases(tmp_path_factory: pytest.TempPathFactory, arrays: dict) -> dict:
+    return _bad_cases(tmp_path_factory.mktemp("bad"), arrays)
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_a_bad_array_is_exit_3_in_one_line(tmp_path: Path, bad_cases: dict, case: str) -> None:
+    data, expect = bad_cases[case]
+    code, lines, records = _train(data, tmp_path / "o")
+    assert code == 3, lines
+    assert len(lines) == 1 and lines[0].startswith(f"coretrain: {expect}"), lines
+    assert "Traceback" not in "\n".join(lines)
+    assert events(records, "end")[-1]["exit_code"] == 3
+
+
+def test_allow_nonfinite_admits_nan_in_an_array(tmp_path: Path, bad_cases: dict) -> None:
+    """As for text: admitted, the NaN reaches the statistics, which is the next refusal."""
+    data, _ = bad_cases["nonfinite"]
+    code, lines, _ = _train(data, tmp_path / "o", "--allow-nonfinite")
+    assert code == 3 and len(lines) == 1
+    assert "NaN/Inf values (allowed by --allow-nonfinite) make the standardisation" in lines[0]
+
+
+def test_the_cache_bound_applies_to_a_converted_array_not_to_one_in_place(
+    tmp_path: Path, arrays: dict
+) -> None:
+    wide = _npy_dir(tmp_path / "f64", arrays, train_features=arrays["train_features"].astype("f8"))
+    code, lines, _ = _train(wide, tmp_path / "o1", "--max-cache-bytes", "1000000")
+    assert code == 3 and len(lines) == 1
+    assert lines[0].startswith(f"coretrain: {wide}/train_features.npy: the data cache would take")
+    in_place = _npy_dir(tmp_path / "f32", arrays)
+    config = TrainConfig.of(data_dir=in_place, output_dir=tmp_path / "o2", max_cache_bytes=100_000)
+    assert prepare_cache(config, max_bytes=100_000).train_size == 240
+
+
+def test_a_labels_array_with_too_many_columns_is_refused_from_its_header(
+    tmp_path: Path, arrays: dict
+) -> None:
+    data = _npy_dir(tmp_path / "d", arrays, train_labels=np.zeros((240, 10_001), np.float32))
+    code, lines, _ = _train(data, tmp_path / "o")
+    assert code == 3 and len(lines) == 1
+    assert lines[0] == (
+        f"coretrain: {data}/train_labels.npy: more than 10000 label columns (the limit, "
+        "app/data/cache/bounds.py): not a label file?"
+    )
+
+
+# --- the same values train the same model, whatever the format --------------------------------
+
+
+@pytest.mark.slow
+def test_text_npy_npz_and_hdf5_train_to_the_same_test_rmse_bit_for_bit(
+    tmp_path: Path, tiny_data: Path, arrays: dict
+) -> None:
+    """Same seed, formulation and precision (tests/conftest.py PINNED): the same values give
+    the same cache statistics and digests, so the same run identity, batches and weights;
+    ``predict`` gives the same predictions from each format."""
+    chunked = ("train_features", "test_features")
+    inputs = {
+        "text": tiny_data,
+        "npy": _npy_dir(tmp_path / "npy", arrays),
+        "npz": tmp_path / "d.npz",
+        "hdf5": _h5(tmp_path / "d.h5", arrays, chunked=chunked),
+    }
+    np.savez_compressed(inputs["npz"], **arrays)
+    metrics, identity = {}, {}
+    for name, data in inputs.items():
+        out = tmp_path / f"out-{name}"
+        code, lines, _ = _train(data, out, "--max-steps", "6", "--seed", "5")
+        assert code == 0, lines
+        metrics[name] = json.loads((out / "metrics.json").read_text())
+        identity[name] = json.loads((out / "checkpoints" / "run.json").read_text())["data"]
+    for name in ("npy", "npz", "hdf5"):
+        assert identity[name] == identity["text"]
+        for key in ("test_rmse", "val_rmse", "baseline_rmse", "linear_rmse"):
+            assert metrics[name][key] == metrics["text"][key], (name, key)
+    model = tmp_path / "out-text" / "model"
+    predicted = []
+    for name, features in (
+        ("text", tiny_data / "test_features.txt"),
+        ("npy", inputs["npy"] / "test_features.npy"),
+        ("npz", inputs["npz"]),
+        ("hdf5", inputs["hdf5"]),
+    ):
+        out = tmp_path / f"p-{name}.npy"
+        proc = run_cli(
+            "predict", "--model", str(model), "--features", str(features), "--out", str(out)
+        )
+        assert proc.returncode == 0, proc.stderr
+        predicted.append(np.load(out))
+    for got in predicted[1:]:
+        np.testing.assert_array_equal(got, predicted[0])
+
+
+def test_a_containers_arrays_may_be_named_by_option(tmp_path: Path, arrays: dict) -> None:
+    from app.training.inputs.load import sources
+
+    renamed = {"X": arrays["train_features"], **{r: arrays[r] for r in ROLES[1:]}}
+    np.savez(tmp_path / "d.npz", **renamed)
+    config = TrainConfig.of(
+        data_dir=tmp_path / "d.npz", output_dir=tmp_path / "o", train_features="X"
+    )
+    found = sources(config)
+    assert [found.label(r) for r in ROLES] == [
+        f"{tmp_path}/d.npz:{name}" for name in ("X", *ROLES[1:])
+    ]
+    assert prepare_cache(config).train_size == 240
