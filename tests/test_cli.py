@@ -215,7 +215,7 @@ def test_train_s_own_variable_wins_over_the_short_one(tmp_path: Path) -> None:
     proc = run_cli("train", env=env)
     assert proc.returncode == 2
     (line,) = proc.stderr.splitlines()
-    assert f"--data {tmp_path / 'own'}: no such directory" in line
+    assert f"--data {tmp_path / 'own'}: no such file or directory" in line
 
 
 @dataclass(frozen=True)

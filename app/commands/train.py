@@ -12,7 +12,6 @@ a restart of the process with a new thread plan. Failures are raised
 from __future__ import annotations
 
 import os
-import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -68,18 +67,15 @@ def run(
 
 
 def _check_data_dir(path: Path) -> None:
-    """Raise ConfigError (exit 2, a usage error) when ``path`` (--data) does not exist or
-    is not a directory; other problems (permissions) are the data files' to report."""
+    """Raise ConfigError (exit 2, a usage error) when ``path`` (--data: a directory, or one
+    file holding the four arrays) does not exist; other problems (permissions, what is in
+    it) are the data's to report."""
     try:
-        is_dir = stat.S_ISDIR(os.stat(path).st_mode)
-    except FileNotFoundError:
-        raise ConfigError(f"--data {path}: no such directory") from None
-    except NotADirectoryError:
-        raise ConfigError(f"--data {path}: a path component is not a directory") from None
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise ConfigError(f"--data {path}: no such file or directory") from None
     except OSError:
         return
-    if not is_dir:
-        raise ConfigError(f"--data {path}: not a directory")
 
 
 def pushed(url: str, output: Path, body: Callable[[], Exit]) -> Exit:
