@@ -45,8 +45,9 @@ from app.commands.execute import ExecConfig
 from app.commands.models import ModelsReport
 from app.commands.plan import PlanReport
 from app.config import GenerateConfig, PredictConfig, TrainConfig
-from app.errors import AppError, Preempted
+from app.errors import AppError, Preempted, exit_code_of
 from app.options import flag_of, from_flat, option_fields
+from app.report import ReportOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 ENV_PREFIX = "CORETRAIN_"
@@ -54,7 +55,7 @@ ENV_PREFIX = "CORETRAIN_"
 COMMANDS: dict[str, tuple[type, ...]] = {
     "plan": (PlanReport, PlanOptions),
     "generate": (GenerateConfig,),
-    "train": (TrainConfig, PlanOptions, ClusterOptions),
+    "train": (TrainConfig, PlanOptions, ClusterOptions, ReportOptions),
     "models": (ModelsReport,),
     "predict": (PredictConfig, PlanOptions),
     "bench-scaling": (ScalingConfig,),
@@ -176,11 +177,38 @@ def options_of(command: str) -> Callable[[F], F]:
                         f"option of that name); set {own} instead",
                         err=True,
                     )
+            for name in sorted(unknown_variables(os.environ)):
+                click.echo(
+                    f"coretrain {command}: {name} matches no option of any command, and is "
+                    f"ignored (coretrain {command} --help lists the variables)",
+                    err=True,
+                )
             return f(*args, **kwargs)
 
         return typing.cast(F, noticed)
 
     return decorate
+
+
+@functools.cache
+def _every_variable() -> frozenset[str]:
+    """Every variable an option of some command reads, and the short name of every option
+    (one a command does not read has a notice of its own)."""
+    return frozenset(
+        name
+        for command, classes in COMMANDS.items()
+        for cls in classes
+        for field in option_fields(cls)
+        for name in (*envvars(command, field), ENV_PREFIX + _name(field))
+    )
+
+
+def unknown_variables(environ: typing.Mapping[str, str]) -> list[str]:
+    """The ``CORETRAIN_…`` variables of ``environ`` that no option of any command reads (a
+    misspelt option, or one coretrain no longer has), named in a notice on stderr. One
+    meant for another command is not among them: an image or a ConfigMap may set a
+    command's variables for every command run in it."""
+    return [n for n in environ if n.startswith(ENV_PREFIX) and n not in _every_variable()]
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -202,10 +230,11 @@ def _fail(exc: BaseException) -> typing.NoReturn:
     """Report an error in one line on stderr, as the run's ``end`` event, and exit with its
     code: a stop before any step was trained (Preempted) ends ``preempted``, the rest
     ``failed`` (an unexpected error also logs its ``traceback``, exit 1)."""
+    code = exit_code_of(exc)
     if isinstance(exc, AppError):
-        code, message = exc.exit_code, str(exc)
+        message = str(exc)
     else:
-        code, message = 1, f"unexpected error: {type(exc).__name__}: {exc}"
+        message = f"unexpected error: {type(exc).__name__}: {exc}"
         logs.event("traceback", "".join(traceback.format_exception(exc)), level=logging.ERROR)
     if isinstance(exc, Preempted):
         logs.event("end", message, status="preempted")
@@ -215,7 +244,9 @@ def _fail(exc: BaseException) -> typing.NoReturn:
 
 
 def _exit(result: Exit) -> typing.NoReturn:
-    """End the process as ``result`` says: its message on stderr, its code."""
+    """End the process as ``result`` says: its message on stderr (a progress bar cleared
+    first), its code."""
+    logs.clear_view()
     if result.message is not None:
         click.echo(f"coretrain: {result.message}", err=True)
     sys.exit(result.code)
@@ -261,8 +292,8 @@ def train_cmd(**values: Any) -> None:
     from app.commands import train
 
     def run() -> Exit:
-        config = build(TrainConfig, values)
-        return train.run(config, build(PlanOptions, values), build(ClusterOptions, values))
+        config, report = build(TrainConfig, values), build(ReportOptions, values)
+        return train.run(config, build(PlanOptions, values), build(ClusterOptions, values), report)
 
     _exit(_guarded(run))
 

@@ -98,6 +98,11 @@ class CommandNotExecutable(AppError):
     exit_code = 126
 
 
+def exit_code_of(exc: BaseException) -> int:
+    """The exit code a failure ends the process with: an AppError's own, else 1."""
+    return exc.exit_code if isinstance(exc, AppError) else 1
+
+
 def short_message(exc: BaseException, limit: int = 300) -> str:
     """One informative line of an error, TensorFlow's included (no TensorFlow import).
 

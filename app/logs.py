@@ -1,4 +1,6 @@
-"""JSON logging: one object per line on stdout and in ``<output>/logs/train.jsonl``.
+"""JSON logging: one object per line on stdout and in ``<output>/logs/train.jsonl``; or,
+for a person at a terminal, the console view on stdout (app/report/view.py) with the file
+still JSON lines.
 
 Every record has ``timestamp``, ``level``, ``event`` and ``message`` plus the
 event's own fields (docs/architecture.md, "Logs"). Python warnings and the ``tensorflow`` /
@@ -17,6 +19,9 @@ from typing import Any, TextIO
 from pythonjsonlogger.json import JsonFormatter
 
 LOGGER_NAME = "coretrain"
+#: The level of the loop's ``step`` records (after every call into TensorFlow): below INFO,
+#: so only the console view (app/report/view.py) gets them, never the JSON log.
+STEP = 15
 _ROUTED = ("tensorflow", "absl", "keras", "py.warnings")
 # Until setup() (commands that keep stdout for their own output, such as plan, never call
 # it), events go nowhere: without a handler Python's logging would print them on stderr,
@@ -50,22 +55,35 @@ def _formatter() -> JsonFormatter:
 
 
 def setup(
-    worker: int | None = None, level: int = logging.INFO, stream: TextIO | None = None
+    worker: int | None = None,
+    level: int = logging.INFO,
+    stream: TextIO | None = None,
+    text: bool = False,
 ) -> logging.Logger:
     """Send the project's logger (and routed library loggers) to ``stream`` (default
-    stdout; ``coretrain exec`` leaves stdout to its program) as JSON lines.
+    stdout; ``coretrain exec`` leaves stdout to its program) as JSON lines, or with
+    ``text`` as the console view for people (app/report/view.py), which also gets the
+    :data:`STEP` records.
 
     Idempotent: replaces handlers installed by an earlier call. Returns the
     ``coretrain`` logger.
     """
     logger = logging.getLogger(LOGGER_NAME)
-    logger.setLevel(level)
+    logger.setLevel(min(level, STEP) if text else level)
     logger.propagate = False
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
         handler.close()
-    stdout = logging.StreamHandler(sys.stdout if stream is None else stream)
-    stdout.setFormatter(_formatter())
+    out = sys.stdout if stream is None else stream
+    stdout: logging.Handler
+    if text:
+        from app.report.view import ConsoleView
+
+        stdout = ConsoleView(out)
+    else:
+        stdout = logging.StreamHandler(out)
+        stdout.setFormatter(_formatter())
+        stdout.setLevel(level)
     stdout.addFilter(_Defaults(worker))
     logger.addHandler(stdout)
     logging.captureWarnings(True)
@@ -97,6 +115,7 @@ def add_file(fd: int, worker: int | None = None) -> None:
     _drop_partial_record(fd)
     handler = _FileHandler(os.fdopen(fd, "a", encoding="utf-8"))
     handler.setFormatter(_formatter())
+    handler.setLevel(max(logging.getLogger(LOGGER_NAME).level, logging.INFO))
     handler.addFilter(_Defaults(worker))
     logging.getLogger(LOGGER_NAME).addHandler(handler)
     for name in _ROUTED:
@@ -116,6 +135,25 @@ def _drop_partial_record(fd: int) -> None:
         pos = start
     if pos != end:
         os.ftruncate(fd, pos)
+
+
+def add_handler(handler: logging.Handler) -> None:
+    """Also give the project's records (at INFO and above) to ``handler``."""
+    handler.setLevel(max(handler.level, logging.INFO))
+    logging.getLogger(LOGGER_NAME).addHandler(handler)
+
+
+def clear_view() -> None:
+    """Erase the console view's progress bar, if one is shown (before a line on stderr)."""
+    for handler in logging.getLogger(LOGGER_NAME).handlers:
+        clear = getattr(handler, "clear", None)
+        if callable(clear):
+            clear()
+
+
+def shows(level: int) -> bool:
+    """Whether records at ``level`` reach any handler (:data:`STEP`: a console view)."""
+    return logging.getLogger(LOGGER_NAME).isEnabledFor(level)
 
 
 def event(name: str, message: str, level: int = logging.INFO, **fields: Any) -> None:

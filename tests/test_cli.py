@@ -183,6 +183,18 @@ def test_a_short_variable_meant_for_another_command_is_named_not_read(tmp_path: 
     assert (own.returncode, own.stdout, own.stderr) == (0, "[]\n", "")
 
 
+def test_a_variable_of_no_option_is_named_in_one_line(tmp_path: Path) -> None:
+    env = {"CORETRAIN_MAX_STPES": "3", "CORETRAIN_PLAN_FORMAT": "text"}  # a typo, plan's
+    proc = run_cli("models", str(tmp_path), env=env)
+    assert proc.returncode == 0
+    (line,) = proc.stderr.splitlines()  # plan's own variable is not named under models
+    assert line.startswith("coretrain models: CORETRAIN_MAX_STPES matches no option")
+    from app.cli import unknown_variables
+
+    environ = {"CORETRAIN_SEED": "1", "CORETRAIN_GENERATE_SEED": "2", "CORETRAIN_X": "3"}
+    assert unknown_variables({**environ, "_CORETRAIN_LOCK_FD": "4", "HOME": "/"}) == ["CORETRAIN_X"]
+
+
 def test_each_command_reads_its_own_variables() -> None:
     import json
 
@@ -201,9 +213,9 @@ def test_train_s_own_variable_wins_over_the_short_one(tmp_path: Path) -> None:
         "CORETRAIN_OUTPUT": str(tmp_path / "out"),
     }
     proc = run_cli("train", env=env)
-    assert proc.returncode == 3
+    assert proc.returncode == 2
     (line,) = proc.stderr.splitlines()
-    assert f"{tmp_path / 'own'}/train_features.txt: missing data file" in line
+    assert f"--data {tmp_path / 'own'}: no such file or directory" in line
 
 
 @dataclass(frozen=True)

@@ -38,9 +38,16 @@ def test_train_writes_json_logs_checkpoints_export_and_metrics(first_run) -> Non
     records = json_lines(proc.stdout)  # every stdout line is JSON
     for r in records:
         assert {"timestamp", "level", "event", "message"} <= r.keys()
+    assert max(len(line) for line in proc.stdout.splitlines()) < 2000  # lean events
     start = events(records, "start")[0]
     assert start["plan"]["intra_op_threads"] >= 1
     assert start["config"]["max_steps"] == 6
+    # The whole plan, with the files it was decided from, is written once beside the log.
+    assert start["plan_file"] == str(out / "logs" / "plan.json")
+    whole = json.loads((out / "logs" / "plan.json").read_text())
+    assert "/proc/cpuinfo" in whole["inputs"] and whole["reasons"]
+    assert "inputs" not in start["plan"] and "reasons" not in start["plan"]
+    assert whole["intra_op_threads"] == start["plan"]["intra_op_threads"]
     assert [p["step"] for p in events(records, "progress")] == [3, 6]
     for p in events(records, "progress"):
         assert {"loss", "val_rmse", "lr", "examples_per_sec", "cpu_util", "eta_s"} <= p.keys()
@@ -51,6 +58,7 @@ def test_train_writes_json_logs_checkpoints_export_and_metrics(first_run) -> Non
     assert "loading 216 rows" in inp["message"] and "streaming 6 batches" in inp["message"]
     end = events(records, "end")[-1]
     assert end["status"] == "completed" and end["final_step"] == 6
+    assert "plan" not in end and np.isfinite(end["test_rmse"])  # results, not the plan again
     assert (out / "checkpoints" / "ckpt-6.index").is_file()
     assert (out / "model" / "model.keras").is_file()
     assert (out / "model" / "saved_model" / "saved_model.pb").is_file()
@@ -195,6 +203,20 @@ def test_missing_data_exits_3_naming_the_file(tmp_path: Path) -> None:
     assert proc.returncode == 3, proc.stderr
     assert f"{tmp_path}/train_features.txt" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("kind", ["missing", "below a file"])
+def test_a_data_directory_that_does_not_exist_is_a_usage_error_writing_nothing(
+    kind: str, tmp_path: Path
+) -> None:
+    (tmp_path / "file").write_text("1 2 3\n")
+    data = {"missing": "nowhere", "below a file": "file/data"}[kind]
+    out = tmp_path / "out"
+    proc = run_cli("train", "--data", str(tmp_path / data), "--output", str(out))
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("coretrain: ") and f"{tmp_path / data}" in line
+    assert not out.exists()  # nothing written, not even the log or the lock
 
 
 def test_allowed_nan_with_standardisation_is_a_data_error_naming_the_way_out(

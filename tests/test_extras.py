@@ -19,7 +19,8 @@ from app.training.extras.summaries import Summaries
 from app.training.state.choose import Choice
 
 PLAN = SimpleNamespace(
-    cpu_quota=1.0, intra_op_threads=2, to_json=lambda: {"intra_op_threads": 2}
+    cpu_quota=1.0, intra_op_threads=2, to_json=lambda: {"intra_op_threads": 2},
+    cpu_budget=1.0, cpu_stat=None,
 )  # fmt: skip
 
 
@@ -110,3 +111,33 @@ def test_the_summaries_write_the_decided_options_and_every_record(tmp_path: Path
     text = found[("config", 0)].tensor.string_val[0].decode()
     assert '"formulation": "fast"' in text and '"precision": "float32"' in text
     assert tf.make_ndarray(found[("val_rmse", 10)].tensor) == pytest.approx(0.25)
+
+
+def test_the_progress_view_joins_only_a_run_a_console_view_shows(tmp_path: Path) -> None:
+    import io
+
+    from app import logs
+    from app.training.extras.progress_view import StepView
+    from app.training.loop.controller import Meter
+
+    assert not [h for h in extras.hooks(_run(tmp_path)) if isinstance(h, StepView)]  # JSON
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logs.STEP)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logs.setup(level=logging.INFO, stream=io.StringIO(), text=True)
+    logging.getLogger(logs.LOGGER_NAME).addHandler(handler)
+    try:
+        run = _run(tmp_path)
+        (view,) = [h for h in extras.hooks(run) if isinstance(h, StepView)]
+        assert view.max_steps == run.config.schedule.max_steps
+        clock = iter(range(100)).__next__
+        view = StepView(Meter(2.0, 10, clock=clock, cpu_clock=clock), max_steps=10)
+        for step in (1, 4, 7):
+            view.after_steps(step, SimpleNamespace(loss=0.5))  # type: ignore[arg-type]
+    finally:
+        logs.setup(level=logging.INFO)
+    steps = [r for r in records if getattr(r, "event", None) == "step"]
+    assert [r.step for r in steps] == [1, 4, 7]  # type: ignore[attr-defined]
+    assert {r.levelno for r in steps} == {logs.STEP}
+    assert not hasattr(steps[0], "examples_per_sec")  # the first call traced: no rate
+    assert all(r.examples_per_sec > 0 for r in steps[1:])  # type: ignore[attr-defined]

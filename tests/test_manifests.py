@@ -1033,6 +1033,33 @@ def test_the_nightly_run_publishes_where_tf_serving_reads(
     assert serving_pod["securityContext"]["runAsNonRoot"] is True
 
 
+def test_tf_serving_exposes_prometheus_metrics_where_the_pods_say() -> None:
+    documents = _load_all(K8S / "serving.yaml")
+    deployment = next(d for d in documents if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]
+    (server,) = pod["spec"]["containers"]
+    config = next(a.split("=", 1)[1] for a in server["args"] if "--monitoring_config_file=" in a)
+    mount = next(m for m in server["volumeMounts"] if config.startswith(m["mountPath"] + "/"))
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == mount["name"])
+    configmap = next(
+        d for d in documents
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"] == volume["configMap"]["name"]
+    )  # fmt: skip
+    text = configmap["data"][Path(config).name]
+    path = re.search(r'prometheus_config\s*{[^}]*enable:\s*true[^}]*path:\s*"([^"]+)"', text)
+    assert path, text
+    annotations = pod["metadata"]["annotations"]
+    assert annotations["prometheus.io/path"] == path.group(1)
+    port = next(p for p in server["ports"] if p["containerPort"] == 8501)
+    assert annotations["prometheus.io/port"] == str(port["containerPort"])
+    assert f"--rest_api_port={port['containerPort']}" in server["args"]
+
+
+def test_the_nightly_run_pushes_its_metrics(container: dict[str, Any]) -> None:
+    env = _env(container)
+    assert env["CORETRAIN_METRICS_PUSH"]["value"].startswith("http://")
+
+
 def _shipped_env(container: dict[str, Any], mounts: dict[str, Path], job: str) -> dict[str, str]:
     """The environment ``coretrain train`` gets in the shipped pod: the ConfigMap, then the
     container's own variables ($(VAR) expanded as Kubernetes does; the downward API's as a

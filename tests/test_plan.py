@@ -112,6 +112,24 @@ def test_memory_limit_sets_tfdata_ram_budget() -> None:
     assert plan.tfdata_ram_budget == 2 << 30
 
 
+def test_the_brief_plan_leaves_the_inputs_and_reasons_out_and_stays_short() -> None:
+    cpus = tuple(range(256))
+    b = CpuBudget(cpu_quota=250.0, cpuset=cpus, memory_limit=None, quota_source="t")
+    topo = Topology(cores=tuple((c,) for c in cpus), numa_nodes=(cpus,), inputs={})
+    plan = dataclasses.replace(
+        make_plan(b, topo, Overrides(pin="cores")), inputs={"/proc/cpuinfo": "flags " * 2000}
+    )
+    brief = plan.brief()
+    assert "inputs" not in brief and "reasons" not in brief
+    assert brief["cpuset"] == "0-255" and brief["pin_cpus"] == "0-249"
+    assert brief["intra_op_threads"] == plan.intra_op_threads == 250
+    assert {k: v for k, v in plan.to_json().items() if k not in brief} == {
+        "inputs": dict(plan.inputs),
+        "reasons": list(plan.reasons),
+    }
+    assert len(json.dumps(brief)) < 1000  # with the config, one start line under 2,000
+
+
 def test_pin_modes_pick_inside_the_allowed_set() -> None:
     b = CpuBudget(cpu_quota=2.0, cpuset=(2, 3, 4, 5, 6, 7), memory_limit=None, quota_source="t")
     topo = Topology(

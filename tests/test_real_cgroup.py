@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from app.budget.cpulist import format_cpulist
 from app.budget.plan import DEFAULT_ROUNDING, round_threads
 from benchmarks.cgroup_run import CpuCgroup, cpu_cgroup, unavailable_reason
 from tests.conftest import PINNED, REPO, events
@@ -211,8 +212,11 @@ def test_training_runs_under_the_quota_with_the_detected_plan(
         err.seek(0)
         assert returncode == 0, err.read()[-3000:]
     after = grp.stat()
-    start = events(records, "start")[0]["plan"]
-    assert start["cpu_quota"] == 1.5
+    brief = events(records, "start")[0]["plan"]
+    assert brief["cpuset"] == format_cpulist(plans[1.5]["cpuset"])  # in brief, the kernel's form
+    start = json.loads((tmp_path / "out" / "logs" / "plan.json").read_text())  # the whole plan
+    assert events(records, "start")[0]["plan_file"] == str(tmp_path / "out" / "logs" / "plan.json")
+    assert start["cpu_quota"] == brief["cpu_quota"] == 1.5
     assert {k: start[k] for k in PLAN_FIELDS} == {k: plans[1.5][k] for k in PLAN_FIELDS}
     assert start["intra_op_threads"] == expected_intra(1.5, len(start["cpuset"]))
     assert [p["step"] for p in events(records, "progress")] == [1, 2]

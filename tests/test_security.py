@@ -131,6 +131,7 @@ def test_a_volume_root_of_another_user_is_accepted_as_the_output(tmp_path: Path)
     skip = mount_tmpfs(volume, "size=4m,mode=2775")
     if skip:
         pytest.skip(skip)
+    (tmp_path / "no-data").mkdir()  # there, without the data files
     try:
         os.chown(volume, 12345, 0)
         proc = run_cli("train", "--data", str(tmp_path / "no-data"), "--output", str(volume))

@@ -928,3 +928,39 @@ def test_textfile_does_not_import_tensorflow() -> None:
         capture_output=True, text=True, cwd=REPO, timeout=60,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+
+
+def _npy(array: np.ndarray, compressed: bool = False) -> bytes:
+    out = io.BytesIO()
+    if compressed:
+        np.savez(out, features=array)
+    else:
+        np.save(out, array)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(
+    "content, width, hint",
+    [
+        (b"1.5,2,3\n4,5,6\n", 3, "; the fields look comma-separated: the text format separates"),
+        (b"1.5,2,3\n4,5,6\n", None, "; the fields look comma-separated"),  # not a number
+        (b"\xef\xbb\xbf1;2;3\n", 3, "; the fields look semicolon-separated"),
+        (_npy(np.zeros((4, 3), np.float32)), 3, "; this looks like a NumPy .npy file, not text"),
+        (_npy(np.zeros((4, 3)), compressed=True), 3, "; this looks like a .npz (zip) archive"),
+        (b"1 2 3\n4 5,5 6\n", 3, None),  # a decimal comma in whitespace-separated text
+        (b"1 2 abc\n", 3, None),
+    ],
+)
+def test_a_file_in_another_format_gets_a_hint(
+    tmp_path: Path, content: bytes, width: int | None, hint: str | None
+) -> None:
+    path = tmp_path / "train_features.txt"
+    path.write_bytes(content)
+    with pytest.raises(DataError) as caught:
+        read_all(path, width=width)
+    message = str(caught.value)
+    assert message.startswith(f"{path}:")
+    if hint is None:
+        assert ";" not in message.split(": not a number")[0] and "look" not in message
+    else:
+        assert hint in message and "\n" not in message

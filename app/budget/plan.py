@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from app.budget.cpulist import format_cpulist
 from app.errors import ConfigError
 from app.options import check_bounds, option
 
@@ -214,6 +215,17 @@ class ThreadPlan:
             k: v for k, v in asdict(self.overrides).items() if v is not None and k != "sources"
         }
         out["overrides"]["sources"] = dict(self.overrides.sources)
+        return out
+
+    def brief(self) -> dict[str, Any]:
+        """:meth:`to_json` without what the plan was decided from (the files read,
+        ``inputs``, and the ``reasons``), CPU lists in the kernel's form (``"0-63"``): the
+        ``start`` event's ``plan``, one log line at any CPU count; the whole plan goes to the
+        output directory's ``logs/plan.json`` (docs/architecture.md, "Logs")."""
+        out = self.to_json()
+        del out["inputs"], out["reasons"]
+        out["cpuset"] = format_cpulist(self.cpuset)
+        out["pin_cpus"] = None if self.pin_cpus is None else format_cpulist(self.pin_cpus)
         return out
 
 

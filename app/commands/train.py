@@ -12,6 +12,9 @@ a restart of the process with a new thread plan. Failures are raised
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import IO
 
 from app import lock, logs
@@ -22,7 +25,8 @@ from app.cluster import spec
 from app.cluster.spec import ClusterOptions
 from app.commands import Exit
 from app.config import TrainConfig
-from app.errors import NotPublished, Preempted
+from app.errors import ConfigError, NotPublished, Preempted, exit_code_of
+from app.report import ReportOptions, push
 from app.signals import StopRequest
 from app.training.loop.outcome import REPLAN_AT_ENV, Replan, Result, Stopped
 from app.training.state import workspace
@@ -31,23 +35,64 @@ from app.training.state import workspace
 NOT_PUBLISHED = NotPublished.exit_code
 
 
-def run(config: TrainConfig, options: PlanOptions, cluster_options: ClusterOptions) -> Exit:
+def run(
+    config: TrainConfig,
+    options: PlanOptions,
+    cluster_options: ClusterOptions,
+    report: ReportOptions | None = None,
+) -> Exit:
     """Train as configured (module docstring); return how the process ends. Raises
     AppError for every expected failure (its exit code: README, "Exit codes")."""
-    logs.setup()
+    text = report is not None and report.text(sys.stdout)
+    logs.setup(text=text)
+    _check_data_dir(config.data.data_dir)  # a mistyped --data writes nothing into --output
     restrict_umask()
     stop = StopRequest().install()
     cluster = spec.resolve(os.environ, cluster_options)
     if cluster is not None:
-        logs.setup(worker=cluster.index)  # every record carries the worker index
+        logs.setup(worker=cluster.index, text=text)  # every record carries the worker index
     ws = workspace.for_run(config, cluster)
     held = lock.acquire(ws.own, below=ws.output)
-    bfloat16 = "bfloat16" in config.compute.precisions(native_bf16=True)
-    plan = detect_plan("/", options, bfloat16=bfloat16)
-    apply.apply(plan)
-    from app.training.run import train
 
-    return conclude(train(ws, config, plan, stop, cluster), held)
+    def body() -> Exit:
+        bfloat16 = "bfloat16" in config.compute.precisions(native_bf16=True)
+        plan = detect_plan("/", options, bfloat16=bfloat16)
+        apply.apply(plan)
+        from app.training.run import train
+
+        return conclude(train(ws, config, plan, stop, cluster), held)
+
+    url = report.metrics_push if report is not None and ws.is_chief else None
+    return body() if url is None else pushed(url, ws.output, body)
+
+
+def _check_data_dir(path: Path) -> None:
+    """Raise ConfigError (exit 2, a usage error) when ``path`` (--data: a directory, or one
+    file holding the four arrays) does not exist; other problems (permissions, what is in
+    it) are the data's to report."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise ConfigError(f"--data {path}: no such file or directory") from None
+    except OSError:
+        return
+
+
+def pushed(url: str, output: Path, body: Callable[[], Exit]) -> Exit:
+    """``body()``, with the run's outcome pushed to the Pushgateway at ``url`` when it
+    ends, returned or raised (app/report/push.py); a restart for a new plan pushes in the
+    new process."""
+    recorder = push.Recorder()
+    logs.add_handler(recorder)
+    try:
+        result = body()
+    except Exception as exc:
+        status = "preempted" if isinstance(exc, Preempted) else "failed"
+        push.push(url, output, recorder, status, exit_code_of(exc))
+        raise
+    status = str(recorder.known.get("status") or ("completed" if result.code == 0 else "failed"))
+    push.push(url, output, recorder, status, result.code)
+    return result
 
 
 def conclude(result: Result, held: IO[str]) -> Exit:
@@ -56,6 +101,7 @@ def conclude(result: Result, held: IO[str]) -> Exit:
     outcome = result.outcome
     if isinstance(outcome, Replan):
         env = {REPLAN_AT_ENV: str(outcome.at), lock.HELD_FD_ENV: str(held.fileno())}
+        logs.clear_view()  # the new process draws its own bar
         apply.restart(env, keep_fds=(held.fileno(),))
     held.close()
     if isinstance(outcome, Stopped):

@@ -22,7 +22,7 @@ from app.atomic import write_json
 from app.data.cache import DataCache
 from app.release.export import Exported, export
 from app.release.gate import Decision
-from app.training.loop.outcome import Outcome, Replan, Result, Stopped
+from app.training.loop.outcome import Outcome, Replan, Result, Stopped, results
 from app.training.state.workspace import Workspace
 
 
@@ -71,9 +71,9 @@ def finish(
         case Replan():
             logs.event("replan", f"checkpoint saved at step {step}; restarting with the new plan")
         case Stopped():
-            logs.event("end", f"preempted at step {step}; rerun to resume", **summary)
+            logs.event("end", f"preempted at step {step}; rerun to resume", **results(summary))
         case _ if not ws.is_chief:  # the chief exports and writes metrics.json
-            logs.event("end", _finished(summary), **summary)
+            logs.event("end", _finished(summary), **results(summary))
         case _:
             exported = _export(ws, model, data, standardize)
             summary.update(
@@ -84,7 +84,7 @@ def finish(
                 summary["publish"] = decision.to_json()
             write_json(ws.metrics, summary, "output directory")
             message = f"{_finished(summary)} (mean predictor {data.baseline_rmse:.4g})"
-            logs.event("end", message, **summary)
+            logs.event("end", message, **results(summary))
     return Result(outcome, summary, decision)
 
 

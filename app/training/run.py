@@ -24,9 +24,11 @@ from __future__ import annotations
 import resource
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app import __version__, logs
+from app.atomic import write_json
 from app.budget.apply import import_tensorflow, tensorflow_version
 from app.budget.plan import ThreadPlan
 from app.cluster.spec import Cluster
@@ -35,6 +37,7 @@ from app.data.cache import measured
 from app.errors import Preempted
 from app.release import preflight
 from app.signals import StopRequest
+from app.training import phases
 from app.training.inputs.load import complete, load_data
 from app.training.loop.outcome import FINISHED, Outcome, Replan, Result
 from app.training.state import precheck, rerun, workspace
@@ -53,7 +56,8 @@ def train(
     """Train to ``config.schedule.max_steps`` (or the target loss) and export; return the outcome
     (app/training/loop/outcome.py) with the summary (also ``metrics.json``: ``status``,
     ``final_step``, ``exported_step``, ``test_rmse``, ``baseline_rmse`` in raw label
-    units, ``examples_per_sec``, ``wall_seconds``, ``plan``, …).
+    units, ``examples_per_sec``, ``wall_seconds``, ``startup_seconds`` (to the first
+    step), ``plan``, …).
 
     ``ws`` is this process's workspace (:func:`app.training.state.workspace.for_run` of
     ``config`` and ``cluster``). With ``cluster`` this process is one worker of a
@@ -66,7 +70,8 @@ def train(
     stop = stop or StopRequest()
     t_start = time.perf_counter()
     workspace.open_log(ws)
-    _log_start(config, plan, cluster)
+    write_json(ws.plan_file, plan.to_json(), "output directory")
+    _log_start(config, plan, cluster, ws.plan_file)
     workers = cluster.count if cluster else 1
     if config.publishing.publish_dir is not None and ws.is_chief:
         preflight.check(config.publishing.publish_dir)  # before anything is converted or fitted
@@ -79,6 +84,7 @@ def train(
     inputs = complete(config, plan, data, measured.Store(ws.cache, ws.cache_top))
     if stop():
         raise Preempted("stopped by signal before training started")
+    phases.tensorflow(plan.intra_op_threads)
     import_tensorflow()
     from app.training import session
     from app.training.loop import replicas
@@ -86,17 +92,21 @@ def train(
     reps = replicas.create(cluster)
     try:
         ready = session.start(ws, config, plan, inputs, reps, stop)
+        startup = time.perf_counter() - t_start  # what a run costs before its first step
         outcome = ready.controller().run(ready.start)
         if isinstance(outcome, Replan):
             inputs.data.hand_over()  # the restart's exec keeps the cache held
-        return _finish(ready, outcome, t_start)
+        return _finish(ready, outcome, t_start, startup)
     except Exception as exc:
         reps.report_failure(exc)  # the other workers stop instead of waiting for this one
         raise
 
 
-def _log_start(config: TrainConfig, plan: ThreadPlan, cluster: Cluster | None) -> None:
-    """The ``start`` event: versions, the config, the plan and the cluster."""
+def _log_start(
+    config: TrainConfig, plan: ThreadPlan, cluster: Cluster | None, plan_file: Path
+) -> None:
+    """The ``start`` event: versions, the config, the plan in brief (the whole plan, with the
+    files read and the reasons, is ``plan_file``) and the cluster."""
     multi: dict[str, Any] = {}
     if cluster is not None:
         multi = {
@@ -110,12 +120,13 @@ def _log_start(config: TrainConfig, plan: ThreadPlan, cluster: Cluster | None) -
         version=__version__,
         tensorflow=tensorflow_version(),
         config=config.to_json(),
-        plan=plan.to_json(),
+        plan=plan.brief(),
+        plan_file=str(plan_file),
         **multi,
     )
 
 
-def _finish(ready: Session, outcome: Outcome, t_start: float) -> Result:
+def _finish(ready: Session, outcome: Outcome, t_start: float, startup: float) -> Result:
     """The summary of ``outcome`` (the exported step's facts when the run finished), then
     the end of the run (app/training/finish.py)."""
     from app.training import finish
@@ -124,6 +135,7 @@ def _finish(ready: Session, outcome: Outcome, t_start: float) -> Result:
     facts = ready.exported(outcome) if isinstance(outcome, FINISHED) else {}
     facts.update(
         wall_seconds=round(time.perf_counter() - t_start, 2),
+        startup_seconds=round(startup, 2),
         steps_per_loop=outcome.steps_per_loop,
         formulation=ready.choice.formulation,
         precision=ready.choice.precision,

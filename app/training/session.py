@@ -32,7 +32,7 @@ from app.release.gate import Decision
 from app.training import extras
 from app.training.inputs.load import Inputs
 from app.training.loop.controller import Controller, Meter, Schedule
-from app.training.loop.outcome import REPLAN_AT_ENV, Outcome
+from app.training.loop.outcome import REPLAN_AT_ENV, Outcome, results
 from app.training.loop.replicas import Replicas
 from app.training.loop.trainer import Trainer
 from app.training.state import choose, identity
@@ -127,7 +127,7 @@ class Session:
         def run(exported: Exported) -> Decision:
             meta = {
                 "published_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                "metrics": {k: v for k, v in summary.items() if k != "plan"},
+                "metrics": results(summary),
                 "data_key": self.inputs.data.path.name,
                 "config": self.choice.options_json(self.config),
                 "plan": self.plan.to_json(),

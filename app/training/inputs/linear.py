@@ -31,6 +31,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from app.data.cache import DataCache
+from app.training import phases
 
 MAX_ROWS = 20_000
 MAX_WORK = 3e11
@@ -202,6 +203,7 @@ def baseline(
     n = sample_size(len(train_rows), d)
     picked = train_rows[np.random.default_rng([seed, 2]).choice(len(train_rows), n, replace=False)]
     fit_rows, held_rows = np.sort(picked[: n - n // 5]), np.sort(picked[n - n // 5 :])
+    phases.ridge(n, d, threads)
     with threadpool_limits(limits=threads, user_api="blas"):
         ridge = fit_parts(
             lambda: _read(cache, "train", fit_rows),

@@ -18,6 +18,12 @@ from typing import Any, ClassVar
 from app.release.gate import Decision
 
 
+def results(summary: dict[str, Any]) -> dict[str, Any]:
+    """The ``end`` event's fields: the summary (``metrics.json``) without the thread plan,
+    which the ``start`` event points to (``plan_file``)."""
+    return {key: value for key, value in summary.items() if key != "plan"}
+
+
 @dataclass(frozen=True)
 class Outcome:
     """The loop's end at ``step`` (it started at ``start_step``); ``eval_rmse`` is the last

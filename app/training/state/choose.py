@@ -45,6 +45,7 @@ from app import model as model_lib
 from app.budget.plan import ThreadPlan
 from app.config import TrainConfig
 from app.data.cache import DataCache, measured
+from app.training import phases
 from app.training.loop.replicas import Replicas
 from app.training.loop.step import TrainStep, repeated
 from app.training.state import identity, kept
@@ -132,6 +133,7 @@ def _decide(
     cached = _cached(measured.lookup(store, "choice", depends), candidates)
     if cached is not None:
         return cached
+    phases.timing(candidates, config.recipe.batch_size)
     timings = _measure(candidates, data, config)
     (f, p), ms = min(timings.items(), key=lambda item: item[1])
     names = {f"{a}/{b}": round(t, 2) for (a, b), t in timings.items()}

@@ -30,7 +30,7 @@ from app.config import TrainConfig
 from app.data.cache import DataCache
 from app.release import layout
 from app.release.gate import Decision
-from app.training.loop.outcome import Completed, Outcome, Result, TargetReached
+from app.training.loop.outcome import Completed, Outcome, Result, TargetReached, results
 from app.training.state import identity
 from app.training.state.workspace import Workspace
 
@@ -65,7 +65,7 @@ def finished(ws: Workspace, config: TrainConfig, data: DataCache, workers: int) 
         step=step,
         weights=summary["weights"],
     )
-    logs.event("end", f"{summary['status']} at step {step} (already)", **summary)
+    logs.event("end", f"{summary['status']} at step {step} (already)", **results(summary))
     outcome: Outcome = _OUTCOMES[summary["status"]](
         step, step, summary.get("last_eval_rmse"), 0.0, int(summary.get("steps_per_loop") or 0)
     )

@@ -69,6 +69,13 @@ class Workspace:
         return self.own / "logs" / LOG_NAME
 
     @property
+    def plan_file(self) -> Path:
+        """The whole thread plan with what it was decided from (the ``start`` event's
+        ``plan_file``), beside the log: written at every start, as the log is, so a rerun of
+        a finished run writes nothing else."""
+        return self.own / "logs" / "plan.json"
+
+    @property
     def model(self) -> Path:
         """The final export (written by the chief only)."""
         return self.output / "model"

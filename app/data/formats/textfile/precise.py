@@ -67,24 +67,29 @@ class State:
         place = f"{self.path}:{line}:"
         return place if field is None else f"{place} field {field}:"
 
-    def width_error(self, line: int, found: int) -> DataError:
-        """A line with the wrong number of fields."""
+    def width_error(self, line: int, found: int, text: bytes = b"") -> DataError:
+        """A line with the wrong number of fields (``text``: the line, for a hint)."""
         if self.width_hint:
             why = f" ({self.width_hint})"
         elif self.width_line is not None:
             why = f" (as on line {self.width_line})"
         else:
             why = ""
-        return DataError(f"{self.where(line)} expected {self.width} fields{why}, found {found}")
+        return DataError(
+            f"{self.where(line)} expected {self.width} fields{why}, found {found}"
+            + looks_like(text)
+        )
 
     def blank_error(self, line: int) -> DataError:
         """Data on ``line`` after a blank line (the message names the blank line)."""
         blank = self.blank_line if self.blank_line is not None else line
         return DataError(f"{self.where(blank)} blank line followed by more data on line {line}")
 
-    def not_a_number(self, line: int, field: int, token: bytes) -> DataError:
-        """A field outside the grammar of parse_field."""
-        return DataError(f"{self.where(line, field)} not a number: {_shown(token)}")
+    def not_a_number(self, line: int, field: int, token: bytes, text: bytes = b"") -> DataError:
+        """A field outside the grammar of parse_field (``text``: the line, for a hint)."""
+        return DataError(
+            f"{self.where(line, field)} not a number: {_shown(token)}{looks_like(text or token)}"
+        )
 
     def nonfinite_error(self, line: int, field: int, token: bytes) -> DataError:
         """NaN/Inf, or a value beyond float32's range, when not allowed."""
@@ -92,6 +97,28 @@ class State:
             f"{self.where(line, field)} non-finite value {_shown(token)} in float32 "
             "(NaN/Inf are rejected unless allowed: --allow-nonfinite)"
         )
+
+
+#: The start of files that are not this text format, and what they are.
+_MAGIC = ((b"\x93NUMPY", "a NumPy .npy file"), (b"PK\x03\x04", "a .npz (zip) archive"))
+
+
+def looks_like(text: bytes) -> str:
+    """A hint for a line of a file that is not whitespace-separated text: a NumPy ``.npy``
+    or ``.npz`` file (by its magic bytes, numpy's format and zip's), or numbers separated
+    by commas or semicolons (a CSV file); "" when the line looks like neither."""
+    start = text.removeprefix(b"\xef\xbb\xbf")
+    for magic, what in _MAGIC:
+        if start.startswith(magic):
+            return f"; this looks like {what}, not text (numbers separated by whitespace)"
+    for sep in (b",", b";"):
+        parts = [p.strip() for p in start.split(sep)]
+        if len(parts) > 1 and all(parse_field(p) is not None for p in parts if p):
+            return (
+                f"; the fields look {'comma' if sep == b',' else 'semicolon'}-separated: the "
+                f"text format separates them by whitespace (e.g. tr '{sep.decode()}' ' ' < FILE)"
+            )
+    return ""
 
 
 def _shown(token: bytes) -> str:
@@ -120,8 +147,8 @@ def parse_block_slowly(
     with np.errstate(over="ignore"):  # beyond float32: Inf, checked below
         for i, end in enumerate(line_ends):
             line = first_line + i
-            fields = blob[begin:end].split()
-            begin = end
+            text, begin = blob[begin:end], end
+            fields = text.split()
             if not fields:
                 if state.blank_line is None:
                     state.blank_line = line
@@ -131,12 +158,12 @@ def parse_block_slowly(
             if state.width is None:
                 state.width, state.width_line = len(fields), line
             if len(fields) != state.width:
-                raise state.width_error(line, len(fields))
+                raise state.width_error(line, len(fields), text)
             row = np.empty(state.width, np.float32)
             for j, field in enumerate(fields):
                 value = parse_field(field)
                 if value is None:
-                    raise state.not_a_number(line, j + 1, field)
+                    raise state.not_a_number(line, j + 1, field, text)
                 row[j] = value
                 if not state.allow_nonfinite and not np.isfinite(row[j]):
                     raise state.nonfinite_error(line, j + 1, field)

@@ -1,0 +1,62 @@
+"""The ``phase`` event: a slow step of the set-up announced as it begins, with its cost.
+
+Each of a run's set-up steps that takes seconds says, before it starts, what it does, about
+how long it will take (``estimate_s``) and how to skip it when an option can (``skip``):
+timing the formulations, fitting the linear baseline, starting TensorFlow. A person at the
+terminal sees why nothing else moves (app/report/view.py); a log collector gets the same
+record. The estimates are coarse, from the costs measured on 2 vCPUs (AMD EPYC, batch
+1000): timing one candidate (traced, warmed up, 3 rounds of 2 steps) about
+:data:`CANDIDATE_SECONDS`, the ridge at :data:`RIDGE_MULTIPLY_ADDS_PER_S` per thread,
+TensorFlow's import about :data:`TENSORFLOW_SECONDS`. No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+from app import logs
+
+CANDIDATE_SECONDS = 1.5  # per candidate at a batch of 1000 samples
+RIDGE_MULTIPLY_ADDS_PER_S = 4e9  # per BLAS thread, with reading the rows
+TENSORFLOW_SECONDS = 3.0
+
+
+def announce(phase: str, doing: str, estimate_s: float | None, skip: str | None = None) -> None:
+    """Log the ``phase`` event: "<doing>, ~N s; <skip>"."""
+    cost = f", ~{estimate_s:.0f} s" if estimate_s is not None else ""
+    logs.event(
+        "phase",
+        f"{doing}{cost}" + (f"; {skip}" if skip else ""),
+        phase=phase,
+        estimate_s=None if estimate_s is None else round(estimate_s, 1),
+        skip=skip,
+    )
+
+
+def timing(candidates: list[tuple[str, str]], batch_size: int) -> None:
+    """Before the formulations and precisions are timed (app/training/state/choose.py)."""
+    names = ", ".join(f"{f}/{p}" for f, p in candidates)
+    announce(
+        "choice",
+        f"timing {len(candidates)} formulations ({names})",
+        len(candidates) * CANDIDATE_SECONDS * max(batch_size / 1000, 0.2),
+        "--formulation fast --precision float32 skips this (the timings are kept beside the "
+        "data cache for later runs on this CPU)",
+    )
+
+
+def ridge(rows: int, features: int, threads: int) -> None:
+    """Before the linear baseline is fitted on ``rows`` of ``features`` values
+    (app/training/inputs/linear.py)."""
+    work = rows * min(rows, features) * features
+    announce(
+        "linear_baseline",
+        f"fitting the linear baseline (ridge regression on a sample of {rows:,} rows), the "
+        "reference the model must beat",
+        work / (RIDGE_MULTIPLY_ADDS_PER_S * max(threads, 1)),
+    )
+
+
+def tensorflow(threads: int) -> None:
+    """Before TensorFlow is imported with the planned threads (app/training/run.py)."""
+    announce(
+        "tensorflow", f"starting TensorFlow with {threads} intra-op threads", TENSORFLOW_SECONDS
+    )
