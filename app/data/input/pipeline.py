@@ -186,6 +186,19 @@ def dataset_options(threads: int) -> tf.data.Options:
     return options
 
 
+def _checked(cache: DataCache, rows: np.ndarray | None) -> np.ndarray | None:
+    """``rows`` as int64 (None stays None). Raises ValueError unless they are a non-empty,
+    strictly increasing 1-D array of row ids of the training split."""
+    if rows is None:
+        return None
+    rows = np.asarray(rows, np.int64)
+    if rows.ndim != 1 or np.any(np.diff(rows) <= 0) or (len(rows) and rows[0] < 0):
+        raise ValueError("rows must be a 1-D array of strictly increasing row ids")
+    if len(rows) == 0 or rows[-1] >= cache.train_size:
+        raise ValueError(f"rows must be non-empty ids below {cache.train_size}")
+    return rows
+
+
 def train_input(
     cache: DataCache,
     threads: int,
@@ -209,12 +222,7 @@ def train_input(
     rows in memory (:func:`load_resident`) and yield positions; else stream them
     (:class:`app.data.input.stream.Reader`). ``stats``: the standardisation (raw values without).
     """
-    if rows is not None:
-        rows = np.asarray(rows, np.int64)
-        if rows.ndim != 1 or np.any(np.diff(rows) <= 0) or (len(rows) and rows[0] < 0):
-            raise ValueError("rows must be a 1-D array of strictly increasing row ids")
-        if len(rows) == 0 or rows[-1] >= cache.train_size:
-            raise ValueError(f"rows must be non-empty ids below {cache.train_size}")
+    rows = _checked(cache, rows)
     n = training_rows(cache, rows)
     ds = tf.data.Dataset.range(start_step, end_step)
     options = dataset_options(threads)
