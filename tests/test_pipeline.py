@@ -40,16 +40,13 @@ SCRIPT = textwrap.dedent(
     ids = np.arange(c.train_size) if rows is None else rows
     for resident in (True, False):
         given = pipeline.train_input(c, 1, resident=resident, rows=rows, **kw)
-        if given.resident is not None:
-            from app.data.input import mapped
+        from app.data.input import mapped
 
-            split = given.resident
-            resident_rows = split.features.shape[0]
-            got[resident] = [
-                tuple(t.numpy() for t in mapped.gather(split.rows(), i)) for i in given.dataset
-            ]
-        else:
-            got[resident] = [(x.numpy(), y.numpy()) for x, y in given.dataset]
+        if given.resident is not None:
+            resident_rows = given.resident.features.shape[0]
+        got[resident] = [
+            tuple(t.numpy() for t in mapped.batch(e, given.held)) for e in given.dataset
+        ]
     st = kw["stats"]
     x_all = (np.asarray(c.features("train")) - st.feature_mean) * st.feature_inv
     y_all = (np.asarray(c.labels("train")) - st.label_mean) / st.label_std
@@ -162,7 +159,7 @@ RESUME = textwrap.dedent(
     from pathlib import Path
     import numpy as np
     from app.config import TrainConfig
-    from app.data.input import pipeline, stream
+    from app.data.input import mapped, pipeline, stream
     from tests.conftest import prepare_cache
 
     data, tmp = Path(sys.argv[1]), Path(sys.argv[2])
@@ -171,7 +168,7 @@ RESUME = textwrap.dedent(
         given = pipeline.train_input(c, 1, seed=9, batch_size=10, start_step=start,
                                      end_step=40, stats=stream.Stats.of(c))
         assert given.resident is None and given.reader is not None
-        return [(x.numpy(), y.numpy()) for x, y in given.dataset]
+        return [tuple(t.numpy() for t in mapped.batch(e, given.held)) for e in given.dataset]
 
     straight, resumed = batches(0), batches(13)
     same = all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])

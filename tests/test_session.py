@@ -41,8 +41,8 @@ SCRIPT = textwrap.dedent(
     given = session._train_input(config, plan, inputs, reps, None, 0)
     if given.resident is not None:
         labels = [tf.gather(given.resident.labels, i).numpy() for i in given.dataset]
-    else:
-        labels = [y.numpy() for _, y in given.dataset]
+    else:  # a chunk and the step's rows in it
+        labels = [tf.gather(y, at).numpy() for _, y, at in given.dataset]
     seen = np.concatenate(labels)
     raw = np.asarray(c.labels("train"))
     # each generated label row is unique: the row ids the batches came from

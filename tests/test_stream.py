@@ -23,35 +23,59 @@ def cache(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -> DataCach
     return prepare_cache(TrainConfig.of(data_dir=tiny_data, output_dir=tmp, cache_dir=tmp / "c"))
 
 
-def _expected(c: DataCache, ids: np.ndarray, stats: stream.Stats | None) -> tuple:
+def _expected(c: DataCache, ids: np.ndarray) -> tuple:
     x = np.asarray(c.features("train"))[ids]
-    y = np.asarray(c.labels("train"))[ids]
-    if stats is not None:
-        x = (x - stats.feature_mean) * stats.feature_inv
-        y = (y - stats.label_mean) / stats.label_std
-    return x[..., None], y
+    return x[..., None], np.asarray(c.labels("train"))[ids]
 
 
-@pytest.mark.parametrize("standardize", [True, False])
-def test_each_batch_is_the_orders_rows(cache: DataCache, standardize: bool) -> None:
+def _batch(reader: stream.Reader, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """Step ``step``'s raw batch as the training step gathers it from its element."""
+    x, y, at = reader.element(step)
+    assert at.dtype == np.int64 and at.shape == (reader.batch_size,)
+    return x[at], y[at]
+
+
+def test_each_batch_is_the_orders_rows(cache: DataCache) -> None:
     # 240 rows, batch 10: a window of 80 positions, three windows an epoch; 60 steps is
     # two and a half epochs, so chunks cross the epoch boundary.
-    stats = stream.Stats.of(cache, standardize)
-    reader = stream.Reader(cache, None, seed=3, batch_size=10, end_step=60, stats=stats)
+    reader = stream.Reader(cache, None, seed=3, batch_size=10, end_step=60)
     for step in range(60):
-        x, y = reader.batch(step)
-        ex, ey = _expected(cache, order.batch_rows(3, step, 10, 240), stats)
+        x, y = _batch(reader, step)
+        ex, ey = _expected(cache, order.batch_rows(3, step, 10, 240))
         assert np.array_equal(x, ex) and np.array_equal(y, ey), step
     reader.close()
 
 
+def test_a_chunk_is_aligned_and_the_same_for_each_of_its_steps(cache: DataCache) -> None:
+    reader = stream.Reader(cache, None, seed=3, batch_size=10, end_step=60)
+    first = reader.element(0)
+    for step in range(1, order.WINDOW_STEPS):
+        x, y, _ = reader.element(step)
+        assert x is first[0] and y is first[1]
+    assert reader.element(order.WINDOW_STEPS)[0] is not first[0]
+    for array in first[:2]:  # TensorFlow takes 64-byte aligned arrays without a copy
+        assert array.ctypes.data % 64 == 0 and array.flags.c_contiguous
+
+
+def test_a_chunks_memory_is_used_again_only_once_nothing_refers_to_it(cache: DataCache) -> None:
+    reader = stream.Reader(cache, None, seed=5, batch_size=10, end_step=200)
+    kept = reader.element(0)[0]  # as a tensor still in flight would
+    before = kept.copy()
+    for step in range(8, 120):
+        reader.element(step)
+    assert np.array_equal(kept, before)  # not overwritten by a later chunk
+    address = kept.ctypes.data
+    del kept
+    addresses = {reader.element(step)[0].ctypes.data for step in range(120, 200, 8)}
+    assert address in addresses  # its buffer read a later chunk
+
+
 def test_a_resumed_reader_sees_the_same_batches(cache: DataCache) -> None:
-    stats = stream.Stats.of(cache)
-    straight = stream.Reader(cache, None, seed=1, batch_size=10, end_step=40, stats=stats)
-    all_batches = [straight.batch(s) for s in range(40)]
-    resumed = stream.Reader(cache, None, seed=1, batch_size=10, end_step=40, stats=stats)
+    straight = stream.Reader(cache, None, seed=1, batch_size=10, end_step=40)
+    all_batches = [_batch(straight, s) for s in range(40)]
+    resumed = stream.Reader(cache, None, seed=1, batch_size=10, end_step=40)
     for step in range(13, 40):  # resumed mid-chunk (chunks are 8 steps)
-        x, y = resumed.batch(step)
+        x, y = _batch(resumed, step)
         assert np.array_equal(x, all_batches[step][0]) and np.array_equal(y, all_batches[step][1])
 
 
@@ -62,8 +86,8 @@ def test_worker_shards_are_positions_of_the_global_batch(cache: DataCache) -> No
     ]
     one = stream.Reader(cache, None, seed=2, batch_size=18, end_step=30)
     for step in range(30):
-        shards = [r.batch(step)[1] for r in readers]
-        whole = one.batch(step)[1]  # sorted rows: worker i has positions i::3
+        shards = [_batch(r, step)[1] for r in readers]
+        whole = _batch(one, step)[1]  # sorted rows: worker i has positions i::3
         for i, ys in enumerate(shards):
             assert np.array_equal(ys, whole[i::3])
 
@@ -73,9 +97,9 @@ def test_a_subset_of_rows_is_read_by_position(cache: DataCache) -> None:
     reader = stream.Reader(cache, rows, seed=4, batch_size=17, end_step=25)
     seen = []
     for step in range(25):
-        x, y = reader.batch(step)
+        x, y = _batch(reader, step)
         ids = rows[order.batch_rows(4, step, 17, 170)]
-        ex, ey = _expected(cache, ids, None)
+        ex, ey = _expected(cache, ids)
         assert np.array_equal(x, ex) and np.array_equal(y, ey)
         seen.append(ids)
     for e in (0, 1):  # 10 steps an epoch: every row of the subset once in each
@@ -84,12 +108,12 @@ def test_a_subset_of_rows_is_read_by_position(cache: DataCache) -> None:
 
 def test_steps_out_of_order_and_memory_held(cache: DataCache) -> None:
     reader = stream.Reader(cache, None, seed=0, batch_size=10, end_step=100)
-    later = reader.batch(50)
-    reader.batch(3)  # an earlier chunk again: read again, the same rows
-    assert np.array_equal(reader.batch(50)[1], later[1])
-    reader.batch(90)
+    later = _batch(reader, 50)
+    _batch(reader, 3)  # an earlier chunk again: read again, the same rows
+    assert np.array_equal(_batch(reader, 50)[1], later[1])
+    _batch(reader, 90)
     assert max(reader._chunks) <= 90 // order.WINDOW_STEPS + 1
-    assert len(reader._chunks) <= stream.CHUNKS_HELD + 1
+    assert len(reader._chunks) <= 2
 
 
 def test_runs_of_consecutive_rows() -> None:
@@ -109,10 +133,10 @@ def test_a_truncated_cache_file_is_a_storage_error(cache: DataCache, tmp_path: P
     short = dataclasses.replace(cache, path=copy)
     out = np.empty((2, 20, 195, 1), np.float32)
     with pytest.raises(StorageError, match="truncated"):
-        stream.read_features(short, np.array([10, 200]), out, None)
+        stream.read_features(short, np.array([10, 200]), out)
 
 
 def test_the_memory_estimate_counts_the_chunks_a_reader_holds() -> None:
     from app.training.inputs import peak_memory as memory
 
-    assert memory.STREAMED_BATCHES == stream.CHUNKS_HELD * order.WINDOW_STEPS + 5
+    assert memory.STREAMED_BATCHES == stream.CHUNKS_HELD * order.WINDOW_STEPS + 3

@@ -9,8 +9,9 @@ handed to TensorFlow through DLPack, which wraps the mapping's memory as a tenso
 copy (``tf.convert_to_tensor`` copies a ``numpy.memmap``). Its pages are the page cache's:
 shared with every other run on the same cache and the next run of this one, and counted
 once. Each batch is then gathered from these tensors by row id inside the training step and
-standardised there (:func:`gather`), with the same float32 operations, in the same order,
-as a streamed batch (app/data/input/stream.py ``Stats``): the two give the same bits (tested).
+standardised there (:func:`gather`). A streamed run's step gathers its batch the same way
+from the chunk it is handed (app/data/input/stream.py, :func:`batch`): the two give the same
+bits (tested).
 """
 
 from __future__ import annotations
@@ -45,14 +46,35 @@ class Resident:
 
 
 def gather(rows: tuple[tf.Tensor, ...], ids: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """The batch of row ids ``ids`` (B,) from ``rows`` (:meth:`Resident.rows`): x (B, H, W, 1)
-    ``(x - mean) * inv``, y (B, K) ``(y - mean) / std``, as app/data/input/stream.py
-    computes them."""
+    """The batch of row ids ``ids`` (B,) from ``rows`` (:meth:`Resident.rows`: features
+    (N, H, W, 1), labels (N, K), and the standardisation when there is one): x (B, H, W, 1)
+    ``(x - mean) * inv``, y (B, K) ``(y - mean) / std``."""
     x, y = tf.gather(rows[0], ids), tf.gather(rows[1], ids)
     if len(rows) == 6:
         x = (x - rows[2]) * rows[3]
         y = (y - rows[4]) / rows[5]
     return x, y
+
+
+def batch(element: tf.Tensor | tuple[tf.Tensor, ...], held: tuple[tf.Tensor, ...]) -> tuple:
+    """A training step's batch (x (B, H, W, 1), y (B, K), standardised) from its input
+    element: a streamed chunk and the step's rows in it (x (r, H, W, 1), y (r, K),
+    positions (B,); ``held`` is the standardisation, :func:`standardization`), or the row
+    ids (B,) of a split held in memory (``held`` is :meth:`Resident.rows`)."""
+    if isinstance(element, tuple):
+        x, y, ids = element
+        return gather((x, y, *held), ids)
+    return gather(held, element)
+
+
+def standardization(stats: Stats | None) -> tuple[tf.Tensor, ...]:
+    """``stats`` as the tensors :func:`gather` applies: feature mean (H, W, 1), 1/std (H, W,
+    1), label mean (K,), std (K,); empty for None (raw batches)."""
+    if stats is None:
+        return ()
+    parts = [stats.feature_mean[..., None], stats.feature_inv[..., None]]
+    parts += [stats.label_mean, stats.label_std]
+    return tuple(tf.constant(p, tf.float32) for p in parts)
 
 
 def _mapped(where: tuple[Path, int], shape: tuple[int, ...]) -> tf.Tensor:
@@ -81,8 +103,4 @@ def hold(cache: DataCache, stats: Stats | None) -> Resident:
     n, h, w, k = cache.train_size, cache.height, cache.width, cache.num_outputs
     features = _mapped(cache.where("train_x.f32"), (n, h, w, 1))
     labels = _mapped(cache.where("train_y.f32"), (n, k))
-    if stats is None:
-        return Resident(features, labels)
-    parts = [stats.feature_mean[..., None], stats.feature_inv[..., None]]
-    parts += [stats.label_mean, stats.label_std]
-    return Resident(features, labels, tuple(tf.constant(p, tf.float32) for p in parts))
+    return Resident(features, labels, standardization(stats))

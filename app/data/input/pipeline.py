@@ -13,8 +13,9 @@ unlimited), in a run that will read more rows than loading the whole split costs
 its row ids from them inside the training step, standardised there; the input pipeline then
 only yields each step's row ids. Otherwise the split is **streamed**
 (:mod:`app.data.input.stream`): the rows of a few steps read ahead as one chunk, in blocks, and
-each batch gathered from it, so memory stays bounded by a few batches however large the
-data set is. Both give the same batches (tested).
+each step handed the chunk and its rows in it, gathered and standardised in the step as
+from a resident split, so memory stays bounded by a few chunks however large the data set
+is. Both give the same batches (tested).
 """
 
 from __future__ import annotations
@@ -63,14 +64,16 @@ def split_bytes(cache: DataCache, split: str = "train", rows: np.ndarray | None 
 
 @dataclass
 class TrainInput:
-    """What the trainer consumes: ``dataset`` yields (x, y) batches, or with ``resident``
-    the row ids (B,) int64 of each step, gathered from it in the step
-    (:func:`app.data.input.mapped.gather`). ``reader``: the
-    streamed reader behind ``dataset`` (None when resident)."""
+    """What the trainer consumes: ``dataset`` yields one element per step, from which the
+    step gathers its batch with ``held`` (:func:`app.data.input.mapped.batch`): the row ids
+    (B,) int64 of a split held in memory (``resident``; ``held`` is its rows), or a
+    streamed chunk, raw, and the step's rows in it (``held`` is the standardisation;
+    ``reader`` reads the chunks). Without ``held`` the elements are (x, y) batches."""
 
     dataset: tf.data.Dataset
     resident: Resident | None = None
     reader: stream.Reader | None = field(default=None, repr=False)
+    held: tuple[tf.Tensor, ...] | None = None
 
 
 def load_resident(
@@ -157,13 +160,12 @@ def _timed_load(cache: DataCache, rows: np.ndarray) -> float:
 
 
 def _timed_read(cache: DataCache, rows: np.ndarray) -> float:
-    """Seconds to stream ``rows`` as :class:`app.data.input.stream.Reader` does (blocks read and
-    standardised into a chunk, then gathered into a batch)."""
+    """Seconds to stream ``rows`` as :class:`app.data.input.stream.Reader` does (blocks read
+    into a chunk; the step's gather from it is the same as from a resident split)."""
     t0 = time.perf_counter()
     x = np.empty((len(rows), cache.height, cache.width, 1), np.float32)
-    stream.read_features(cache, rows, x, Stats.of(cache))
-    stream.read_labels(cache, cache.labels("train"), rows, Stats.of(cache))
-    np.take(x, np.arange(len(rows)), axis=0)  # the gather into the batch
+    stream.read_features(cache, rows, x)
+    np.take(cache.labels("train"), rows, axis=0)
     return time.perf_counter() - t0
 
 
@@ -239,22 +241,26 @@ def train_input(
             return idx
 
         ds = ds.map(indices, num_parallel_calls=min(2, threads), deterministic=True)
-        return TrainInput(ds.prefetch(PREFETCH_BATCHES).with_options(options), split)
+        ds = ds.prefetch(PREFETCH_BATCHES).with_options(options)
+        return TrainInput(ds, split, held=split.rows())
     reader = stream.Reader(
         cache, rows, seed=seed, batch_size=batch_size, end_step=end_step, workers=workers,
-        index=index, stats=stats,
+        index=index,
     )  # fmt: skip
+    types = (tf.float32, tf.float32, tf.int64)
 
-    def streamed(step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        x, y = tf.numpy_function(
-            lambda s: reader.batch(int(s)), [step], (tf.float32, tf.float32), stateful=False
+    def streamed(step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        x, y, at = tf.numpy_function(
+            lambda s: reader.element(int(s)), [step], types, stateful=False
         )
-        x.set_shape((batch_size, cache.height, cache.width, 1))
-        y.set_shape((batch_size, cache.num_outputs))
-        return x, y
+        x.set_shape((None, cache.height, cache.width, 1))
+        y.set_shape((None, cache.num_outputs))
+        at.set_shape((batch_size,))
+        return x, y, at
 
     ds = ds.map(streamed, num_parallel_calls=min(2, threads), deterministic=True)
-    return TrainInput(ds.prefetch(PREFETCH_BATCHES).with_options(options), reader=reader)
+    ds = ds.prefetch(PREFETCH_BATCHES).with_options(options)
+    return TrainInput(ds, reader=reader, held=mapped.standardization(stats))
 
 
 def eval_dataset(

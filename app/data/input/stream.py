@@ -1,5 +1,5 @@
 """Streamed training batches: the rows of :data:`app.data.input.order.WINDOW_STEPS` steps read as
-one chunk, in blocks, ahead of the step that needs them.
+one chunk, in blocks, ahead of the step that needs them, and handed to the step whole.
 
 Why chunks (measured at the seed's scale, docs/performance.md "Streaming"): a batch of
 1,000 rows read one row at a time costs 2,000 ``preadv`` calls from Python, and from a
@@ -8,19 +8,30 @@ disk that the page cache can't cover (a container whose memory limit is below th
 :data:`~app.data.input.order.BLOCK_ROWS` consecutive rows and then each window of
 ``WINDOW_STEPS`` batches, so the rows of one window are whole blocks: a chunk is read as
 a few thousand reads of ~62 KB, in file order, by a background thread while the steps
-before it train, and standardised right after each read while it is still in the CPU's
-cache. Each step's batch is then a gather from the chunk held in memory.
+before it train.
 
-Memory: the chunk being used, the one being read, and the batches in flight (the memory
-estimate, app/budget/memory.py, counts :data:`CHUNKS_HELD` chunks). Labels are read
-through a memory map of the labels file (K floats a row: its pages stay mapped, a
-``K / (H·W + K)`` share of the split at most). Never imports TensorFlow.
+The chunk is raw rows, as the cache holds them. Each step's element is the chunk and the
+step's row positions in it (:meth:`Reader.element`); the training step gathers its batch
+from the chunk and standardises it, with the same operations as for a split held in memory
+(app/data/input/mapped.py ``gather``). So the rows are copied once, by the read, and no
+Python code touches a batch: gathering and standardising in numpy, a batch at a time,
+took about a fifth of the CPU of a streamed run on 2 vCPUs (docs/performance.md,
+"Streaming at the step's speed"). TensorFlow takes the chunk without a copy (it is
+aligned to 64 bytes), and its memory is used again for a later chunk only once no tensor
+refers to it any more.
+
+Memory: the chunk the steps gather from, the one being read, the one the batches still in
+flight came from (the memory estimate, app/training/inputs/peak_memory.py, counts
+:data:`CHUNKS_HELD` chunks). Labels are read through a memory map of the labels file (K
+floats a row: its pages stay mapped, a ``K / (H·W + K)`` share of the split at most).
+Never imports TensorFlow.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -30,10 +41,9 @@ from app.data.cache import DataCache
 from app.data.input import order
 from app.errors import StorageError
 
-#: Chunks a reader holds at once: the one the steps gather from and the next one.
-CHUNKS_HELD = 2
-#: Bytes read before the rows read so far are standardised (while in the CPU's L2 cache).
-STANDARDIZE_BYTES = 1 << 20
+#: Chunks alive at once: the one the steps gather from, the next one (being read), and the
+#: one the batches still in flight (prefetched, being trained on) came from.
+CHUNKS_HELD = 3
 
 
 @dataclass(frozen=True)
@@ -59,23 +69,13 @@ class Stats:
 @dataclass(frozen=True)
 class Chunk:
     """The rows of steps ``first .. first + len(local) - 1``: ``x`` (r, H, W, 1) and ``y``
-    (r, K), standardised; ``local[i]`` (B,) are step ``first + i``'s rows in them."""
+    (r, K), raw, each aligned to 64 bytes; ``local[i]`` (B,) int64 are step ``first + i``'s
+    rows in them."""
 
     first: int
     local: np.ndarray
     x: np.ndarray
     y: np.ndarray
-    buffer: np.ndarray  # what ``x`` is a view of, kept for a later chunk
-
-
-@dataclass
-class _Slot:
-    """A chunk being read or read, and how many calls gather from it now."""
-
-    future: Future[Chunk]
-    users: int = 0
-    retired: bool = False  # no longer the chunk of any step to come
-    recycled: bool = False
 
 
 def _aligned(shape: tuple[int, ...]) -> np.ndarray:
@@ -96,16 +96,15 @@ def runs(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts, np.append(starts[1:], len(ids))
 
 
-def read_features(cache: DataCache, ids: np.ndarray, out: np.ndarray, stats: Stats | None) -> None:
-    """Read training rows ``ids`` (sorted) of the features into ``out`` (len(ids), H, W, 1),
-    one ``preadv`` per run, standardising every :data:`STANDARDIZE_BYTES`. Every run is
-    announced first (``POSIX_FADV_WILLNEED``: the kernel starts reading them all at once),
-    so a split the page cache does not hold is read from the disk with many reads in
-    flight, not one 62 KB read at a time (docs/performance.md, "Streaming from disk").
-    Raises StorageError if the file is shorter than the manifest says."""
+def read_features(cache: DataCache, ids: np.ndarray, out: np.ndarray) -> None:
+    """Read training rows ``ids`` (sorted) of the features, raw, into ``out`` (len(ids), H,
+    W, 1), one ``preadv`` per run. Every run is announced first (``POSIX_FADV_WILLNEED``:
+    the kernel starts reading them all at once), so a split the page cache does not hold is
+    read from the disk with many reads in flight, not one 62 KB read at a time
+    (docs/performance.md, "Streaming from disk"). Raises StorageError if the file is
+    shorter than the manifest says."""
     path, base = cache.where("train_x.f32")
     row = 4 * cache.height * cache.width
-    flat = out.reshape(len(ids), cache.height, cache.width)
     buf = memoryview(out.reshape(-1).view(np.uint8).data)
     starts, ends = runs(ids)
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -113,99 +112,63 @@ def read_features(cache: DataCache, ids: np.ndarray, out: np.ndarray, stats: Sta
         os.posix_fadvise(fd, base, 0, os.POSIX_FADV_RANDOM)  # no readahead past a block
         for a, b in zip(starts.tolist(), ends.tolist(), strict=True):  # all in flight at once
             os.posix_fadvise(fd, base + int(ids[a]) * row, (b - a) * row, os.POSIX_FADV_WILLNEED)
-        done = 0
         for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
             at = base + int(ids[a]) * row
             if os.preadv(fd, [buf[a * row : b * row]], at) != (b - a) * row:
                 raise StorageError(f"{path}: cache file is truncated; delete {cache.path}")
-            if stats is not None and (b - done) * row >= STANDARDIZE_BYTES:
-                _standardize(flat[done:b], stats)
-                done = b
-        if stats is not None:
-            _standardize(flat[done:], stats)
     finally:
         os.close(fd)
 
 
-def read_labels(
-    cache: DataCache, labels: np.ndarray, ids: np.ndarray, stats: Stats | None
-) -> np.ndarray:
-    """Training rows ``ids`` of ``labels`` (the labels' memory map, (N, K)): (len, K)
-    float32, standardised with ``stats``."""
-    y = np.array(labels[ids], np.float32)
-    if stats is not None:
-        np.subtract(y, stats.label_mean, out=y)
-        np.divide(y, stats.label_std, out=y)
-    return y
-
-
-def _standardize(x: np.ndarray, stats: Stats) -> None:
-    np.subtract(x, stats.feature_mean, out=x)
-    np.multiply(x, stats.feature_inv, out=x)
-
-
 class Reader:
-    """The batches of one worker, chunk by chunk (see the module docstring).
+    """The steps' chunks of one worker (see the module docstring).
 
     ``rows``: the training rows (sorted int64 row ids; None: all); ``batch_size`` per
-    worker, worker ``index`` of ``workers``; steps before ``end_step``. :meth:`batch` is
+    worker, worker ``index`` of ``workers``; steps before ``end_step``. :meth:`element` is
     thread-safe and may be called for any step in any order; reading ahead assumes steps
     mostly come in order.
     """
 
     def __init__(
         self, cache: DataCache, rows: np.ndarray | None, *, seed: int, batch_size: int,
-        end_step: int, workers: int = 1, index: int = 0, stats: Stats | None = None,
+        end_step: int, workers: int = 1, index: int = 0,
     ) -> None:  # fmt: skip
-        self.cache, self.rows, self.stats = cache, rows, stats
+        self.cache, self.rows = cache, rows
         self.seed, self.batch_size, self.end_step = seed, batch_size, end_step
         self.workers, self.index = workers, index
         self.n = cache.train_size if rows is None else len(rows)
         self._labels = cache.labels("train")
-        self._chunks: dict[int, _Slot] = {}
-        self._free: list[np.ndarray] = []  # chunk buffers no call gathers from any more
+        self._chunks: dict[int, Future[Chunk]] = {}
+        self._free: list[np.ndarray] = []  # chunk buffers nothing refers to any more
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="coretrain-stream")
 
-    def batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        """Step ``step``'s batch: x (B, H, W, 1) and y (B, K), float32, standardised.
-
-        x is a new array aligned for TensorFlow, which then takes it without a copy."""
+    def element(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Step ``step``'s chunk and its rows in it: x (r, H, W, 1) and y (r, K) float32,
+        raw, and positions (B,) int64; its batch is ``x[positions]``, ``y[positions]``
+        (raw: the step standardises). Every step of a chunk gets the same ``x`` and ``y``
+        objects."""
         j = step // order.WINDOW_STEPS
         with self._lock:
             for old in [k for k in self._chunks if k < j]:
-                gone = self._chunks.pop(old)
-                gone.retired = True
-                self._recycle(gone)
+                del self._chunks[old]
             for k in (j, j + 1):
                 if k not in self._chunks and k * order.WINDOW_STEPS < self.end_step:
-                    self._chunks[k] = _Slot(self._pool.submit(self._load, k))
-            slot = self._chunks[j]
-            slot.users += 1
-        try:
-            chunk = slot.future.result()
-            local = chunk.local[step - chunk.first]
-            x = _aligned((len(local), *chunk.x.shape[1:]))
-            # mode="clip": the indices are valid by construction, and "raise" (the default)
-            # writes through a temporary copy of ``out`` (numpy.take), 5x slower here.
-            np.take(chunk.x, local, axis=0, out=x, mode="clip")
-            return x, chunk.y[local]
-        finally:
-            with self._lock:
-                slot.users -= 1
-                self._recycle(slot)
+                    self._chunks[k] = self._pool.submit(self._load, k)
+            future = self._chunks[j]
+        chunk = future.result()
+        return chunk.x, chunk.y, chunk.local[step - chunk.first]
 
     def close(self) -> None:
         """Stop reading ahead (a chunk being read finishes)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _recycle(self, slot: _Slot) -> None:
-        """Keep a retired chunk's buffer for a later chunk once no call gathers from it
-        (under the lock): fresh memory costs a page fault per 4 KiB page."""
-        if slot.retired and slot.users == 0 and slot.future.done() and not slot.recycled:
-            slot.recycled = True
-            if slot.future.exception() is None and len(self._free) < CHUNKS_HELD:
-                self._free.append(slot.future.result().buffer)
+    def _recycle(self, buffer: np.ndarray) -> None:
+        """Keep the buffer of a chunk nothing refers to any more (its ``x`` was freed) for
+        a later chunk: fresh memory costs a page fault per page."""
+        with self._lock:
+            if len(self._free) < CHUNKS_HELD:
+                self._free.append(buffer)
 
     def _load(self, j: int) -> Chunk:
         """Chunk ``j``: the rows of steps ``j·WINDOW_STEPS ..`` (before ``end_step``)."""
@@ -221,9 +184,11 @@ class Reader:
         with self._lock:
             buffer = self._free.pop() if self._free else None
         if buffer is None:
-            rows = order.WINDOW_STEPS * self.batch_size
-            buffer = np.empty((rows, c.height, c.width, 1), np.float32)
-        x = buffer[: len(ids)]
-        read_features(c, ids, x, self.stats)
-        y = read_labels(c, self._labels, ids, self.stats)
-        return Chunk(first, inverse.reshape(len(steps), self.batch_size), x, y, buffer)
+            buffer = _aligned((order.WINDOW_STEPS * self.batch_size, c.height, c.width, 1))
+        x = buffer[: len(ids)]  # a view of its own: when it is freed, so is the buffer
+        weakref.finalize(x, self._recycle, buffer)
+        read_features(c, ids, x)
+        y = _aligned((len(ids), c.num_outputs))
+        np.take(self._labels, ids, axis=0, out=y)
+        local = inverse.reshape(len(steps), self.batch_size).astype(np.int64)
+        return Chunk(first, local, x, y)

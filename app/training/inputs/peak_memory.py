@@ -43,10 +43,11 @@ BASE = HEAP + CODE
 RESIDENT_SETUP_COPIES = 1
 #: Copies of a split held in memory while training: once, in the variables.
 RESIDENT_COPIES = 1
-#: Batches held when the split is read from the file: two chunks of 8 steps' rows (the one
-#: gathered from, the one being read: app/data/input/stream.py CHUNKS_HELD × app/data/input/order.py
-#: WINDOW_STEPS), and 5 batches in flight (prefetch 2, 2 parallel gathers, the step's).
-STREAMED_BATCHES = 2 * 8 + 5
+#: Batches held when the split is read from the file: three chunks of 8 steps' rows (the
+#: one gathered from, the one being read, the one the batches in flight came from:
+#: app/data/input/stream.py CHUNKS_HELD × app/data/input/order.py WINDOW_STEPS), and the
+#: step's batch: gathered, and standardised in two operations.
+STREAMED_BATCHES = 3 * 8 + 3
 #: Bytes per sample of a batch, per feature value and per output: activations, their
 #: gradients and the fast formulation's patch matrices (app/model/fast_formulation.py).
 PER_FEATURE = 44

@@ -101,16 +101,18 @@ class TrainStep:
         """The learning rate of ``step`` (the schedule's)."""
         return float(self.schedule(step))
 
-    def loop(self, batches: Any, steps: tf.Tensor, stop: tf.Tensor, rows: Any = None) -> tuple:
+    def loop(self, batches: Any, steps: tf.Tensor, stop: tf.Tensor, held: Any = None) -> tuple:
         """Up to ``steps`` steps on the next elements of the iterator ``batches``: each an
-        (x (B,H,W,1), y (B,K)) batch, or with ``rows`` held in memory (app/data/input/mapped.py
-        ``Resident.rows``) the row ids (B,) to gather. ``stop``: this worker's stop request
-        (0/1). Returns the losses (n,), the last RMSE and the agreed stop count."""
+        (x (B,H,W,1), y (B,K)) batch, or with ``held`` (app/data/input/pipeline.py
+        ``TrainInput.held``) what the step gathers its batch from: a streamed chunk and the
+        step's rows in it, or the row ids (B,) of a split held in memory
+        (app/data/input/mapped.py ``batch``). ``stop``: this worker's stop request (0/1).
+        Returns the losses (n,), the last RMSE and the agreed stop count."""
         losses = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
         rmse, stops = tf.constant(0.0), tf.constant(0.0)
         for i in tf.range(steps):
-            if rows is not None:
-                x, y = mapped.gather(rows, next(batches))
+            if held is not None:
+                x, y = mapped.batch(next(batches), held)
             else:
                 x, y = next(batches)
             loss, rmse, stops = self.replicas.run(self.update, (x, y, stop))

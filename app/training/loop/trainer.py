@@ -101,7 +101,7 @@ class Trainer:
         }
         self._eval = {name: replicas.shard(ds) for name, ds in self._eval.items()}
         self._batches: Any = None
-        self._resident: pipeline.Resident | None = None
+        self._held: tuple[tf.Tensor, ...] | None = None
 
     def learning_rate(self, step: int) -> float:
         """The learning rate of ``step`` (the schedule's)."""
@@ -114,11 +114,11 @@ class Trainer:
         return (x - self.f_mean) * self.f_inv
 
     def feed(self, batches: pipeline.TrainInput) -> None:
-        """Train on ``batches`` from now on: one element per step, in step order, already
-        standardised with :attr:`stats` (a split held in memory is standardised as the step
-        gathers its rows: app/data/input/mapped.py)."""
+        """Train on ``batches`` from now on: one element per step, in step order; the step
+        gathers and standardises its batch with :attr:`stats` (app/data/input/mapped.py
+        ``batch``)."""
         self._batches = iter(batches.dataset)
-        self._resident = batches.resident
+        self._held = batches.held
 
     def train(self, steps: int, stop: Callable[[], bool]) -> Steps:
         """Run up to ``steps`` steps in one call; fewer only when the loss turns non-finite.
@@ -128,9 +128,10 @@ class Trainer:
         """
         first = self.train_step.global_step + 1
         flag = tf.constant(1.0 if stop() else 0.0)
-        rows = None if self._resident is None else self._resident.rows()
         with self.replicas.guard(f"training steps {first}..{first + steps - 1}"):
-            losses, rmse, stops = self.train_step.run(self._batches, tf.constant(steps), flag, rows)
+            losses, rmse, stops = self.train_step.run(
+                self._batches, tf.constant(steps), flag, self._held
+            )
             losses = losses.numpy()
         agreed = float(stops) > 0 if self.replicas.count > 1 else stop()
         return Steps(losses=losses, train_rmse=float(rmse), stop=agreed)
