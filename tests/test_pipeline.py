@@ -191,3 +191,52 @@ def test_a_resumed_streamed_pipeline_yields_the_same_batches(
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.splitlines()[-1])
     assert got == {"straight": 40, "resumed": 27, "same": True, "differ": True}
+
+
+HELD = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    from app.config import TrainConfig
+    from app.data.input import mapped, pipeline
+    from tests.conftest import prepare_cache
+
+    def rss(kind):
+        line = [x for x in open("/proc/self/status") if x.startswith(kind)][0]
+        return int(line.split()[1]) * 1024
+
+    data, tmp = Path(sys.argv[1]), Path(sys.argv[2])
+    c = prepare_cache(TrainConfig.of(data_dir=data, output_dir=tmp, cache_dir=tmp / "c"))
+    size = pipeline.split_bytes(c)
+    out = {"size": size}
+    for name, limit in (("room", 2 * size), ("no_room", size + size // 5)):
+        got = pipeline.choose_input(c, limit, 40, 10_000)
+        out[name] = [got.resident, got.why, got.cached]
+    anon, file = rss("RssAnon"), rss("RssFile")
+    held = mapped.hold(c, None)
+    out["anon_growth"], out["file_growth"] = rss("RssAnon") - anon, rss("RssFile") - file
+    print(json.dumps(out))
+    """
+)
+
+
+def test_a_split_the_page_cache_may_hold_is_held_without_a_copy(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", HELD, str(tiny_data), str(tmp_path)],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.splitlines()[-1])
+    # A limit of twice the split: over the resident share (1/4), within the page cache's
+    # (3/4): held, and the share of it the page cache holds is said (it was just written).
+    resident, why, cached = got["room"]
+    assert resident is True and "page cache holds" in why and 0.9 <= cached <= 1.0
+    # 1.2 × the split: the features file is more than 3/4 of it: streamed, and why.
+    resident, why, cached = got["no_room"]
+    assert resident is False and "more than the page cache may hold" in why
+    # Held is mapped, not copied: the process gains the file's pages, not anonymous memory
+    # (a writable private mapping populated with MAP_POPULATE copies every page).
+    assert got["file_growth"] >= 0.9 * 4 * 240 * 20 * 195
+    assert got["anon_growth"] < 0.1 * got["size"]

@@ -12,16 +12,28 @@ MIB = 1 << 20
 #: Share of the memory limit (physical memory without one) a training split may take to
 #: be held in memory rather than read from the cache file batch by batch.
 RESIDENT_SHARE = 0.25
+#: Share of the memory limit a split the page cache already holds may take to be streamed
+#: from there, through a memory map, rather than read (app/data/input/pipeline.py).
+PAGE_CACHE_SHARE = 0.75
+
+
+def _total(memory_limit: int | None) -> int:
+    """``memory_limit``, or physical memory (``sysconf``) when there is none."""
+    if memory_limit is None:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return memory_limit
 
 
 def resident_limit(memory_limit: int | None) -> int:
     """Bytes of training split (features + labels) held in memory rather than streamed:
-    :data:`RESIDENT_SHARE` of ``memory_limit``, or of physical memory (``sysconf``) when
-    there is none."""
-    total = memory_limit
-    if total is None:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return int(total * RESIDENT_SHARE)
+    :data:`RESIDENT_SHARE` of ``memory_limit``, or of physical memory when there is none."""
+    return int(_total(memory_limit) * RESIDENT_SHARE)
+
+
+def page_cache_limit(memory_limit: int | None) -> int:
+    """Bytes of training split streamed from the page cache through a memory map when the
+    page cache holds it: :data:`PAGE_CACHE_SHARE` of ``memory_limit`` (or physical memory)."""
+    return int(_total(memory_limit) * PAGE_CACHE_SHARE)
 
 
 def split_bytes(rows: int, values: int, outputs: int) -> int:

@@ -224,6 +224,7 @@ def _train_input(
         ("training split held in memory: " if choice.resident else "training split streamed: ")
         + choice.why,
         resident=choice.resident,
+        page_cached=choice.cached,
         split_bytes=pipeline.split_bytes(data, rows=rows),
         resident_limit=pipeline.resident_limit(plan.memory_limit),
         training_rows=len(rows),

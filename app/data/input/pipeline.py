@@ -21,6 +21,7 @@ is. Both give the same batches (tested).
 from __future__ import annotations
 
 import mmap
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -72,7 +73,7 @@ class TrainInput:
 
     dataset: tf.data.Dataset
     resident: Resident | None = None
-    reader: stream.Reader | None = field(default=None, repr=False)
+    reader: stream.Reader | stream.Ahead | None = field(default=None, repr=False)
     held: tuple[tf.Tensor, ...] | None = None
 
 
@@ -100,12 +101,14 @@ def load_resident(
 class InputChoice:
     """Resident or streamed, ``why``, and the two costs (seconds, estimated for the run:
     ``load_s`` to load the split, ``stream_s`` to stream its batches; None for a split
-    that can't be held)."""
+    that can't be held); ``cached``: the share of the features file the page cache held
+    when that decided (a split over :func:`resident_limit`), else None."""
 
     resident: bool
     why: str
     load_s: float | None = None
     stream_s: float | None = None
+    cached: float | None = None
 
 
 def choose_input(
@@ -115,18 +118,24 @@ def choose_input(
     """Resident or streamed for a run of ``steps`` more steps of ``batch_size`` rows under a
     memory limit of ``memory_limit`` bytes (None: none), and why.
 
-    Resident needs the split (the training ``rows``) to fit in :func:`resident_limit`, and
-    pays when the run reads more rows than loading the split costs: loading reads the n
-    rows once in order, streaming reads ``steps × batch_size`` rows in blocks
-    (:mod:`app.data.input.stream`). Both costs are measured here, each as the better of two tries
-    on one batch of rows of the cache file (read in order and written into fresh memory,
-    as a load does; read in random blocks and standardised, as a stream does), so the page
-    cache, the disk, page faults and the machine's load all count.
+    Resident needs the split (the training ``rows``) to fit in :func:`resident_limit`, or,
+    larger, its features file to fit in :func:`app.budget.memory.page_cache_limit`: a held
+    split is the page cache's pages, nothing is copied, and loading reads what the page
+    cache lacks (``cached``, the share it holds, is logged); in a memory group a third of
+    its size a mapped split's pages were evicted and read back one page fault at a time,
+    at 1 % of the rate (docs/performance.md). And it pays when the run reads more rows than
+    loading the split costs: loading maps the n rows once in order, streaming reads
+    ``steps × batch_size`` rows in blocks (:mod:`app.data.input.stream`). Both costs are
+    measured here, each as the better of two tries on one batch of rows of the cache file
+    (mapped and populated, as a load does; read in random blocks, as a stream does), so the
+    page cache, the disk, page faults and the machine's load all count.
     """
-    size, limit = split_bytes(cache, rows=rows), resident_limit(memory_limit)
+    size, limit, cached = split_bytes(cache, rows=rows), resident_limit(memory_limit), None
     if size > limit:
+        cached, against = _cached(cache, memory_limit)
         why = f"the split ({size / 1e6:,.0f} MB) is larger than {limit / 1e6:,.0f} MB"
-        return InputChoice(False, why)
+        if against:
+            return InputChoice(False, f"{why}, and {against}", cached=round(cached, 3))
     n = training_rows(cache, rows)
     ids = np.arange(n) if rows is None else rows
     b = min(batch_size, n)
@@ -139,23 +148,48 @@ def choose_input(
     rnd = min(_timed_read(cache, at_random) for _ in range(2))
     load_s, stream_s = seq * n / b, rnd * steps
     why = f"loading {n} rows ≈ {load_s:.2f} s, streaming {steps} batches ≈ {stream_s:.2f} s"
-    return InputChoice(load_s <= stream_s, why, round(load_s, 6), round(stream_s, 6))
+    if cached is not None:
+        why += f" (the page cache holds {cached:.0%} of the split)"
+        cached = round(cached, 3)
+    return InputChoice(load_s <= stream_s, why, round(load_s, 6), round(stream_s, 6), cached)
+
+
+def _cached(cache: DataCache, memory_limit: int | None) -> tuple[float, str]:
+    """The share of the training features file the page cache holds now (``mincore``), and
+    what stops a split over the resident limit from being held: "" when the file takes at
+    most :func:`app.budget.memory.page_cache_limit`."""
+    nbytes = 4 * cache.train_size * cache.height * cache.width
+    room = memory.page_cache_limit(memory_limit)
+    cached = stream.cached_share(cache.where("train_x.f32"), nbytes)
+    if nbytes > room:
+        return (
+            cached,
+            f"its features file is more than the page cache may hold ({room / 1e6:,.0f} MB)",
+        )
+    return cached, ""
 
 
 def _timed_load(cache: DataCache, rows: np.ndarray) -> float:
-    """Seconds to load ``rows`` as :func:`load_resident` does: read them, and write them
-    into memory never touched before (a variable's pages fault in on the first write, its
-    zeros, which costs more than the read where page faults are slow, as in a VM)."""
+    """Seconds to load ``rows`` (sorted) as :func:`load_resident` does: the bytes from the
+    first to the last row of the features and labels files mapped and populated for
+    reading (app/data/input/mapped.py ``populate``: what the page cache lacks is read)."""
     t0 = time.perf_counter()
-    for values in (
-        cache.read_rows("train", "features", rows),
-        cache.read_rows("train", "labels", rows),
+    for name, width in (
+        ("train_x.f32", cache.height * cache.width),
+        ("train_y.f32", cache.num_outputs),
     ):
-        with mmap.mmap(-1, max(values.nbytes, 1)) as fresh:
-            view = np.frombuffer(fresh, values.dtype, values.size).reshape(values.shape)
-            view.fill(0)  # the variable's zeros: the pages fault in
-            view[...] = values  # the chunk's scatter_update
-            del view
+        path, base = cache.where(name)
+        start, end = base + int(rows[0]) * 4 * width, base + (int(rows[-1]) + 1) * 4 * width
+        offset = start - start % mmap.ALLOCATIONGRANULARITY
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            area = mmap.mmap(
+                fd, end - offset, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE, offset=offset
+            )
+        finally:
+            os.close(fd)
+        with area:
+            mapped.populate(area)
     return time.perf_counter() - t0
 
 
@@ -215,38 +249,37 @@ def train_input(
     rows: np.ndarray | None = None,
     stats: Stats | None = None,
 ) -> TrainInput:
-    """The batches of steps ``start_step .. end_step-1``: x (B,H,W,1) float32, y (B,K), made
-    with ``threads`` tf.data threads (the plan's).
+    """The elements of steps ``start_step .. end_step-1``, from which each step gathers its
+    batch x (B,H,W,1) float32, y (B,K) (:class:`TrainInput`), made with ``threads`` tf.data
+    threads (the plan's).
 
     ``rows``: the training rows (a sorted int64 array of row ids of the cache's training
-    split; None: all of them); the positions of a step are :func:`app.data.input.order.batch_rows`
-    for worker ``index`` of ``workers`` (``batch_size`` per worker). ``resident``: hold the
-    rows in memory (:func:`load_resident`) and yield positions; else stream them
-    (:class:`app.data.input.stream.Reader`). ``stats``: the standardisation (raw values without).
+    split; None: all of them); the positions of a step are
+    :func:`app.data.input.order.batch_rows` for worker ``index`` of ``workers``
+    (``batch_size`` per worker). ``resident``: hold the rows in memory
+    (:func:`load_resident`) and yield row ids, the next chunk's announced
+    (:class:`app.data.input.stream.Ahead`); else stream them in chunks
+    (:class:`app.data.input.stream.Reader`). ``stats``: the standardisation (raw without).
     """
     rows = _checked(cache, rows)
-    n = training_rows(cache, rows)
     ds = tf.data.Dataset.range(start_step, end_step)
     options = dataset_options(threads)
+    parallel = min(2, threads)
+    order_of = dict(seed=seed, batch_size=batch_size, end_step=end_step, workers=workers,
+                    index=index)  # fmt: skip
     if resident:
         split = load_resident(cache, rows, stats)
-
-        def positions(step: np.int64) -> np.ndarray:
-            at = order.batch_rows(seed, int(step), batch_size, n, workers, index)
-            return at if rows is None else rows[at]  # row ids of the mapped split
+        ahead = stream.Ahead(cache, rows, **order_of)
 
         def indices(step: tf.Tensor) -> tf.Tensor:
-            idx = tf.numpy_function(positions, [step], tf.int64, stateful=False)
+            idx = tf.numpy_function(lambda s: ahead.ids(int(s)), [step], tf.int64, stateful=False)
             idx.set_shape((batch_size,))
             return idx
 
-        ds = ds.map(indices, num_parallel_calls=min(2, threads), deterministic=True)
-        ds = ds.prefetch(PREFETCH_BATCHES).with_options(options)
-        return TrainInput(ds, split, held=split.rows())
-    reader = stream.Reader(
-        cache, rows, seed=seed, batch_size=batch_size, end_step=end_step, workers=workers,
-        index=index,
-    )  # fmt: skip
+        ds = ds.map(indices, num_parallel_calls=parallel, deterministic=True)
+        return TrainInput(ds.prefetch(PREFETCH_BATCHES).with_options(options), split, ahead,
+                          held=split.rows())  # fmt: skip
+    reader = stream.Reader(cache, rows, **order_of)
     types = (tf.float32, tf.float32, tf.int64)
 
     def streamed(step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
@@ -258,7 +291,7 @@ def train_input(
         at.set_shape((batch_size,))
         return x, y, at
 
-    ds = ds.map(streamed, num_parallel_calls=min(2, threads), deterministic=True)
+    ds = ds.map(streamed, num_parallel_calls=parallel, deterministic=True)
     ds = ds.prefetch(PREFETCH_BATCHES).with_options(options)
     return TrainInput(ds, reader=reader, held=mapped.standardization(stats))
 

@@ -29,11 +29,14 @@ Never imports TensorFlow.
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -41,6 +44,8 @@ from app.data.cache import DataCache
 from app.data.input import order
 from app.errors import StorageError
 
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
 #: Chunks alive at once: the one the steps gather from, the next one (being read), and the
 #: one the batches still in flight (prefetched, being trained on) came from.
 CHUNKS_HELD = 3
@@ -96,13 +101,27 @@ def runs(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts, np.append(starts[1:], len(ids))
 
 
+def announce(cache: DataCache, ids: np.ndarray) -> None:
+    """Tell the kernel that training rows ``ids`` (sorted) of the features will be read
+    (``POSIX_FADV_WILLNEED`` per run of consecutive rows): it starts reading all that the
+    page cache does not hold at once, so a split read from the disk has many reads in
+    flight, not one 62 KB read at a time (docs/performance.md, "Streaming from disk")."""
+    path, base = cache.where("train_x.f32")
+    row = 4 * cache.height * cache.width
+    starts, ends = runs(ids)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+            os.posix_fadvise(fd, base + int(ids[a]) * row, (b - a) * row, os.POSIX_FADV_WILLNEED)
+    finally:
+        os.close(fd)
+
+
 def read_features(cache: DataCache, ids: np.ndarray, out: np.ndarray) -> None:
     """Read training rows ``ids`` (sorted) of the features, raw, into ``out`` (len(ids), H,
-    W, 1), one ``preadv`` per run. Every run is announced first (``POSIX_FADV_WILLNEED``:
-    the kernel starts reading them all at once), so a split the page cache does not hold is
-    read from the disk with many reads in flight, not one 62 KB read at a time
-    (docs/performance.md, "Streaming from disk"). Raises StorageError if the file is
-    shorter than the manifest says."""
+    W, 1), one ``preadv`` per run, all of them announced first (:func:`announce`). Raises
+    StorageError if the file is shorter than the manifest says."""
+    announce(cache, ids)
     path, base = cache.where("train_x.f32")
     row = 4 * cache.height * cache.width
     buf = memoryview(out.reshape(-1).view(np.uint8).data)
@@ -110,8 +129,6 @@ def read_features(cache: DataCache, ids: np.ndarray, out: np.ndarray) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         os.posix_fadvise(fd, base, 0, os.POSIX_FADV_RANDOM)  # no readahead past a block
-        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):  # all in flight at once
-            os.posix_fadvise(fd, base + int(ids[a]) * row, (b - a) * row, os.POSIX_FADV_WILLNEED)
         for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
             at = base + int(ids[a]) * row
             if os.preadv(fd, [buf[a * row : b * row]], at) != (b - a) * row:
@@ -120,14 +137,34 @@ def read_features(cache: DataCache, ids: np.ndarray, out: np.ndarray) -> None:
         os.close(fd)
 
 
-class Reader:
-    """The steps' chunks of one worker (see the module docstring).
+def cached_share(where: tuple[Path, int], nbytes: int) -> float:
+    """Share (0..1) of the ``nbytes`` from the byte offset of the file ``where`` names that
+    the page cache holds now (``mincore`` on a mapping of them; nothing is read; 0 when the
+    kernel does not say)."""
+    path, base = where
+    if nbytes <= 0:
+        return 1.0
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        mapping = mmap.mmap(fd, base + nbytes, mmap.MAP_SHARED, mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    first, pages = base // mmap.PAGESIZE, -(-(base + nbytes) // mmap.PAGESIZE)
+    vec = np.zeros(pages, np.uint8)
+    view = np.frombuffer(mapping, np.uint8)
+    try:
+        if _LIBC.mincore(view.ctypes.data, base + nbytes, vec.ctypes.data) != 0:
+            return 0.0
+    finally:
+        del view
+        mapping.close()
+    return float(np.count_nonzero(vec[first:] & 1)) / max(pages - first, 1)
 
-    ``rows``: the training rows (sorted int64 row ids; None: all); ``batch_size`` per
-    worker, worker ``index`` of ``workers``; steps before ``end_step``. :meth:`element` is
-    thread-safe and may be called for any step in any order; reading ahead assumes steps
-    mostly come in order.
-    """
+
+class _Steps:
+    """The order's rows of one worker's steps, chunk by chunk: ``rows`` the training rows
+    (sorted int64 row ids; None: all); ``batch_size`` per worker, worker ``index`` of
+    ``workers``; steps before ``end_step``."""
 
     def __init__(
         self, cache: DataCache, rows: np.ndarray | None, *, seed: int, batch_size: int,
@@ -137,11 +174,40 @@ class Reader:
         self.seed, self.batch_size, self.end_step = seed, batch_size, end_step
         self.workers, self.index = workers, index
         self.n = cache.train_size if rows is None else len(rows)
+        # Reentrant: a chunk dropped under it may free the last reference to its buffer,
+        # whose finalizer (Reader._recycle) takes it again.
+        self._lock = threading.RLock()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="coretrain-stream")
+
+    def close(self) -> None:
+        """Stop reading ahead (a chunk being read finishes)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _positions(self, step: int) -> np.ndarray:
+        """Step ``step``'s positions in the training rows (B,), sorted."""
+        return order.batch_rows(self.seed, step, self.batch_size, self.n, self.workers, self.index)
+
+    def _chunk(self, j: int) -> tuple[int, np.ndarray, np.ndarray]:
+        """Chunk ``j`` (steps ``j·WINDOW_STEPS ..``, before ``end_step``): its steps, the row
+        ids it reads (sorted, unique), and each step's rows as indices into them (s, B)."""
+        first = j * order.WINDOW_STEPS
+        steps = range(first, min(first + order.WINDOW_STEPS, self.end_step))
+        positions = np.concatenate([self._positions(s) for s in steps])
+        unique, inverse = np.unique(positions, return_inverse=True)
+        ids = unique if self.rows is None else self.rows[unique]
+        return len(steps), ids, inverse.reshape(len(steps), self.batch_size).astype(np.int64)
+
+
+class Reader(_Steps):
+    """The steps' chunks, read from the cache file (see the module docstring).
+    :meth:`element` is thread-safe and may be called for any step in any order; reading
+    ahead assumes steps mostly come in order."""
+
+    def __init__(self, cache: DataCache, rows: np.ndarray | None, **order_of: int) -> None:
+        super().__init__(cache, rows, **order_of)
         self._labels = cache.labels("train")
         self._chunks: dict[int, Future[Chunk]] = {}
         self._free: list[np.ndarray] = []  # chunk buffers nothing refers to any more
-        self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="coretrain-stream")
 
     def element(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Step ``step``'s chunk and its rows in it: x (r, H, W, 1) and y (r, K) float32,
@@ -159,10 +225,6 @@ class Reader:
         chunk = future.result()
         return chunk.x, chunk.y, chunk.local[step - chunk.first]
 
-    def close(self) -> None:
-        """Stop reading ahead (a chunk being read finishes)."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
     def _recycle(self, buffer: np.ndarray) -> None:
         """Keep the buffer of a chunk nothing refers to any more (its ``x`` was freed) for
         a later chunk: fresh memory costs a page fault per page."""
@@ -171,15 +233,8 @@ class Reader:
                 self._free.append(buffer)
 
     def _load(self, j: int) -> Chunk:
-        """Chunk ``j``: the rows of steps ``j·WINDOW_STEPS ..`` (before ``end_step``)."""
-        first = j * order.WINDOW_STEPS
-        steps = range(first, min(first + order.WINDOW_STEPS, self.end_step))
-        positions = np.concatenate([
-            order.batch_rows(self.seed, s, self.batch_size, self.n, self.workers, self.index)
-            for s in steps
-        ])  # fmt: skip
-        unique, inverse = np.unique(positions, return_inverse=True)
-        ids = unique if self.rows is None else self.rows[unique]
+        """Chunk ``j``, read."""
+        _, ids, local = self._chunk(j)
         c = self.cache
         with self._lock:
             buffer = self._free.pop() if self._free else None
@@ -190,5 +245,30 @@ class Reader:
         read_features(c, ids, x)
         y = _aligned((len(ids), c.num_outputs))
         np.take(self._labels, ids, axis=0, out=y)
-        local = inverse.reshape(len(steps), self.batch_size).astype(np.int64)
-        return Chunk(first, local, x, y)
+        return Chunk(j * order.WINDOW_STEPS, local, x, y)
+
+
+class Ahead(_Steps):
+    """The row ids of each step of a split held in memory (app/data/input/mapped.py: the
+    page cache's pages, mapped), which the step gathers from. When a chunk's steps begin, a
+    background thread announces the next chunk's rows (:func:`announce`): a page that left
+    the page cache since the split was mapped (memory pressure) is read back before the
+    step needs it, not by the step, one page fault at a time."""
+
+    def __init__(self, cache: DataCache, rows: np.ndarray | None, **order_of: int) -> None:
+        super().__init__(cache, rows, **order_of)
+        self._announced: set[int] = set()
+
+    def ids(self, step: int) -> np.ndarray:
+        """Step ``step``'s row ids (B,) int64, sorted."""
+        j = step // order.WINDOW_STEPS
+        with self._lock:
+            for k in (j + 1,):
+                if k not in self._announced and k * order.WINDOW_STEPS < self.end_step:
+                    self._announced.add(k)
+                    self._pool.submit(self._announce, k)
+        at = self._positions(step)
+        return at if self.rows is None else self.rows[at]
+
+    def _announce(self, j: int) -> None:
+        announce(self.cache, self._chunk(j)[1])
