@@ -11,7 +11,8 @@ default 3,300 steps (batch 1,000), and reports for each run:
 * the conversion (first run only: the cache is built, its time and MB/s of text);
 * the time to the first step (``start`` event → ``steps_per_loop``, logged after the first
   two calls into TensorFlow) and to the input decision (``input``);
-* the training rate (median of the ``progress`` windows after the first), the same run's
+* the training rate (median of the ``progress`` windows after the first; also without the
+  windows' evaluations, ``train_samples_per_s``, and the run's seconds evaluating), the same run's
   chosen-step rate (the ``choice`` event's timing of the step it picked), their ratio, and
   the median ``cpu_util``;
 * peak RSS (``ru_maxrss`` via ``wait4``), and the wall time from text to exported model.
@@ -194,6 +195,10 @@ def summarize(run: dict[str, Any], text_bytes: int) -> dict[str, Any]:
         out["load_s"] = first["input_loaded"]["seconds"]
     if steady:
         out["samples_per_s"] = round(statistics.median(r["examples_per_sec"] for r in steady))
+        if all("train_examples_per_sec" in r for r in steady):  # without the evaluations
+            rates = [r["train_examples_per_sec"] for r in steady]
+            out["train_samples_per_s"] = round(statistics.median(rates))
+            out["eval_s"] = round(sum(r["eval_s"] for r in progress), 1)
         out["cpu_util"] = round(statistics.median(r["cpu_util"] for r in steady), 3)
         out["windows"] = [round(r["examples_per_sec"]) for r in progress]
     choice = first.get("choice")
@@ -250,28 +255,33 @@ def one_run(name: str, args: argparse.Namespace, sets: dict[str, dict]) -> dict[
 def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The targets' ratios from one invocation's rows: the i-th run of each name over the
     i-th ``resident`` run (``--runs resident,streamed,resident,streamed`` interleaves them,
-    so a disturbance of the shared machine hits both of a pair), and their median."""
-    rates: dict[str, list[float]] = {}
-    for r in rows:
-        if r.get("samples_per_s"):
-            rates.setdefault(r["run"], []).append(r["samples_per_s"])
+    so a disturbance of the shared machine hits both of a pair), and their median; of the
+    ``progress`` rates, and (``_training``) of the rates without the evaluations, which
+    differ between the sets: 10 % of each set's rows are evaluated every 100 steps."""
     out: dict[str, Any] = {}
-    for name in ("streamed", "memory4g"):
-        mine, resident = rates.get(name, []), rates.get("resident", [])
-        pairs = [round(a / b, 3) for a, b in zip(mine, resident, strict=False)]
-        if pairs:
-            out[f"{name}_over_resident"] = statistics.median(pairs)
-            out[f"{name}_over_resident_rounds"] = pairs
+    for field, suffix in (("samples_per_s", ""), ("train_samples_per_s", "_training")):
+        rates: dict[str, list[float]] = {}
+        for r in rows:
+            if r.get(field):
+                rates.setdefault(r["run"], []).append(r[field])
+        for name in ("streamed", "memory4g"):
+            mine, resident = rates.get(name, []), rates.get("resident", [])
+            pairs = [round(a / b, 3) for a, b in zip(mine, resident, strict=False)]
+            if pairs:
+                out[f"{name}_over_resident{suffix}"] = statistics.median(pairs)
+                out[f"{name}_over_resident{suffix}_rounds"] = pairs
     return out
 
 
 def table(report: dict[str, Any]) -> str:
-    head = f"{'run':10} {'samples/s':>9} {'step':>7} {'/step':>6} {'cpu':>5} {'RSS MB':>7}"
+    head = f"{'run':10} {'samples/s':>9} {'train':>7} {'step':>7} {'/step':>6} {'cpu':>5}"
+    head += f" {'RSS MB':>7}"
     head += f" {'wall s':>7} {'1st step s':>10} {'conv s':>7} {'MB/s':>5}  input"
     lines = [head]
     for r in report["rows"]:
         lines.append(
             f"{r['run']:10} {r.get('samples_per_s', '-'):>9} "
+            f"{r.get('train_samples_per_s', '-'):>7} "
             f"{r.get('chosen_step_samples_per_s', '-'):>7} {r.get('over_chosen_step', '-'):>6} "
             f"{r.get('cpu_util', '-'):>5} {r.get('peak_rss_mb', '-'):>7} {r['wall_s']:>7} "
             f"{r.get('start_to_steps_per_loop_s', '-'):>10} {r.get('conversion_s', '-'):>7} "

@@ -253,6 +253,32 @@ def test_progress_rate_leaves_out_the_tracing_call() -> None:
     assert progress["step"] == 10 and progress["loss"] == pytest.approx(0.1)
 
 
+def test_progress_gives_the_training_rate_without_the_evaluation_too() -> None:
+    clock = Clock()
+    fake = FakeTrainer(clock, step_seconds=0.01)
+    evaluate = fake.evaluate
+
+    def slow_evaluation() -> float:
+        clock.now += 0.07  # as long as the window's 7 steps
+        return evaluate()
+
+    fake.evaluate = slow_evaluation  # type: ignore[method-assign]
+    controller = Controller(
+        fake,
+        FakeCheckpoints(),
+        Schedule(10, 10, 100, 3, 0.0),
+        Meter(cpu_budget=1.0, samples_per_step=100, clock=clock, cpu_clock=clock),
+        stop=lambda: False,
+        baseline_rmse=2.0,
+        hooks=[recorder := Recorder()],
+    )
+    controller.run(0)
+    (progress,) = recorder.records
+    assert progress["eval_s"] == pytest.approx(0.07)
+    assert progress["examples_per_sec"] == pytest.approx(100 * 7 / 0.14)
+    assert progress["train_examples_per_sec"] == pytest.approx(100 * 7 / 0.07)
+
+
 def test_a_budget_that_needs_a_new_plan_checkpoints_and_ends_in_a_replan() -> None:
     asked: list[int] = []
 

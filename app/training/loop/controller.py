@@ -95,6 +95,9 @@ class Meter:
 
     ``cpu_budget`` in CPUs; the window starts after the first call, which traces the
     step function, so start-up does not count against the first interval's rate.
+    ``evaluating``: seconds of the window spent evaluating (the controller adds them), so
+    the training rate without them is known too: a large validation set evaluated often
+    weighs on the rate as much as the input does.
     """
 
     cpu_budget: float
@@ -105,16 +108,22 @@ class Meter:
     step: int = 0
     wall: float = 0.0
     cpu: float = 0.0
+    evaluating: float = 0.0
 
     def mark(self, step: int) -> None:
         self.step, self.wall, self.cpu = step, self.clock(), self.cpu_clock()
+        self.evaluating = 0.0
 
     def read(self, step: int, max_steps: int) -> dict[str, float | None]:
-        """examples_per_sec, cpu_util (share of the budget), eta_s since the last mark."""
+        """examples_per_sec (wall), train_examples_per_sec (the wall less ``evaluating``),
+        eval_s, cpu_util (share of the budget), eta_s since the last mark."""
         wall = max(self.clock() - self.wall, 1e-9)
         steps = max(step - self.step, 1)
+        training = max(wall - self.evaluating, 1e-9)
         fields: dict[str, float | None] = {
             "examples_per_sec": round(steps * self.samples_per_step / wall, 1),
+            "train_examples_per_sec": round(steps * self.samples_per_step / training, 1),
+            "eval_s": round(self.evaluating, 3),
             "cpu_util": round((self.cpu_clock() - self.cpu) / (wall * self.cpu_budget), 3),
             "eta_s": round((max_steps - step) * wall / steps, 1),
         }
@@ -209,7 +218,9 @@ class Controller:
     def _evaluate(self, step: int, result: StepResult) -> float:
         """The evaluated RMSE at ``step``, logged as a ``progress`` event and given to the
         hooks."""
+        t0 = self.meter.clock()
         rmse = self.trainer.evaluate()
+        self.meter.evaluating += self.meter.clock() - t0
         if not math.isfinite(rmse):  # the weights to be checkpointed are broken
             raise TrainingDiverged(
                 f"{_NAMES.get(self.metric, self.metric)} became {rmse} at step {step} "
