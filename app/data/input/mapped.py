@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from app.data.cache import DataCache
-from app.data.input.stream import Stats
+from app.data.input.stream import Stats, aligned
 from app.errors import StorageError
 
 
@@ -82,6 +82,8 @@ def standardization(stats: Stats | None) -> tuple[tf.Tensor, ...]:
     return tuple(tf.constant(p, tf.float32) for p in parts)
 
 
+#: Bytes TensorFlow's CPU tensors are aligned to (``EIGEN_MAX_ALIGN_BYTES``).
+ALIGNMENT = 64
 #: ``madvise`` advice that maps a range's pages for reading, reading what the page cache
 #: lacks (Linux 5.14; Python's mmap module names it from 3.12 on).
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
@@ -99,8 +101,10 @@ def populate(mapping: mmap.mmap) -> None:
 def _mapped(where: tuple[Path, int], shape: tuple[int, ...]) -> tf.Tensor:
     """A float32 tensor of ``shape`` over a private, populated memory map of the file
     ``where`` names from its byte offset on (the cache's own file at 0, or an array read in
-    place after its header); a symlink is not followed. Raises StorageError when the file is
-    shorter than ``shape``."""
+    place after its header); a symlink is not followed. An array at an offset that is not a
+    multiple of :data:`ALIGNMENT` (HDF5 may put a dataset anywhere) is copied into aligned
+    memory: TensorFlow's kernels refuse unaligned tensors (a ``Check failed: IsAligned()``
+    abort in ``GatherOp``). Raises StorageError when the file is shorter than ``shape``."""
     path, base = where
     count = int(np.prod(shape))
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -113,6 +117,10 @@ def _mapped(where: tuple[Path, int], shape: tuple[int, ...]) -> tf.Tensor:
         os.close(fd)
     populate(mapping)
     array = np.frombuffer(mapping, np.float32, count, offset=base).reshape(shape)
+    if base % ALIGNMENT:  # TensorFlow's kernels check the alignment: a copy that has it
+        copy = aligned(shape)
+        np.copyto(copy, array)
+        array = copy  # the map is released with the view
     return tf.experimental.dlpack.from_dlpack(array.__dlpack__())  # keeps the map alive
 
 

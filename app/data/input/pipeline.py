@@ -157,7 +157,8 @@ def choose_input(
 def _cached(cache: DataCache, memory_limit: int | None) -> tuple[float, str]:
     """The share of the training features file the page cache holds now (``mincore``), and
     what stops a split over the resident limit from being held: "" when the file takes at
-    most :func:`app.budget.memory.page_cache_limit`."""
+    most :func:`app.budget.memory.page_cache_limit` and its rows are aligned for TensorFlow
+    (else holding would copy them: app/data/input/mapped.py)."""
     nbytes = 4 * cache.train_size * cache.height * cache.width
     room = memory.page_cache_limit(memory_limit)
     cached = stream.cached_share(cache.where("train_x.f32"), nbytes)
@@ -166,6 +167,8 @@ def _cached(cache: DataCache, memory_limit: int | None) -> tuple[float, str]:
             cached,
             f"its features file is more than the page cache may hold ({room / 1e6:,.0f} MB)",
         )
+    if cache.where("train_x.f32")[1] % mapped.ALIGNMENT:
+        return cached, "its rows, read in place, are not 64-byte aligned (holding would copy them)"
     return cached, ""
 
 

@@ -83,7 +83,7 @@ class Chunk:
     y: np.ndarray
 
 
-def _aligned(shape: tuple[int, ...]) -> np.ndarray:
+def aligned(shape: tuple[int, ...]) -> np.ndarray:
     """A new float32 array of ``shape`` whose data start on a 64-byte boundary (TensorFlow's
     alignment: a ``numpy_function`` result so aligned becomes a tensor without a copy)."""
     count = int(np.prod(shape))
@@ -242,11 +242,11 @@ class Reader(_Steps):
         with self._lock:
             buffer = self._free.pop() if self._free else None
         if buffer is None:
-            buffer = _aligned((order.WINDOW_STEPS * self.batch_size, c.height, c.width, 1))
+            buffer = aligned((order.WINDOW_STEPS * self.batch_size, c.height, c.width, 1))
         x = buffer[: len(ids)]  # a view of its own: when it is freed, so is the buffer
         weakref.finalize(x, self._recycle, buffer)
         read_features(c, ids, x)
-        y = _aligned((len(ids), c.num_outputs))
+        y = aligned((len(ids), c.num_outputs))
         np.take(self._labels, ids, axis=0, out=y)
         return Chunk(j * order.WINDOW_STEPS, local, x, y)
 
