@@ -226,17 +226,9 @@ def test_auto_k_is_agreed_between_workers() -> None:
     assert fake.calls[2:4] == [7, 7]
 
 
-def test_progress_rate_leaves_out_the_tracing_call() -> None:
-    clock = Clock()
-    fake = FakeTrainer(clock, step_seconds=0.01)
-    original = fake.train
-
-    def slow_first_call(steps: int, stop: object) -> Result:
-        if not fake.calls:
-            clock.now += 5.0  # tracing
-        return original(steps, stop)
-
-    fake.train = slow_first_call  # type: ignore[method-assign]
+def _one_progress(fake: FakeTrainer, clock: Clock) -> dict:
+    """The one progress record of 10 steps (K = 3, an evaluation at step 10), 100 samples a
+    step, timed by ``clock``."""
     controller = Controller(
         fake,
         FakeCheckpoints(),
@@ -248,6 +240,21 @@ def test_progress_rate_leaves_out_the_tracing_call() -> None:
     )
     controller.run(0)
     (progress,) = recorder.records
+    return progress
+
+
+def test_progress_rate_leaves_out_the_tracing_call() -> None:
+    clock = Clock()
+    fake = FakeTrainer(clock, step_seconds=0.01)
+    original = fake.train
+
+    def slow_first_call(steps: int, stop: object) -> Result:
+        if not fake.calls:
+            clock.now += 5.0  # tracing
+        return original(steps, stop)
+
+    fake.train = slow_first_call  # type: ignore[method-assign]
+    progress = _one_progress(fake, clock)
     # 7 steps after the first call (3 steps), 0.07 s: 10,000 samples/s, not 1000/5.1 s.
     assert progress["examples_per_sec"] == pytest.approx(100 * 7 / 0.07)
     assert progress["step"] == 10 and progress["loss"] == pytest.approx(0.1)
@@ -263,17 +270,7 @@ def test_progress_gives_the_training_rate_without_the_evaluation_too() -> None:
         return evaluate()
 
     fake.evaluate = slow_evaluation  # type: ignore[method-assign]
-    controller = Controller(
-        fake,
-        FakeCheckpoints(),
-        Schedule(10, 10, 100, 3, 0.0),
-        Meter(cpu_budget=1.0, samples_per_step=100, clock=clock, cpu_clock=clock),
-        stop=lambda: False,
-        baseline_rmse=2.0,
-        hooks=[recorder := Recorder()],
-    )
-    controller.run(0)
-    (progress,) = recorder.records
+    progress = _one_progress(fake, clock)
     assert progress["eval_s"] == pytest.approx(0.07)
     assert progress["examples_per_sec"] == pytest.approx(100 * 7 / 0.14)
     assert progress["train_examples_per_sec"] == pytest.approx(100 * 7 / 0.07)

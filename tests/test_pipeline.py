@@ -63,24 +63,18 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _run(tiny_data: Path, tmp_path: Path, memory_limit: int | None, *subset: str) -> dict:
+def _python(code: str, *args: str) -> dict:
+    """Run ``code`` in a fresh interpreter with ``args``; the JSON of its last stdout line."""
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            SCRIPT,
-            str(tiny_data),
-            str(tmp_path),
-            json.dumps(memory_limit),
-            *subset,
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-    )
+        [sys.executable, "-c", code, *args],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.splitlines()[-1])
+
+
+def _run(tiny_data: Path, tmp_path: Path, memory_limit: int | None, *subset: str) -> dict:
+    return _python(SCRIPT, str(tiny_data), str(tmp_path), json.dumps(memory_limit), *subset)
 
 
 def test_resident_and_streamed_batches_are_identical_and_the_right_rows(
@@ -138,12 +132,7 @@ def test_the_split_is_held_when_the_run_reads_it_more_than_once(
         print(json.dumps(out))
         """
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(tiny_data), str(tmp_path)],
-        capture_output=True, text=True, cwd=REPO, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.splitlines()[-1])
+    got = _python(code, str(tiny_data), str(tmp_path))
     assert got["None-10000"][0] is True  # 10,000 batches of 40 rows: 1,667 epochs
     assert got["None-1"][0] is False  # one batch: loading all 240 rows costs more
     assert got["1000-10000"][0] is False and "larger than" in got["1000-10000"][1]
@@ -184,12 +173,7 @@ def test_a_resumed_streamed_pipeline_yields_the_same_batches(
 ) -> None:
     # 240 rows in batches of 10: three windows an epoch, 40 steps over almost two epochs;
     # resumed at step 13, inside the second chunk of 8 steps.
-    proc = subprocess.run(
-        [sys.executable, "-c", RESUME, str(tiny_data), str(tmp_path)],
-        capture_output=True, text=True, cwd=REPO, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.splitlines()[-1])
+    got = _python(RESUME, str(tiny_data), str(tmp_path))
     assert got == {"straight": 40, "resumed": 27, "same": True, "differ": True}
 
 
@@ -223,12 +207,7 @@ HELD = textwrap.dedent(
 def test_a_split_the_page_cache_may_hold_is_held_without_a_copy(
     tiny_data: Path, tmp_path: Path
 ) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", HELD, str(tiny_data), str(tmp_path)],
-        capture_output=True, text=True, cwd=REPO, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.splitlines()[-1])
+    got = _python(HELD, str(tiny_data), str(tmp_path))
     # A limit of twice the split: over the resident share (1/4), within the page cache's
     # (3/4): held, and the share of it the page cache holds is said (it was just written).
     resident, why, cached = got["room"]

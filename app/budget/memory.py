@@ -12,8 +12,9 @@ MIB = 1 << 20
 #: Share of the memory limit (physical memory without one) a training split may take to
 #: be held in memory rather than read from the cache file batch by batch.
 RESIDENT_SHARE = 0.25
-#: Share of the memory limit a split the page cache already holds may take to be streamed
-#: from there, through a memory map, rather than read (app/data/input/pipeline.py).
+#: Share of the memory limit a training split's features file may take to be held all the
+#: same when it is over the resident share: held, it is the page cache's pages, mapped,
+#: not a copy (app/data/input/pipeline.py ``choose_input``).
 PAGE_CACHE_SHARE = 0.75
 
 
@@ -31,8 +32,9 @@ def resident_limit(memory_limit: int | None) -> int:
 
 
 def page_cache_limit(memory_limit: int | None) -> int:
-    """Bytes of training split streamed from the page cache through a memory map when the
-    page cache holds it: :data:`PAGE_CACHE_SHARE` of ``memory_limit`` (or physical memory)."""
+    """Bytes of a training split's features file held (from the page cache) though over
+    :func:`resident_limit`: :data:`PAGE_CACHE_SHARE` of ``memory_limit`` (or physical
+    memory)."""
     return int(_total(memory_limit) * PAGE_CACHE_SHARE)
 
 

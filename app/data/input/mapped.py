@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from app.data.cache import DataCache
-from app.data.input.stream import Stats, aligned
+from app.data.input.stream import ALIGNMENT, Stats, aligned
 from app.errors import StorageError
 
 
@@ -82,8 +82,6 @@ def standardization(stats: Stats | None) -> tuple[tf.Tensor, ...]:
     return tuple(tf.constant(p, tf.float32) for p in parts)
 
 
-#: Bytes TensorFlow's CPU tensors are aligned to (``EIGEN_MAX_ALIGN_BYTES``).
-ALIGNMENT = 64
 #: ``madvise`` advice that maps a range's pages for reading, reading what the page cache
 #: lacks (Linux 5.14; Python's mmap module names it from 3.12 on).
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
@@ -98,25 +96,36 @@ def populate(mapping: mmap.mmap) -> None:
         np.frombuffer(mapping, np.uint8)[:: mmap.PAGESIZE].sum()
 
 
+def map_private(path: Path, start: int, end: int) -> tuple[mmap.mmap, int]:
+    """Bytes ``start .. end`` of the file ``path`` mapped private and writable (a symlink is
+    not followed), populated for reading (:func:`populate`): the mapping, from the page
+    boundary at or below ``start``, and where ``start`` is in it. Raises StorageError when
+    the file is shorter than ``end``."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if os.fstat(fd).st_size < end:
+            raise StorageError(f"{path}: cache file is truncated; delete {path.parent}")
+        offset = start - start % mmap.ALLOCATIONGRANULARITY  # a mapping starts on a page
+        length = max(end - offset, 1)
+        prot = mmap.PROT_READ | mmap.PROT_WRITE
+        mapping = mmap.mmap(fd, length, mmap.MAP_PRIVATE, prot, offset=offset)
+    finally:
+        os.close(fd)
+    populate(mapping)
+    return mapping, start - offset
+
+
 def _mapped(where: tuple[Path, int], shape: tuple[int, ...]) -> tf.Tensor:
     """A float32 tensor of ``shape`` over a private, populated memory map of the file
     ``where`` names from its byte offset on (the cache's own file at 0, or an array read in
-    place after its header); a symlink is not followed. An array at an offset that is not a
+    place after its header; :func:`map_private`). An array at an offset that is not a
     multiple of :data:`ALIGNMENT` (HDF5 may put a dataset anywhere) is copied into aligned
     memory: TensorFlow's kernels refuse unaligned tensors (a ``Check failed: IsAligned()``
     abort in ``GatherOp``). Raises StorageError when the file is shorter than ``shape``."""
     path, base = where
     count = int(np.prod(shape))
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        if os.fstat(fd).st_size < base + 4 * count:
-            raise StorageError(f"{path}: cache file is truncated; delete {path.parent}")
-        size = max(base + 4 * count, 1)  # mapped from 0: an offset must be page-aligned
-        mapping = mmap.mmap(fd, size, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
-    finally:
-        os.close(fd)
-    populate(mapping)
-    array = np.frombuffer(mapping, np.float32, count, offset=base).reshape(shape)
+    mapping, skip = map_private(path, base, base + 4 * count)
+    array = np.frombuffer(mapping, np.float32, count, offset=skip).reshape(shape)
     if base % ALIGNMENT:  # TensorFlow's kernels check the alignment: a copy that has it
         copy = aligned(shape)
         np.copyto(copy, array)

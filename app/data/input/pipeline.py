@@ -20,8 +20,6 @@ is. Both give the same batches (tested).
 
 from __future__ import annotations
 
-import mmap
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -135,7 +133,7 @@ def choose_input(
         cached, against = _cached(cache, memory_limit)
         why = f"the split ({size / 1e6:,.0f} MB) is larger than {limit / 1e6:,.0f} MB"
         if against:
-            return InputChoice(False, f"{why}, and {against}", cached=round(cached, 3))
+            return InputChoice(False, f"{why}, and {against}", cached=cached)
     n = training_rows(cache, rows)
     ids = np.arange(n) if rows is None else rows
     b = min(batch_size, n)
@@ -150,24 +148,24 @@ def choose_input(
     why = f"loading {n} rows ≈ {load_s:.2f} s, streaming {steps} batches ≈ {stream_s:.2f} s"
     if cached is not None:
         why += f" (the page cache holds {cached:.0%} of the split)"
-        cached = round(cached, 3)
     return InputChoice(load_s <= stream_s, why, round(load_s, 6), round(stream_s, 6), cached)
 
 
 def _cached(cache: DataCache, memory_limit: int | None) -> tuple[float, str]:
-    """The share of the training features file the page cache holds now (``mincore``), and
-    what stops a split over the resident limit from being held: "" when the file takes at
-    most :func:`app.budget.memory.page_cache_limit` and its rows are aligned for TensorFlow
-    (else holding would copy them: app/data/input/mapped.py)."""
+    """The share of the training features file the page cache holds now (``mincore``,
+    rounded to 0.001), and what stops a split over the resident limit from being held: ""
+    when the file takes at most :func:`app.budget.memory.page_cache_limit` and its rows are
+    aligned for TensorFlow (else holding would copy them: app/data/input/mapped.py)."""
     nbytes = 4 * cache.train_size * cache.height * cache.width
     room = memory.page_cache_limit(memory_limit)
-    cached = stream.cached_share(cache.where("train_x.f32"), nbytes)
+    where = cache.where("train_x.f32")
+    cached = round(stream.cached_share(where, nbytes), 3)
     if nbytes > room:
         return (
             cached,
             f"its features file is more than the page cache may hold ({room / 1e6:,.0f} MB)",
         )
-    if cache.where("train_x.f32")[1] % mapped.ALIGNMENT:
+    if where[1] % stream.ALIGNMENT:
         return cached, "its rows, read in place, are not 64-byte aligned (holding would copy them)"
     return cached, ""
 
@@ -183,16 +181,8 @@ def _timed_load(cache: DataCache, rows: np.ndarray) -> float:
     ):
         path, base = cache.where(name)
         start, end = base + int(rows[0]) * 4 * width, base + (int(rows[-1]) + 1) * 4 * width
-        offset = start - start % mmap.ALLOCATIONGRANULARITY
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            area = mmap.mmap(
-                fd, end - offset, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE, offset=offset
-            )
-        finally:
-            os.close(fd)
-        with area:
-            mapped.populate(area)
+        area, _ = mapped.map_private(path, start, end)
+        area.close()
     return time.perf_counter() - t0
 
 

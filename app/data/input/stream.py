@@ -46,6 +46,9 @@ from app.errors import StorageError
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+#: Bytes TensorFlow's CPU tensors are aligned to (``EIGEN_MAX_ALIGN_BYTES``); its kernels
+#: refuse a tensor that is not (``Check failed: IsAligned()``).
+ALIGNMENT = 64
 #: Chunks alive at once: the one the steps gather from, the next one (being read), and the
 #: one the batches still in flight (prefetched, being trained on) came from.
 CHUNKS_HELD = 3
@@ -84,11 +87,11 @@ class Chunk:
 
 
 def aligned(shape: tuple[int, ...]) -> np.ndarray:
-    """A new float32 array of ``shape`` whose data start on a 64-byte boundary (TensorFlow's
-    alignment: a ``numpy_function`` result so aligned becomes a tensor without a copy)."""
+    """A new float32 array of ``shape`` whose data start on an :data:`ALIGNMENT` boundary
+    (a ``numpy_function`` result so aligned becomes a tensor without a copy)."""
     count = int(np.prod(shape))
-    raw = np.empty(count + 16, np.float32)
-    skip = (-raw.ctypes.data % 64) // 4
+    raw = np.empty(count + ALIGNMENT // 4, np.float32)
+    skip = (-raw.ctypes.data % ALIGNMENT) // 4
     return raw[skip : skip + count].reshape(shape)
 
 
@@ -190,15 +193,15 @@ class _Steps:
         """Step ``step``'s positions in the training rows (B,), sorted."""
         return order.batch_rows(self.seed, step, self.batch_size, self.n, self.workers, self.index)
 
-    def _chunk(self, j: int) -> tuple[int, np.ndarray, np.ndarray]:
-        """Chunk ``j`` (steps ``j·WINDOW_STEPS ..``, before ``end_step``): its steps, the row
-        ids it reads (sorted, unique), and each step's rows as indices into them (s, B)."""
+    def _chunk(self, j: int) -> tuple[np.ndarray, np.ndarray]:
+        """Chunk ``j`` (steps ``j·WINDOW_STEPS ..``, before ``end_step``): the row ids it
+        reads (sorted, unique), and each step's rows as indices into them (steps, B)."""
         first = j * order.WINDOW_STEPS
         steps = range(first, min(first + order.WINDOW_STEPS, self.end_step))
         positions = np.concatenate([self._positions(s) for s in steps])
         unique, inverse = np.unique(positions, return_inverse=True)
         ids = unique if self.rows is None else self.rows[unique]
-        return len(steps), ids, inverse.reshape(len(steps), self.batch_size).astype(np.int64)
+        return ids, inverse.reshape(len(steps), self.batch_size).astype(np.int64)
 
 
 class Reader(_Steps):
@@ -237,7 +240,7 @@ class Reader(_Steps):
 
     def _load(self, j: int) -> Chunk:
         """Chunk ``j``, read."""
-        _, ids, local = self._chunk(j)
+        ids, local = self._chunk(j)
         c = self.cache
         with self._lock:
             buffer = self._free.pop() if self._free else None
@@ -264,14 +267,13 @@ class Ahead(_Steps):
 
     def ids(self, step: int) -> np.ndarray:
         """Step ``step``'s row ids (B,) int64, sorted."""
-        j = step // order.WINDOW_STEPS
+        k = step // order.WINDOW_STEPS + 1  # the next chunk
         with self._lock:
-            for k in (j + 1,):
-                if k not in self._announced and k * order.WINDOW_STEPS < self.end_step:
-                    self._announced.add(k)
-                    self._pool.submit(self._announce, k)
+            if k not in self._announced and k * order.WINDOW_STEPS < self.end_step:
+                self._announced.add(k)
+                self._pool.submit(self._announce, k)
         at = self._positions(step)
         return at if self.rows is None else self.rows[at]
 
     def _announce(self, j: int) -> None:
-        announce(self.cache, self._chunk(j)[1])
+        announce(self.cache, self._chunk(j)[0])
