@@ -79,11 +79,18 @@ def test_auto_measures_bfloat16_only_where_native_and_its_parity_holds(
 
     monkeypatch.setattr(config_lib, "BFLOAT16_IN_AUTO", in_auto)
     monkeypatch.setattr(choose, "_measure", measure)
+    forwards: list = []
+    monkeypatch.setattr(choose, "_forward_ms", _forward(forwards))
     plan, data = _stand_ins(native_bf16)
     config = TrainConfig.of(data_dir=tmp_path, output_dir=tmp_path)
     picked = choose._decide(config, plan, data, None, tmp_path / "ckpt")  # type: ignore[arg-type]
     assert sorted(picked.timings) == expected
     assert (picked.formulation, picked.precision) == ("plain", "float32")
+    # The evaluation's formulation: both forward passes timed at the chosen precision.
+    assert forwards == [(["fast", "plain"], "float32")]
+    assert (picked.evaluation, picked.evaluation_timings) == (
+        "plain", {"fast/float32": 3.0, "plain/float32": 2.0},
+    )  # fmt: skip
     bf16_measured = len(expected) == 4
     assert ("bfloat16" in picked.reason) == (not bf16_measured)  # why it was left out
     # An explicit formulation: float32 alone is then not measured, and the reason says why.
@@ -91,15 +98,47 @@ def test_auto_measures_bfloat16_only_where_native_and_its_parity_holds(
     one = choose._decide(fast, plan, data, None, tmp_path / "ckpt")  # type: ignore[arg-type]
     assert (one.precision, len(one.timings)) == ("float32", 2 if bf16_measured else 0)
     assert ("float32 under --precision auto" in one.reason) == (not bf16_measured)
+    assert (one.evaluation, one.evaluation_timings) == ("fast", {})  # the asked formulation
+
+
+def test_the_evaluation_takes_the_faster_forward_pass_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.config import TrainConfig
+    from app.training.state import choose
+
+    monkeypatch.setattr(choose, "_measure", lambda c, d, g: {c[0]: 5.0, c[1]: 9.0})
+    for faster, other in (("plain", "fast"), ("fast", "plain")):
+        ms = {faster: 1.0, other: 4.0}
+        monkeypatch.setattr(choose, "_forward_ms", lambda f, p, d, g, ms=ms: ms)
+        plan, data = _stand_ins(native_bf16=False)
+        config = TrainConfig.of(data_dir=tmp_path, output_dir=tmp_path)
+        picked = choose._decide(config, plan, data, None, tmp_path / "c")  # type: ignore[arg-type]
+        assert (picked.formulation, picked.evaluation) == ("fast", faster)
+        said = "evaluated in the plain formulation, 1.0 ms a forward pass against 4.0"
+        assert (said in picked.reason) == (faster == "plain"), picked.reason
 
 
 CPUINFO = "model name: Test CPU\nflags: avx2 fma"
 
 
+def _forward(calls: list | None = None):  # type: ignore[no-untyped-def]
+    """A stand-in for choose._forward_ms: the plain forward pass is the faster."""
+
+    def forward(formulations: list, precision: str, data: object, config: object) -> dict:
+        if calls is not None:
+            calls.append((formulations, precision))
+        if len(formulations) < 2:
+            return {}
+        return {f: 2.0 if f == "plain" else 3.0 for f in formulations}
+
+    return forward
+
+
 @pytest.mark.parametrize(
     "change",
     ["nothing", "intra_op_threads", "inter_op_threads", "onednn", "cpu_flag", "cpu_model",
-     "tensorflow", "batch_size", "shape", "corrupt"],
+     "tensorflow", "batch_size", "shape", "corrupt", "no_evaluation"],
 )  # fmt: skip
 def test_a_kept_choice_is_reused_only_when_everything_it_depends_on_matches(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
@@ -115,6 +154,7 @@ def test_a_kept_choice_is_reused_only_when_everything_it_depends_on_matches(
         return {c: 5.0 if c == ("plain", "float32") else 10.0 for c in candidates}
 
     monkeypatch.setattr(choose, "_measure", measure)
+    monkeypatch.setattr(choose, "_forward_ms", _forward())
     plan, data = _stand_ins(native_bf16=False)
     plan.inputs = {"/proc/cpuinfo": CPUINFO}
     config = TrainConfig.of(data_dir=tmp_path, output_dir=tmp_path)
@@ -138,10 +178,17 @@ def test_a_kept_choice_is_reused_only_when_everything_it_depends_on_matches(
     elif change == "corrupt":
         (entry,) = (tmp_path / "cache").iterdir()
         (entry / measured.ENTRY).write_text('{"format": 1, "what": "choice"}')
+    elif change == "no_evaluation":  # a kept choice naming no formulation to evaluate in
+        (entry,) = (tmp_path / "cache").iterdir()
+        kept = json.loads((entry / measured.ENTRY).read_text())
+        kept["value"].pop("evaluation")  # digest and all: an entry of an older coretrain
+        kept["digest"] = measured._sha256([kept["what"], kept["depends"], kept["value"]])
+        (entry / measured.ENTRY).write_text(json.dumps(kept))
     again = choose._decide(config, plan, data, store, tmp_path / "b")  # type: ignore[arg-type]
     if change == "nothing":  # a new output directory, the same cache directory
         assert (again.source, len(calls)) == ("cached", 1)
         assert (again.formulation, again.timings) == ("plain", first.timings)
+        assert (again.evaluation, again.evaluation_timings) == ("plain", first.evaluation_timings)
     else:
         assert (again.source, len(calls)) == ("measured", 2)
 
@@ -184,6 +231,12 @@ def test_auto_times_the_candidates_and_takes_the_fastest(tiny_data: Path, tmp_pa
         assert "no native support" in choice["reason"]
     fastest = min(choice["timings"], key=choice["timings"].get)
     assert f"{choice['formulation']}/{choice['precision']}" == fastest
+    # The evaluation's formulation: both forward passes timed at that precision, the faster.
+    forward = choice["evaluation_timings"]
+    assert sorted(forward) == [f"fast/{choice['precision']}", f"plain/{choice['precision']}"]
+    assert f"{choice['evaluation']}/{choice['precision']}" == min(forward, key=forward.get)
+    kept = json.loads((out / "checkpoints" / "run.json").read_text())
+    assert kept["evaluation"] == choice["evaluation"]
     metrics = json.loads((out / "metrics.json").read_text())
     assert (metrics["formulation"], metrics["precision"]) == (
         choice["formulation"],
@@ -195,10 +248,9 @@ def test_auto_times_the_candidates_and_takes_the_fastest(tiny_data: Path, tmp_pa
     assert code == 0, err[-2000:]
     (again,) = events(records, "choice")
     assert "kept from the checkpoints" in again["reason"] and again["source"] == "resumed"
-    assert (again["formulation"], again["precision"]) == (
-        choice["formulation"],
-        choice["precision"],
-    )
+    assert [again[k] for k in ("formulation", "precision", "evaluation")] == [
+        choice[k] for k in ("formulation", "precision", "evaluation")
+    ]
 
 
 @pytest.mark.slow
@@ -216,8 +268,8 @@ def test_a_new_output_reuses_the_choice_and_the_ridge_kept_beside_the_cache(
     assert code == 0, err[-2000:]
     (again,) = events(records, "choice")
     assert again["source"] == "cached" and not events(records, "choice_measured")
-    assert [again[k] for k in ("formulation", "precision", "timings")] == [
-        choice[k] for k in ("formulation", "precision", "timings")
+    assert [again[k] for k in ("formulation", "precision", "timings", "evaluation")] == [
+        choice[k] for k in ("formulation", "precision", "timings", "evaluation")
     ]
     (ridge,) = events(records, "linear_baseline")
     assert ridge["source"] == "cached"

@@ -64,3 +64,34 @@ def test_evaluation_is_the_rmse_of_the_predictions_in_label_units(trained: tuple
         err = np.asarray(trainer.predict(xs)) - np.asarray(y)
         assert trainer.evaluate(split) == pytest.approx(math.sqrt(np.mean(err**2)), rel=1e-4)
     assert trainer.eval_split == "validation"
+
+
+def test_validation_gathered_from_a_held_split_is_the_rmse_read_from_the_cache(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fed a split held in memory, the trainer gathers its validation rows from it: the
+    same batches and operations as reading them, so the same RMSE to the bit; and it
+    computes in the formulation chosen for evaluation, not the step's."""
+    data = prepare_cache(TrainConfig.of(data_dir=tiny_data, output_dir=tmp_path))
+    rows = split_lib.split(data.train_size, 0.1, RECIPE.seed)
+    computed = Choice("fast", "float32", "as asked", {}, evaluation="plain")
+    trainer = Trainer(RECIPE, 10, computed, data, Replicas(), rows, threads=1)
+    read = trainer.evaluate("validation")
+    batches = pipeline.train_input(
+        data, 1, seed=RECIPE.seed, batch_size=RECIPE.batch_size, start_step=0,
+        end_step=10, rows=rows.train, stats=trainer.stats, resident=True,
+    )  # fmt: skip
+    trainer.feed(batches)
+
+    def unread(*args: object) -> None:
+        raise AssertionError("the validation rows were read from the cache file")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(type(data), "read_rows", unread)
+        assert trainer.evaluate("validation") == read
+    assert trainer.evaluate("test") > 0
+    x = trainer.standardize_x(np.asarray(data.features("test")[:8], np.float32)[..., None])
+    plain = trainer.model.infer(x, "plain") * trainer.l_std + trainer.l_mean
+    np.testing.assert_array_equal(np.asarray(trainer.predict(x)), np.asarray(plain))
+    fast = np.asarray(trainer.model.infer(x, "fast"))
+    np.testing.assert_allclose(np.asarray(trainer.model.infer(x, "plain")), fast, atol=1e-5)

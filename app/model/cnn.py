@@ -125,10 +125,11 @@ class SeedCNN(keras.Model):
         ):
             raise ConfigError(f"the model takes (N, {self.height}, {self.width}, 1), got {shape}")
 
-    def features(self, x: tf.Tensor) -> tf.Tensor:
-        """conv1 … flatten: (N, H, W, 1) → (N, Hq·Wq·5), NHWC flatten order."""
+    def features(self, x: tf.Tensor, formulation: str | None = None) -> tf.Tensor:
+        """conv1 … flatten: (N, H, W, 1) → (N, Hq·Wq·5), NHWC flatten order, computed in
+        ``formulation`` (default the model's; the other computes the same function)."""
         self._check_shape(tuple(x.shape))
-        if self.formulation == "fast":
+        if (formulation or self.formulation) == "fast":
             return fast_features(self, x)
         h = self.pool1(self.conv1(x))
         return self.flatten(self.pool2(self.conv2(h)))
@@ -140,6 +141,12 @@ class SeedCNN(keras.Model):
     def call(self, x: tf.Tensor, training: bool | None = None) -> tf.Tensor:
         """Inference: (N, H, W, 1) → (N, K); no dropout (see :func:`forward`)."""
         return self.head(self.features(x))
+
+    def infer(self, x: tf.Tensor, formulation: str | None = None) -> tf.Tensor:
+        """Inference computed in ``formulation`` (default the model's): (N, H, W, 1) →
+        (N, K) float32. Which formulation is fastest without a gradient is not always the
+        one that is fastest with one (app/training/state/choose.py)."""
+        return self.head(self.features(x, formulation))
 
     def compute_output_shape(self, input_shape: Any) -> tuple:
         """(N, H, W, 1) → (N, K)."""

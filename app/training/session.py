@@ -172,7 +172,7 @@ def start(
     step = checkpoints.restore()
     best = Best(trainer.model, held, reps)
     best.resume(step)
-    identity.record(ws.checkpoints, picked.formulation, picked.precision, mine)
+    identity.record(ws.checkpoints, picked.formulation, picked.precision, mine, picked.evaluation)
     _log_replanned(plan)
     if reps.sum([1.0 if stop() else 0.0], "restore")[0] > 0:  # agreed by all workers
         raise Preempted(f"stopped by signal before training resumed at step {step}")

@@ -301,8 +301,9 @@ def eval_dataset(
     ``threads``: tf.data threads (the plan's).
 
     ``rows``: sorted row numbers of the split's file (default all: the test set; the
-    validation rows of the training file). ``features``: an elementwise transform of x (the
-    standardisation); raw without it.
+    validation rows of the training file, scattered: read as a streamed chunk is, each
+    batch's rows announced to the kernel first, so a disk has them all in flight).
+    ``features``: an elementwise transform of x (the standardisation); raw without it.
     """
     features_fn = features or _identity
     size = cache.train_size if split == "train" else cache.test_size
@@ -310,8 +311,12 @@ def eval_dataset(
 
     def load(start: np.int64) -> tuple[np.ndarray, np.ndarray]:
         idx = rows[int(start) : int(start) + batch_size]
-        x = cache.read_rows(split, "features", idx)
-        return x[..., None], cache.read_rows(split, "labels", idx)
+        if split != "train":
+            x = cache.read_rows(split, "features", idx)[..., None]
+        else:
+            x = np.empty((len(idx), cache.height, cache.width, 1), np.float32)
+            stream.read_features(cache, idx, x)
+        return x, cache.read_rows(split, "labels", idx)
 
     def fetch(start: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         x, y = tf.numpy_function(load, [start], (tf.float32, tf.float32), stateful=False)
@@ -320,4 +325,14 @@ def eval_dataset(
         return features_fn(x), y
 
     ds = tf.data.Dataset.range(0, len(rows), batch_size).map(fetch)
+    return ds.prefetch(PREFETCH_BATCHES).with_options(dataset_options(threads))
+
+
+def eval_ids(rows: np.ndarray, batch_size: int, threads: int) -> tf.data.Dataset:
+    """``rows`` (sorted int64 row ids) in order, as batches of ``batch_size`` ids (b,) int64
+    (the last may be short): :func:`eval_dataset`'s batches, for rows gathered from a split
+    held in memory; ``threads``: tf.data threads (the plan's)."""
+    ids = tf.constant(rows, tf.int64)
+    ds = tf.data.Dataset.range(0, len(rows), batch_size)
+    ds = ds.map(lambda start: ids[start : start + batch_size])
     return ds.prefetch(PREFETCH_BATCHES).with_options(dataset_options(threads))

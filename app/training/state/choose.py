@@ -8,6 +8,11 @@ off, AVX512_BF16/AMX or not) and the thread count. With ``--formulation auto`` a
 run's shape with the planned threads, and the fastest best round wins. A candidate whose
 first round is over :data:`CANNOT_WIN` times the fastest's is not timed again: no round
 of it could win (the rounds of one candidate move by a quarter at most on a shared VM).
+Under ``--formulation auto`` the evaluation's formulation is chosen the same way, by
+timing the forward pass alone in each formulation at the chosen precision: without a
+gradient the fastest is not always the step's (on an Intel Xeon with AMX the plain
+formulation's forward pass in bfloat16 was 1.7× the fast one's, whose step was the
+faster; docs/performance.md, "Evaluation").
 
 ``--precision auto`` measures bfloat16 only when ``app.config.BFLOAT16_IN_AUTO`` is set and the
 CPU has native bfloat16 dot products (``/proc/cpuinfo`` flags ``avx512_bf16`` or
@@ -31,9 +36,10 @@ uses it, so an exact resume stays exact.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,19 +62,30 @@ ROUNDS = 3
 #: A candidate slower than this many times the fastest in the first round is not timed again.
 CANNOT_WIN = 1.5
 #: How candidates are timed: part of what a kept choice depends on.
-TIMING = {"warmup": WARMUP_STEPS, "steps": TIMED_STEPS, "rounds": ROUNDS, "cannot_win": CANNOT_WIN}
+TIMING = {
+    "warmup": WARMUP_STEPS, "steps": TIMED_STEPS, "rounds": ROUNDS, "cannot_win": CANNOT_WIN,
+    "evaluation": "forward pass per formulation",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Choice:
     """The formulation and precision of the run and why (``timings``: ms per step;
-    ``source``: module docstring)."""
+    ``source``: module docstring); ``evaluation``: the formulation the evaluation computes
+    in (the training formulation unless measured faster: ``evaluation_timings``, ms per
+    forward pass of a batch)."""
 
     formulation: str
     precision: str
     reason: str
     timings: dict[str, float]
     source: str = "measured"
+    evaluation: str = ""
+    evaluation_timings: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.evaluation:
+            object.__setattr__(self, "evaluation", self.formulation)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -103,13 +120,19 @@ def choose(
     if replicas.count == 1:
         assert choice is not None
         return choice
-    mine = ALL.index((choice.formulation, choice.precision)) + 1 if choice else 0
-    agreed = ALL[int(replicas.sum([float(mine)], "agreeing on the formulation")[0]) - 1]
-    return choice or Choice(*agreed, "the chief's choice", {}, "chief")
+    mine = ALL.index((choice.formulation, choice.precision, choice.evaluation)) + 1 if choice else 0
+    f, p, e = ALL[int(replicas.sum([float(mine)], "agreeing on the formulation")[0]) - 1]
+    return choice or Choice(f, p, "the chief's choice", {}, "chief", e)
 
 
-#: Every (formulation, precision), in the order their index is sent between workers.
-ALL = [(f, p) for f in model_lib.FORMULATIONS for p in model_lib.PRECISIONS]
+#: Every (formulation, precision, evaluation's formulation), in the order their index is
+#: sent between workers.
+ALL = [
+    (f, p, e)
+    for f in model_lib.FORMULATIONS
+    for p in model_lib.PRECISIONS
+    for e in model_lib.FORMULATIONS
+]
 
 
 def _decide(
@@ -140,20 +163,30 @@ def _decide(
     reason = f"fastest of {len(candidates)} measured: {ms:.1f} ms/step"
     if "bfloat16" not in precisions:
         reason += f" ({_why_float32(plan)})"
-    choice = Choice(f, p, reason, names)
+    forward = _forward_ms(formulations, p, data, config)
+    evaluation = min(forward, key=lambda e: forward[e]) if forward else f
+    if evaluation != f:
+        reason += (f"; evaluated in the {evaluation} formulation, {forward[evaluation]:.1f} ms "
+                   f"a forward pass against {forward[f]:.1f}")  # fmt: skip
+    forward_names = {f"{e}/{p}": round(t, 2) for e, t in forward.items()}
+    choice = Choice(f, p, reason, names, evaluation=evaluation, evaluation_timings=forward_names)
     measured.keep(store, "choice", depends, choice.to_json())
     return choice
 
 
 def _cached(found: dict[str, Any] | None, candidates: list[tuple[str, str]]) -> Choice | None:
-    """The kept choice ``found`` (app/data/cache/measured.py), when it names a candidate."""
+    """The kept choice ``found`` (app/data/cache/measured.py), when it names a candidate
+    and a formulation to evaluate in."""
     if found is None or (found.get("formulation"), found.get("precision")) not in candidates:
         return None
-    timings = found.get("timings")
+    if found.get("evaluation") not in model_lib.FORMULATIONS:
+        return None
+    timings, forward = found.get("timings"), found.get("evaluation_timings")
     reason = f"{found.get('reason')}; measured earlier on this CPU, kept beside the data cache"
     return Choice(
         found["formulation"], found["precision"], reason,
-        timings if isinstance(timings, dict) else {}, "cached",
+        timings if isinstance(timings, dict) else {}, "cached", found["evaluation"],
+        forward if isinstance(forward, dict) else {},
     )  # fmt: skip
 
 
@@ -169,22 +202,32 @@ def _resumed(config: TrainConfig, kept: dict[str, str]) -> Choice:
     if refused is not None:
         raise refused
     formulation = kept.get("formulation", "fast")
+    # The evaluation's formulation too: a resumed run's validation RMSE is computed as before.
+    evaluation = kept.get("evaluation", formulation)
     if config.compute.formulation not in ("auto", formulation):
         formulation = config.compute.formulation  # the same function: only the last bits differ
-    return Choice(formulation, precision, "kept from the checkpoints being resumed", {}, "resumed")
+    return Choice(
+        formulation, precision, "kept from the checkpoints being resumed", {}, "resumed",
+        evaluation if evaluation in model_lib.FORMULATIONS else formulation,
+    )  # fmt: skip
+
+
+def _batch(data: DataCache, config: TrainConfig) -> tuple[tf.Tensor, tf.Tensor]:
+    """The first batch of the training file, raw: x (B, H, W, 1), y (B, K)."""
+    n = min(config.recipe.batch_size, data.train_size)
+    x = tf.constant(np.asarray(data.features("train")[:n])[..., None])
+    return x, tf.constant(np.asarray(data.labels("train")[:n]))
 
 
 def _measure(
     candidates: list[tuple[str, str]], data: DataCache, config: TrainConfig
 ) -> dict[tuple[str, str], float]:
-    """ms per training step of each candidate on one real batch of the run's shape: every
-    candidate traced and warmed up, then :data:`ROUNDS` rounds of :data:`TIMED_STEPS`
-    steps each, the candidates interleaved, and the best round of each (a moment of load
-    from elsewhere then hurts one round, not one candidate); a candidate that cannot win
-    (:data:`CANNOT_WIN`) leaves the rounds, its best so far kept."""
-    n = min(config.recipe.batch_size, data.train_size)
-    x = tf.constant(np.asarray(data.features("train")[:n])[..., None])
-    y = tf.constant(np.asarray(data.labels("train")[:n]))
+    """ms per training step of each candidate on one real batch of the run's shape
+    (:func:`_batch`): every candidate traced and warmed up, then :data:`ROUNDS` rounds of
+    :data:`TIMED_STEPS` steps each, the candidates interleaved, and the best round of each
+    (a moment of load from elsewhere then hurts one round, not one candidate); a candidate
+    that cannot win (:data:`CANNOT_WIN`) leaves the rounds, its best so far kept."""
+    x, y = _batch(data, config)
     t0 = time.perf_counter()
     steps = {c: train_step(*c, x, y, config) for c in candidates}
     for step in steps.values():
@@ -202,6 +245,29 @@ def _measure(
         f"timed {len(candidates)} formulations in {time.perf_counter() - t0:.1f} s",
         seconds=round(time.perf_counter() - t0, 2),
     )
+    return best
+
+
+def _forward_ms(
+    formulations: list[str], precision: str, data: DataCache, config: TrainConfig
+) -> dict[str, float]:
+    """ms per forward pass (inference, no gradient) of the batch :func:`_batch` in each of
+    ``formulations`` at ``precision``, timed as :func:`_measure` times steps (warmed up,
+    interleaved rounds, the best); empty for a single formulation: nothing to choose."""
+    if len(formulations) < 2:
+        return {}
+    x, _ = _batch(data, config)
+    shape = dict(height=data.height, width=data.width, precision=precision)
+    model = model_lib.build_model(data.num_outputs, **shape)
+    traced = {f: tf.function(functools.partial(model.infer, formulation=f)) for f in formulations}
+    passes = {f: functools.partial(traced[f], x) for f in formulations}
+    for forward in passes.values():
+        for _ in range(WARMUP_STEPS):
+            forward().numpy()
+    best = dict.fromkeys(formulations, float("inf"))
+    for _ in range(ROUNDS):
+        for f in formulations:
+            best[f] = min(best[f], _ms_per_step(passes[f], TIMED_STEPS))
     return best
 
 

@@ -3,6 +3,7 @@
 ``checkpoints/run.json`` is written before the first checkpoint (atomically) and holds::
 
     {"formulation": "fast", "precision": "float32",          # the choice (choose.py)
+     "evaluation": "plain",                 # the evaluation's formulation (absent: formulation)
      "data": {"train": {"samples": 240, "fingerprint": "…"},   # DataCache.fingerprint
               "test": {"samples": 60, "fingerprint": "…"}, "outputs": 3},
      "options": {"batch_size": 40, "learning_rate": 0.1, …},  # option(identity=True)
@@ -137,10 +138,15 @@ def read(checkpoints: Path) -> dict[str, Any] | None:
         ) from exc
 
 
-def record(checkpoints: Path, formulation: str, precision: str, identity: Identity) -> None:
-    """Write ``run.json`` (before the first checkpoint): the choice and the identity."""
+def record(
+    checkpoints: Path, formulation: str, precision: str, identity: Identity,
+    evaluation: str | None = None,
+) -> None:  # fmt: skip
+    """Write ``run.json`` (before the first checkpoint): the choice (``evaluation``: the
+    formulation the evaluation computes in, default ``formulation``) and the identity."""
     checkpoints.mkdir(parents=True, exist_ok=True)
-    kept = {"formulation": formulation, "precision": precision, **identity.to_json()}
+    kept = {"formulation": formulation, "precision": precision,
+            "evaluation": evaluation or formulation, **identity.to_json()}  # fmt: skip
     write_json(checkpoints / RUN_FILE, kept)
 
 
