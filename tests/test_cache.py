@@ -184,6 +184,60 @@ def test_a_tampered_cache_array_is_detected_and_converted_again(
     assert (second.path / "manifest.json").read_text() == manifest
 
 
+def test_a_verified_cache_is_not_read_again_until_a_file_is_touched(
+    tiny_data: Path, tmp_path: Path, logged: list[logging.LogRecord],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A reuse verifies the files and records their status; the next reuse of untouched
+    files reads none of them. A file rewritten in place (same size, its modification time
+    set back) has another change time, so it is read, and the change is found."""
+    config = TrainConfig.of(data_dir=tiny_data, output_dir=tmp_path / "out")
+    prepare_cache(config).release()
+    read: list[str] = []
+    real = cache_store._digested
+
+    def counted(directory: Any, name: str) -> tuple[str, list[int]]:
+        read.append(name)
+        return real(directory, name)
+
+    monkeypatch.setattr(cache_store, "_digested", counted)
+    first = prepare_cache(config)  # verifies the five files and records them
+    assert sorted(read) == sorted([*cache_store.FILES.values(), cache_store.STATS])
+    assert (first.path / cache_store.VERIFIED).is_file()
+    first.release()
+    read.clear()
+    prepare_cache(config).release()
+    assert read == []  # nothing touched since: nothing read
+    path = first.path / "test_y.f32"  # the last array verified: the others are not read
+    before = path.stat()
+    tampered = bytearray(path.read_bytes())
+    tampered[100] ^= 0x40
+    path.write_bytes(bytes(tampered))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # the same size and mtime
+    logged.clear()
+    again = prepare_cache(config)
+    assert read[0] == "test_y.f32"  # then the conversion's own digests
+    corrupt = [r for r in logged if getattr(r, "event", "") == "cache_corrupt"]
+    assert [r.path for r in corrupt] == [str(path)]
+    assert _digest(again.path / "test_y.f32") == again.checksums["test_y.f32"]
+
+
+def test_a_cache_directory_that_cannot_be_written_is_verified_at_every_reuse(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = TrainConfig.of(data_dir=tiny_data, output_dir=tmp_path / "out")
+    prepare_cache(config).release()
+
+    def refused(self: Any, name: str, obj: Any) -> None:
+        raise cache_store.StorageError("read-only file system")
+
+    monkeypatch.setattr(cache_store.Dir, "write_json", refused)
+    for _ in range(2):
+        reused = prepare_cache(config)
+        assert not (reused.path / cache_store.VERIFIED).exists()
+        reused.release()
+
+
 def test_a_swapped_finished_file_of_a_stopped_conversion_is_converted_again(
     tiny_data: Path, tmp_path: Path, logged: list[logging.LogRecord]
 ) -> None:

@@ -12,7 +12,14 @@ its file name to the source's real path and the byte offset of its rows.
 Integrity: ``manifest.json`` records a BLAKE2b digest of each array and of ``stats.npz``
 (:data:`CHECKSUM`); a reader verifies them before using the cache (:func:`load`), and a
 mismatch is logged as a ``cache_corrupt`` warning (:func:`corrupt_event`) and converted
-again. An array read in place is digested when it is first read (the same digest its copy
+again. A file verified once is not read again while it is provably the same file:
+:data:`VERIFIED` records, for each file verified, the digest it matched and the file's
+status taken before it was read (device, inode, size, modification and change times, in
+ns); a later reader whose ``lstat`` gives the same skips its digest. Any write, truncation,
+``chmod`` or replacement of the file changes its change time or inode, which no process
+but root can set back, so what this skips is only a file nothing has touched since
+(docs/security.md, "Cache integrity"; at the seed's scale the digest of 13 GB took 16–41 s
+of every start). An array read in place is digested when it is first read (the same digest its copy
 would have) but not again at each reuse: it is the operator's file, known by the
 fingerprint in the cache's key (size, modification time, sampled bytes:
 app/data/formats/sources.py), and reading 12 GB at every start would cost what reading in
@@ -22,6 +29,7 @@ following symlinks (app/atomic.py). Never imports TensorFlow.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -46,6 +54,8 @@ MANIFEST = "manifest.json"
 #: The descriptor of the cache lock a restarted process inherited (internal).
 HELD_FD_ENV = "_CORETRAIN_CACHE_LOCK_FD"
 STATS = "stats.npz"
+#: Each file's digest and status when it was last verified (module docstring).
+VERIFIED = "verified.json"
 #: The array file of each source role.
 FILES = {
     "train_features": "train_x.f32",
@@ -160,13 +170,50 @@ def _map(path: Path, offset: int, shape: tuple[int, ...]) -> np.memmap:
 def digest(directory: Dir, name: str) -> str:
     """The :data:`CHECKSUM` of the file ``name`` in ``directory`` (hex). Raises OSError,
     StorageError (a symlink)."""
+    return _digested(directory, name)[0]
+
+
+def _digested(directory: Dir, name: str) -> tuple[str, list[int]]:
+    """:func:`digest` of ``name`` and its :func:`_status` taken before it was read."""
     h = hashlib.blake2b(digest_size=32)
     buf = bytearray(HASH_CHUNK)
     view = memoryview(buf)
     with open(directory.open(name, os.O_RDONLY), "rb", buffering=0) as f:
+        status = _status(os.fstat(f.fileno()))
         while got := f.readinto(buf):
             h.update(view[:got])
-    return h.hexdigest()
+    return h.hexdigest(), status
+
+
+def _status(st: os.stat_result) -> list[int]:
+    """What identifies a file's content without reading it: [device, inode, size,
+    modification time (ns), change time (ns)]."""
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _verify(d: Dir, names: list[str], checksums: dict[str, str]) -> None:
+    """Check the files ``names`` in ``d`` against ``checksums`` (the manifest's), reading
+    only those not recorded in :data:`VERIFIED` with the same digest and status; record
+    what was read (best effort: a directory that can't be written is verified again next
+    time). Raises Corrupt naming the first that does not match, OSError."""
+    try:
+        kept = json.loads(d.read_bytes(VERIFIED))
+    except (OSError, ValueError, StorageError):
+        kept = {}
+    now = {}
+    for name in names:
+        st = d.lstat(name)
+        entry = [checksums.get(name), *_status(st)] if st is not None else None
+        if isinstance(kept, dict) and entry is not None and kept.get(name) == entry:
+            now[name] = entry
+            continue
+        found, status = _digested(d, name)
+        if found != checksums.get(name):
+            raise Corrupt(name)
+        now[name] = [found, *status]
+    if now != kept:
+        with contextlib.suppress(OSError, StorageError):
+            d.write_json(VERIFIED, now)
 
 
 def npz(arrays: dict[str, np.ndarray]) -> bytes:
@@ -200,9 +247,9 @@ def load(root: Dir, key: str, verify: bool = True) -> DataCache:
                 name: (Path(where["path"]), int(where["offset"]))
                 for name, where in manifest.get("in_place", {}).items()
             }
-            for name in [*FILES.values(), STATS] if verify else ():
-                if name not in in_place and digest(d, name) != checksums.get(name):
-                    raise Corrupt(name)
+            if verify:
+                names = [n for n in [*FILES.values(), STATS] if n not in in_place]
+                _verify(d, names, checksums)
             stats = read_npz(d, STATS)
         except (OSError, ValueError, KeyError) as exc:
             raise Corrupt(getattr(exc, "filename", None) or MANIFEST) from exc
