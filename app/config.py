@@ -220,7 +220,8 @@ class ComputeConfig(Options):
     formulation: str = option(
         "auto",
         "CNN implementation (the same function and checkpoint layout): auto times both on "
-        "this CPU at start and takes the faster.",
+        "this CPU at start and takes the faster, for the training step and, apart, for the "
+        "evaluation's forward pass.",
         choices=FORMULATION_CHOICES,
     )
     precision: str = option(
