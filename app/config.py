@@ -194,6 +194,13 @@ class ScheduleConfig(Options):
         "Evaluate every N steps: the validation RMSE (the test RMSE with --validation-fraction 0).",
         minimum=1,
     )
+    eval_rows: int = option(
+        10_000,
+        "Validation rows evaluated every --eval-every steps: a fixed sample drawn by the seed "
+        "when the validation split is larger (0: all of them; docs/quality.md, 'Evaluating a "
+        "sample').",
+        minimum=0,
+    )
     checkpoint_every: int = option(100, "Save a checkpoint every N steps.", minimum=1)
     keep_checkpoints: int = option(3, "Checkpoints kept on disk.", minimum=1)
     steps_per_loop: int = option(
@@ -330,6 +337,7 @@ class TrainConfig(Options):
         "max_steps",
         "batch_size",
         "eval_every",
+        "eval_rows",
         "checkpoint_every",
         "keep_checkpoints",
         "steps_per_loop",

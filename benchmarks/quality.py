@@ -67,6 +67,11 @@ RECIPES: dict[str, list[str]] = {
         "adamw-cos-3e-3": "--optimizer adamw --learning-rate 3e-3 --lr-schedule cosine "
         "--weight-decay 0.004 --keep-prob 1.0",
         "default": "",
+        # The validation rows evaluated every --eval-every steps: all of them against fixed
+        # samples of a quarter and an eighth (docs/quality.md, "Evaluating a sample").
+        "default-eval-all": "--eval-rows 0",
+        "default-eval1000": "--eval-rows 1000",
+        "default-eval500": "--eval-rows 500",
     }.items()
 }
 SETS = ("demo", "lines")

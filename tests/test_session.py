@@ -103,7 +103,7 @@ def _session(tmp_path: Path, *, validating: bool, publish_dir: Path | None = Non
         data=SimpleNamespace(path=tmp_path / "cache-key"),
     )
     best = SimpleNamespace(restore=lambda: 40, rmse=0.3)
-    trainer = SimpleNamespace(evaluate=lambda split: {"test": 0.6}[split])
+    trainer = SimpleNamespace(evaluate=lambda split: {"test": 0.6}[split], evaluated=[2, 3])
     reps = SimpleNamespace(count=2, cluster=None)
     plan = SimpleNamespace(to_json=lambda: {"intra_op_threads": 1})
     choice = Choice("plain", "bfloat16", "measured", {})
@@ -132,6 +132,7 @@ def test_the_exported_step_is_the_best_validated_one_and_judged_against_the_line
     fields = run.exported(outcome)  # type: ignore[attr-defined]
     assert (fields["exported_step"], fields["val_rmse"], fields["test_rmse"]) == (40, 0.3, 0.6)
     assert fields["validation_size"] == 3 and fields["linear_rmse"] == 0.5
+    assert fields["validation_evaluated"] == 2
     assert [r.event for r in logged] == ["not_learning"]  # 0.6 is not below the linear's 0.5
     without = _session(tmp_path, validating=False).exported(outcome)  # type: ignore[attr-defined]
     assert (without["exported_step"], without["val_rmse"]) == (50, None)

@@ -38,3 +38,17 @@ def test_the_validation_rows_are_spread_over_the_file_not_a_block() -> None:
     rows = split_lib.split(10_000, 0.1, 0)
     counts = np.bincount(rows.validation // 1000, minlength=10)  # rows per tenth of the file
     assert counts.min() >= 60 and counts.max() <= 140, counts
+
+
+@pytest.mark.parametrize(("count", "expected"), [(0, 800), (300, 300), (800, 800), (5000, 800)])
+def test_the_evaluated_rows_are_a_fixed_sample_of_the_validation_rows(
+    count: int, expected: int
+) -> None:
+    validation = split_lib.split(8000, 0.1, seed=4).validation
+    picked = split_lib.evaluated(validation, count, seed=4)
+    assert len(picked) == expected
+    assert np.all(np.diff(picked) > 0) and np.isin(picked, validation).all()
+    assert np.array_equal(picked, split_lib.evaluated(validation, count, seed=4))
+    if expected < len(validation):  # another seed, another sample, spread over the rows
+        assert not np.array_equal(picked, split_lib.evaluated(validation, count, seed=5))
+        assert picked[0] < validation[len(validation) // 4] < picked[-1]

@@ -95,3 +95,15 @@ def test_validation_gathered_from_a_held_split_is_the_rmse_read_from_the_cache(
     np.testing.assert_array_equal(np.asarray(trainer.predict(x)), np.asarray(plain))
     fast = np.asarray(trainer.model.infer(x, "fast"))
     np.testing.assert_allclose(np.asarray(trainer.model.infer(x, "plain")), fast, atol=1e-5)
+
+
+def test_validation_evaluates_a_fixed_sample_of_eval_rows(tiny_data: Path, tmp_path: Path) -> None:
+    data = prepare_cache(TrainConfig.of(data_dir=tiny_data, output_dir=tmp_path))
+    rows = split_lib.split(data.train_size, 0.25, RECIPE.seed)
+    computed = Choice("fast", "float32", "as asked", {})
+    trainer = Trainer(RECIPE, 10, computed, data, Replicas(), rows, threads=1, eval_rows=20)
+    sample = split_lib.evaluated(rows.validation, 20, RECIPE.seed)
+    assert np.array_equal(trainer.evaluated, sample) and len(rows.validation) > 20
+    x = trainer.standardize_x(np.asarray(data.features("train")[sample], np.float32)[..., None])
+    err = np.asarray(trainer.predict(x)) - np.asarray(data.labels("train")[sample])
+    assert trainer.evaluate("validation") == pytest.approx(math.sqrt(np.mean(err**2)), rel=1e-5)

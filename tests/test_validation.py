@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 #: A short run that evaluates and checkpoints every 3 steps and keeps every checkpoint.
 ARGS = [*TINY_TRAIN_ARGS, "--max-steps", "24", "--keep-checkpoints", "20", "--seed", "2",
         "--optimizer", "adam", "--learning-rate", "1e-2", "--lr-schedule", "constant",
-        "--keep-prob", "1.0", "--target-loss", "0"]  # fmt: skip
+        "--keep-prob", "1.0", "--target-loss", "0", "--eval-rows", "10"]  # fmt: skip
 
 
 def _train(data: Path, out: Path) -> tuple[dict, list[dict]]:
@@ -63,6 +63,7 @@ def test_the_export_is_the_best_validated_step(run: tuple[Path, dict, list]) -> 
     best_step, best_rmse = min(curve, key=lambda c: (c[1], c[0]))
     assert metrics["exported_step"] == best_step and metrics["val_rmse"] == best_rmse
     assert metrics["validation_size"] == 24 and metrics["final_step"] == 24
+    assert metrics["validation_evaluated"] == 10  # --eval-rows: the best step is the sample's
     exported = _variables(out / "model/saved_model/variables/variables", EXPORT_KEYS)
     kept = _variables(out / "checkpoints" / f"ckpt-{best_step}", MODEL_KEYS)
     for a, b in zip(exported, kept, strict=True):

@@ -91,7 +91,8 @@ class Session:
         """Put the exported step's weights in the model (the best validated step, else the
         last) and evaluate them on the test set: ``exported_step``, ``val_rmse`` (None
         without a validation split), ``test_rmse``, ``linear_rmse``, ``linear``,
-        ``validation_size``. Logs ``not_learning`` when the model ends no better than the
+        ``validation_size``, ``validation_evaluated`` (the rows of it evaluated,
+        ``--eval-rows``). Logs ``not_learning`` when the model ends no better than the
         linear baseline."""
         validating = self.inputs.rows.validating
         step = self.best.restore() if validating else None
@@ -104,6 +105,7 @@ class Session:
             "linear_rmse": lin.test_rmse if lin else None,
             "linear": lin.to_json() if lin else None,
             "validation_size": len(self.inputs.rows.validation),
+            "validation_evaluated": len(self.trainer.evaluated),
         }
         if lin is not None and test_rmse >= lin.test_rmse:
             logs.event(
@@ -166,6 +168,7 @@ def start(
     trainer = Trainer(
         config.recipe, config.schedule.max_steps, picked, inputs.data, reps, inputs.rows,
         plan.tfdata_threads, standardize=config.data.standardize,
+        eval_rows=config.schedule.eval_rows,
     )  # fmt: skip
     held = ws.open(ws.checkpoints, "checkpoint directory")  # open for the whole run
     checkpoints = Checkpointer(trainer.train_step, held, config.schedule.keep_checkpoints, reps)

@@ -33,6 +33,18 @@ class Split:
         return len(self.validation) > 0
 
 
+def evaluated(validation: np.ndarray, count: int, seed: int) -> np.ndarray:
+    """The validation rows evaluated while training (``--eval-rows``): all of
+    ``validation`` when ``count`` is 0 or not smaller; else ``count`` of them drawn by
+    ``numpy.random.default_rng([seed, 2, STREAM])``, sorted. The same at every evaluation,
+    in every worker and in a resumed run: a fixed sample, so the evaluations compare the
+    steps on the same rows (docs/quality.md, "Evaluating a sample")."""
+    if count <= 0 or count >= len(validation):
+        return validation
+    picked = np.random.default_rng([seed, 2, STREAM]).choice(len(validation), count, replace=False)
+    return validation[np.sort(picked)]
+
+
 def validation_count(n: int, fraction: float) -> int:
     """Rows held out of ``n`` for ``fraction`` in [0, 1): 0 for 0, else round(f·n) within
     [1, n − 1] (0 when n < 2: a single row can't be split)."""

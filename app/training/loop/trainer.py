@@ -64,9 +64,10 @@ class Steps:
 class Trainer:
     """The training step of one run on ``replicas`` (:attr:`train_step`, whose state the
     checkpoints hold: ``recipe`` to ``max_steps``, computed as ``computed``) fed with the
-    run's batches, and its evaluation on ``data``'s validation rows (``rows``) or test set
-    (standardised with the training statistics when ``standardize``; computed in
-    ``computed.evaluation``), read with ``threads`` tf.data threads. Raises
+    run's batches, and its evaluation on ``data``'s validation rows (``rows``; a fixed sample
+    of ``eval_rows`` of them when there are more, 0: all) or test set (standardised with the
+    training statistics when ``standardize``; computed in ``computed.evaluation``), read
+    with ``threads`` tf.data threads. Raises
     ClusterError (exit 6) when workers were given different data or options.
     """
 
@@ -80,9 +81,12 @@ class Trainer:
         rows: Split | None = None,
         threads: int = 1,
         standardize: bool = True,
+        eval_rows: int = 0,
     ) -> None:
         self.data, self.replicas = data, replicas
         self.rows = rows or split_lib.split(data.train_size, 0.0, recipe.seed)
+        #: The validation rows evaluated (``eval_rows`` of them at most; 0: all).
+        self.evaluated = split_lib.evaluated(self.rows.validation, eval_rows, recipe.seed)
         # Different data or options would break the variables' broadcast: compare first.
         replicas.check_same(
             "the data set and training options",
@@ -107,7 +111,7 @@ class Trainer:
         read = {
             "test": pipeline.eval_dataset(data, threads, recipe.batch_size, self.standardize_x),
             "validation": pipeline.eval_dataset(
-                data, threads, recipe.batch_size, self.standardize_x, "train", self.rows.validation
+                data, threads, recipe.batch_size, self.standardize_x, "train", self.evaluated
             ),
         }
         #: Each split's batches (this worker's shard) and the function summing a batch's
@@ -145,7 +149,7 @@ class Trainer:
             x = self.standardize_x(tf.gather(features, ids))
             return self._batch_sums(x, tf.gather(labels, ids))
 
-        ids = pipeline.eval_ids(self.rows.validation, self.train_step.config.batch_size,
+        ids = pipeline.eval_ids(self.evaluated, self.train_step.config.batch_size,
                                 self.threads)  # fmt: skip
         self._evals["validation"] = (self.replicas.shard(ids), tf.function(gathered))
 
