@@ -188,21 +188,22 @@ def test_a_verified_cache_is_not_read_again_until_a_file_is_touched(
     tiny_data: Path, tmp_path: Path, logged: list[logging.LogRecord],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    """A reuse verifies the files and records their status; the next reuse of untouched
-    files reads none of them. A file rewritten in place (same size, its modification time
-    set back) has another change time, so it is read, and the change is found."""
+    """The conversion records each array's status as it digests it, so the first reuse
+    reads only ``stats.npz`` and records it too; the next reuse of untouched files reads
+    none of them. A file rewritten in place (same size, its modification time set back)
+    has another change time, so it is read, and the change is found."""
     config = TrainConfig.of(data_dir=tiny_data, output_dir=tmp_path / "out")
     prepare_cache(config).release()
     read: list[str] = []
-    real = cache_store._digested
+    real = cache_store.digested
 
     def counted(directory: Any, name: str) -> tuple[str, list[int]]:
         read.append(name)
         return real(directory, name)
 
-    monkeypatch.setattr(cache_store, "_digested", counted)
-    first = prepare_cache(config)  # verifies the five files and records them
-    assert sorted(read) == sorted([*cache_store.FILES.values(), cache_store.STATS])
+    monkeypatch.setattr(cache_store, "digested", counted)
+    first = prepare_cache(config)  # the arrays were recorded by the conversion
+    assert read == [cache_store.STATS]
     assert (first.path / cache_store.VERIFIED).is_file()
     first.release()
     read.clear()
@@ -226,13 +227,15 @@ def test_a_cache_directory_that_cannot_be_written_is_verified_at_every_reuse(
     tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = TrainConfig.of(data_dir=tiny_data, output_dir=tmp_path / "out")
-    prepare_cache(config).release()
+    real = cache_store.Dir.write_json
 
     def refused(self: Any, name: str, obj: Any) -> None:
-        raise cache_store.StorageError("read-only file system")
+        if name == cache_store.VERIFIED:
+            raise cache_store.StorageError("read-only file system")
+        real(self, name, obj)
 
     monkeypatch.setattr(cache_store.Dir, "write_json", refused)
-    for _ in range(2):
+    for _ in range(3):  # the conversion, then two reuses
         reused = prepare_cache(config)
         assert not (reused.path / cache_store.VERIFIED).exists()
         reused.release()

@@ -39,6 +39,8 @@ from app.data.cache.store import (
     STATS,
     corrupt_event,
     digest,
+    digested,
+    keep_verified,
     npz,
     read_npz,
 )
@@ -144,11 +146,10 @@ def _convert_role(run: Run, role: str) -> tuple[int, np.ndarray, np.ndarray, str
     io = Io(run.threads, run.stop, run.progress.add, run.guard.add, work.fd)
     done = array.convert(work.path / part, shape, sources.allow_nonfinite, io)
     work.rename(part, final)
-    checksum = digest(work, final)
+    checksum, status = digested(work, final)
     work.write_bytes(f"{role}.npz", npz({"sums": done.sums, "sums_sq": done.sums_sq}))
-    work.write_json(
-        f"{role}.json", {"rows": done.rows, "threads": done.threads, "checksum": checksum}
-    )
+    record = {"rows": done.rows, "threads": done.threads, "checksum": checksum, "status": status}
+    work.write_json(f"{role}.json", record)
     _converted_event(sources, role, done.rows, done.threads)
     return done.rows, done.sums, done.sums_sq, checksum, None
 
@@ -231,7 +232,11 @@ def convert(run: Run) -> dict[str, Any]:
     )
     work.write_bytes(STATS, stats)
     checksums[STATS] = hashlib.blake2b(stats, digest_size=32).hexdigest()
+    verified = {}  # each array digested in this run, with its status then (store.VERIFIED)
     for role in ROLES:  # the per-file records are only for resuming
+        record = json.loads(work.read_bytes(f"{role}.json")) if work.is_file(f"{role}.json") else {}
+        if isinstance(record.get("status"), list):
+            verified[FILES[role]] = [record["checksum"], *record["status"]]
         work.remove(f"{role}.json")
         work.remove(f"{role}.npz")
     manifest = {
@@ -249,4 +254,5 @@ def convert(run: Run) -> dict[str, Any]:
         "in_place": in_place,
     }
     work.write_json(MANIFEST, manifest)
+    keep_verified(work, verified)  # a reuse then reads only what changed since
     return manifest

@@ -14,13 +14,14 @@ Integrity: ``manifest.json`` records a BLAKE2b digest of each array and of ``sta
 mismatch is logged as a ``cache_corrupt`` warning (:func:`corrupt_event`) and converted
 again. A file verified once is not read again while it is provably the same file:
 :data:`VERIFIED` records, for each file verified, the digest it matched and the file's
-status taken before it was read (device, inode, size, modification and change times, in
-ns); a later reader whose ``lstat`` gives the same skips its digest. Any write, truncation,
-``chmod`` or replacement of the file changes its change time or inode, which no process
-but root can set back, so what this skips is only a file nothing has touched since
+status taken before it was read (device, inode, size, modification and change times, in ns;
+written by the conversion for the arrays it digested, and by each reader for what it read);
+a later reader whose ``lstat`` gives the same skips its digest. Any write, truncation,
+``chmod`` or replacement of the file changes its change time or inode, which no process but
+root can set back, so what this skips is only a file nothing has touched since
 (docs/security.md, "Cache integrity"; at the seed's scale the digest of 13 GB took 16–41 s
-of every start). An array read in place is digested when it is first read (the same digest its copy
-would have) but not again at each reuse: it is the operator's file, known by the
+of every start). An array read in place is digested when it is first read (the same digest
+its copy would have) but not again at each reuse: it is the operator's file, known by the
 fingerprint in the cache's key (size, modification time, sampled bytes:
 app/data/formats/sources.py), and reading 12 GB at every start would cost what reading in
 place saves. Every file here is opened through the cache directory's descriptor without
@@ -37,7 +38,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 
@@ -170,10 +171,10 @@ def _map(path: Path, offset: int, shape: tuple[int, ...]) -> np.memmap:
 def digest(directory: Dir, name: str) -> str:
     """The :data:`CHECKSUM` of the file ``name`` in ``directory`` (hex). Raises OSError,
     StorageError (a symlink)."""
-    return _digested(directory, name)[0]
+    return digested(directory, name)[0]
 
 
-def _digested(directory: Dir, name: str) -> tuple[str, list[int]]:
+def digested(directory: Dir, name: str) -> tuple[str, list[int]]:
     """:func:`digest` of ``name`` and its :func:`_status` taken before it was read."""
     h = hashlib.blake2b(digest_size=32)
     buf = bytearray(HASH_CHUNK)
@@ -207,13 +208,19 @@ def _verify(d: Dir, names: list[str], checksums: dict[str, str]) -> None:
         if isinstance(kept, dict) and entry is not None and kept.get(name) == entry:
             now[name] = entry
             continue
-        found, status = _digested(d, name)
+        found, status = digested(d, name)
         if found != checksums.get(name):
             raise Corrupt(name)
         now[name] = [found, *status]
     if now != kept:
-        with contextlib.suppress(OSError, StorageError):
-            d.write_json(VERIFIED, now)
+        keep_verified(d, now)
+
+
+def keep_verified(d: Dir, verified: dict[str, list[Any]]) -> None:
+    """Write :data:`VERIFIED` in ``d``: file name → [digest, *status when it was digested]
+    (best effort: a directory that can't be written is verified again next time)."""
+    with contextlib.suppress(OSError, StorageError):
+        d.write_json(VERIFIED, verified)
 
 
 def npz(arrays: dict[str, np.ndarray]) -> bytes:
