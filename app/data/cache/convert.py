@@ -254,5 +254,6 @@ def convert(run: Run) -> dict[str, Any]:
         "in_place": in_place,
     }
     work.write_json(MANIFEST, manifest)
-    keep_verified(work, verified)  # a reuse then reads only what changed since
+    if verified:  # a reuse then reads only what changed since
+        keep_verified(work, verified)
     return manifest
