@@ -90,7 +90,7 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
 
     from app.config import TrainConfig
     from app.data import cache as cache_lib
-    from app.data.input import pipeline
+    from app.data.input import mapped, pipeline
     from app.training.inputs.load import sources
     from app.training.run import train
     from app.training.state import workspace
@@ -115,7 +115,8 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
             def in_memory(data: Any, threads: int, **kw: Any) -> Any:
                 kw = {**kw, "resident": False}  # the batches themselves, then held as tensors
                 first = real(data, threads, **{**kw, "end_step": kw["start_step"] + distinct})
-                batches = list(first.dataset)
+                # Each element is a streamed chunk and the step's rows in it: its batch.
+                batches = [mapped.batch(e, first.held or ()) for e in first.dataset]
                 x = tf.stack([b[0] for b in batches])
                 y = tf.stack([b[1] for b in batches])
                 count = kw["end_step"] - kw["start_step"]
