@@ -1,0 +1,134 @@
+"""What a streamed chunk's reads from the disk cost: MB/s and CPU per MB, page cache or not.
+
+``python -m benchmarks.disk_reads FILE [--seconds 20] [--memory-limit-gib 4]`` (not in CI;
+root and cgroup v1 for the memory group) reads random blocks of
+:data:`app.data.input.order.BLOCK_ROWS` rows of a cache's ``train_x.f32`` (rows of H×W
+float32, ``--row-bytes``, default 20×195×4) in chunks of 2,000 blocks, as a streamed run
+reads a chunk, for ``--seconds`` each, in a fresh process inside a fresh memory group (the
+file's pages dropped from the page cache first, so every read is charged to the group):
+
+* ``page cache``: :func:`app.data.input.stream.read_features`, the reader's own code (every
+  block announced with ``WILLNEED``, then one ``preadv`` a run, one thread);
+* ``O_DIRECT ×T`` for each ``--threads`` T: the same blocks past the page cache, the
+  4 KiB-aligned bytes that cover each block read into a page-aligned buffer by T threads
+  (nothing copied out: a lower bound of what that reader would cost).
+
+Prints the CPU model, then per mode MB/s, CPU (user + system, of one CPU) and CPU-ms a MB.
+The figures bound what reading from the disk takes from the step on a machine with no
+spare CPU (docs/performance.md, "Reading from the disk in a memory group").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ALIGN = 4096
+CHUNK_BLOCKS = 2_000
+
+
+def _blocks(rng: np.random.Generator, rows: int, block_rows: int) -> np.ndarray:
+    """A chunk's blocks: sorted first rows of :data:`CHUNK_BLOCKS` random blocks."""
+    blocks = rows // block_rows
+    return np.sort(rng.choice(blocks, min(CHUNK_BLOCKS, blocks), replace=False)) * block_rows
+
+
+def _page_cache(path: Path, row: int, ids: np.ndarray) -> None:
+    from types import SimpleNamespace
+
+    from app.data.input import stream
+
+    cache = SimpleNamespace(where=lambda name: (path, 0), height=1, width=row // 4)
+    out = np.empty((len(ids), 1, row // 4, 1), np.float32)
+    stream.read_features(cache, ids, out)  # type: ignore[arg-type]
+
+
+def _direct(path: Path, row: int, ids: np.ndarray, block_rows: int, threads: int) -> None:
+    starts = ids[::block_rows] * row
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    size = block_rows * row
+
+    def work(mine: list[int]) -> None:
+        buffer = mmap.mmap(-1, size + 2 * ALIGN)
+        view = memoryview(buffer)
+        for at in mine:
+            lo = at - at % ALIGN
+            os.preadv(fd, [view[: -(-(at + size - lo) // ALIGN) * ALIGN]], lo)
+
+    pool = [threading.Thread(target=work, args=(starts[k::threads].tolist(),))
+            for k in range(threads)]  # fmt: skip
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    os.close(fd)
+
+
+def measure(path: Path, mode: str, seconds: float, row: int, block_rows: int) -> dict:
+    """Read chunks for ``seconds`` in this process; MB/s and CPU."""
+    rows = os.path.getsize(path) // row
+    rng = np.random.default_rng(0)
+    done, t0 = 0, time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    while time.perf_counter() - t0 < seconds:
+        starts = _blocks(rng, rows, block_rows)
+        ids = (starts[:, None] + np.arange(block_rows)).reshape(-1)
+        if mode == "page cache":
+            _page_cache(path, row, ids)
+        else:
+            _direct(path, row, ids, block_rows, int(mode.split("×")[1]))
+        done += len(ids) * row
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
+    mb = done / 1e6
+    return {"mode": mode, "mb_per_s": round(mb / wall), "cpu": round((user + system) / wall, 3),
+            "user_s": round(user, 2), "system_s": round(system, 2),
+            "cpu_ms_per_mb": round(1e3 * (user + system) / mb, 3)}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    from app.data.input import order
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("file", type=Path, help="A cache's train_x.f32 (larger than the group).")
+    p.add_argument("--seconds", type=float, default=20.0, help="Seconds each mode reads.")
+    p.add_argument("--row-bytes", type=int, default=4 * 20 * 195, help="Bytes a row.")
+    p.add_argument("--threads", default="4,8,16", help="O_DIRECT threads, comma-separated.")
+    p.add_argument("--memory-limit-gib", type=float, default=4.0, help="The group's limit.")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.child:
+        print(json.dumps(measure(a.file, a.child, a.seconds, a.row_bytes, order.BLOCK_ROWS)))
+        return 0
+    from benchmarks import cgroup_run
+    from benchmarks.run import machine
+
+    print(json.dumps(machine()), file=sys.stderr)
+    for mode in ["page cache", *(f"O_DIRECT×{t}" for t in a.threads.split(","))]:
+        fd = os.open(a.file, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+        argv_ = [sys.executable, "-m", "benchmarks.disk_reads", str(a.file), "--child", mode,
+                 "--seconds", str(a.seconds), "--row-bytes", str(a.row_bytes)]  # fmt: skip
+        with cgroup_run.memory_cgroup(int(a.memory_limit_gib * (1 << 30)), "disk-reads") as g:
+            out = subprocess.run(g.command(argv_), capture_output=True, text=True, check=True,
+                                 cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+            got = json.loads(out.stdout.splitlines()[-1])
+            got["failcnt"] = g.failcnt()
+        print(json.dumps(got))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
