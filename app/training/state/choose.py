@@ -229,17 +229,7 @@ def _measure(
     that cannot win (:data:`CANNOT_WIN`) leaves the rounds, its best so far kept."""
     x, y = _batch(data, config)
     t0 = time.perf_counter()
-    steps = {c: train_step(*c, x, y, config) for c in candidates}
-    for step in steps.values():
-        for _ in range(WARMUP_STEPS):
-            step().numpy()
-    best = dict.fromkeys(candidates, float("inf"))
-    timed = list(candidates)
-    for _ in range(ROUNDS):
-        for c in timed:
-            best[c] = min(best[c], _ms_per_step(steps[c], TIMED_STEPS))
-        fastest = min(best.values())
-        timed = [c for c in timed if best[c] <= CANNOT_WIN * fastest]
+    best = _best_rounds({c: train_step(*c, x, y, config) for c in candidates})
     logs.event(
         "choice_measured",
         f"timed {len(candidates)} formulations in {time.perf_counter() - t0:.1f} s",
@@ -252,22 +242,32 @@ def _forward_ms(
     formulations: list[str], precision: str, data: DataCache, config: TrainConfig
 ) -> dict[str, float]:
     """ms per forward pass (inference, no gradient) of the batch :func:`_batch` in each of
-    ``formulations`` at ``precision``, timed as :func:`_measure` times steps (warmed up,
-    interleaved rounds, the best); empty for a single formulation: nothing to choose."""
+    ``formulations`` at ``precision``, timed as :func:`_measure` times steps
+    (:func:`_best_rounds`); empty for a single formulation: nothing to choose."""
     if len(formulations) < 2:
         return {}
     x, _ = _batch(data, config)
     shape = dict(height=data.height, width=data.width, precision=precision)
     model = model_lib.build_model(data.num_outputs, **shape)
     traced = {f: tf.function(functools.partial(model.infer, formulation=f)) for f in formulations}
-    passes = {f: functools.partial(traced[f], x) for f in formulations}
-    for forward in passes.values():
+    return _best_rounds({f: functools.partial(traced[f], x) for f in formulations})
+
+
+def _best_rounds(calls: dict[Any, Callable[[], tf.Tensor]]) -> dict[Any, float]:
+    """ms per call of each of ``calls``: each warmed up (:data:`WARMUP_STEPS` calls), then
+    :data:`ROUNDS` rounds of :data:`TIMED_STEPS` calls, interleaved, the best round of each;
+    one slower than :data:`CANNOT_WIN` times the fastest leaves the rounds, its best so far
+    kept."""
+    for call in calls.values():
         for _ in range(WARMUP_STEPS):
-            forward().numpy()
-    best = dict.fromkeys(formulations, float("inf"))
+            call().numpy()
+    best = dict.fromkeys(calls, float("inf"))
+    timed = list(calls)
     for _ in range(ROUNDS):
-        for f in formulations:
-            best[f] = min(best[f], _ms_per_step(passes[f], TIMED_STEPS))
+        for c in timed:
+            best[c] = min(best[c], _ms_per_step(calls[c], TIMED_STEPS))
+        fastest = min(best.values())
+        timed = [c for c in timed if best[c] <= CANNOT_WIN * fastest]
     return best
 
 
