@@ -195,6 +195,20 @@ def _check_rows(sources: Sources, sizes: dict[str, int]) -> None:
             )
 
 
+def _take_records(work: Dir) -> dict[str, list[Any]]:
+    """Remove the per-file records (``<role>.json``, ``<role>.npz``: only for resuming) and
+    return what they say of the arrays digested by a conversion: file name → [digest,
+    *status when digested] (store.VERIFIED)."""
+    verified = {}
+    for role in ROLES:
+        record = json.loads(work.read_bytes(f"{role}.json")) if work.is_file(f"{role}.json") else {}
+        if isinstance(record.get("status"), list):
+            verified[FILES[role]] = [record["checksum"], *record["status"]]
+        work.remove(f"{role}.json")
+        work.remove(f"{role}.npz")
+    return verified
+
+
 def convert(run: Run) -> dict[str, Any]:
     """Convert the four files of ``run.sources`` into ``run.work`` (those a stopped run
     finished are kept), then write ``stats.npz`` and the manifest; return the manifest.
@@ -232,13 +246,7 @@ def convert(run: Run) -> dict[str, Any]:
     )
     work.write_bytes(STATS, stats)
     checksums[STATS] = hashlib.blake2b(stats, digest_size=32).hexdigest()
-    verified = {}  # each array digested in this run, with its status then (store.VERIFIED)
-    for role in ROLES:  # the per-file records are only for resuming
-        record = json.loads(work.read_bytes(f"{role}.json")) if work.is_file(f"{role}.json") else {}
-        if isinstance(record.get("status"), list):
-            verified[FILES[role]] = [record["checksum"], *record["status"]]
-        work.remove(f"{role}.json")
-        work.remove(f"{role}.npz")
+    verified = _take_records(work)
     manifest = {
         "format_version": FORMAT_VERSION,
         "height": sources.height,
