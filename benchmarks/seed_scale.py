@@ -128,10 +128,11 @@ def page_cached(cache_root: Path) -> int | None:
 
 
 def drop_cached(cache_root: Path) -> int:
-    """Drop the clean page-cache pages of every file under ``cache_root``
-    (``posix_fadvise(POSIX_FADV_DONTNEED)``: only these files); bytes of files touched."""
+    """Drop the clean page-cache pages of every array file under ``cache_root`` (the
+    float32 arrays and the training rows rounded to bfloat16; ``posix_fadvise
+    (POSIX_FADV_DONTNEED)``: only these files); bytes of files touched."""
     total = 0
-    for path in cache_root.rglob("*.f32"):
+    for path in [*cache_root.rglob("*.f32"), *cache_root.rglob("*.bf16")]:
         fd = os.open(path, os.O_RDONLY)
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)

@@ -179,7 +179,7 @@ def start(
     _log_replanned(plan)
     if reps.sum([1.0 if stop() else 0.0], "restore")[0] > 0:  # agreed by all workers
         raise Preempted(f"stopped by signal before training resumed at step {step}")
-    trainer.feed(_train_input(config, plan, inputs, reps, trainer.stats, step))
+    trainer.feed(_train_input(config, plan, inputs, reps, trainer.stats, step, picked.precision))
     return Session(ws, config, picked, plan, inputs, reps, stop, trainer, checkpoints, best, step)
 
 
@@ -211,10 +211,11 @@ def _check_signature(target: Path, data: Any, allowed: bool) -> None:
 
 def _train_input(
     config: TrainConfig, plan: ThreadPlan, inputs: Inputs, reps: Replicas, stats: Any,
-    start: int,
+    start: int, precision: str,
 ) -> Any:  # fmt: skip
     """The batches of the training rows from ``start`` on, resident or streamed as measured
-    (app/data/input/pipeline.py ``choose_input``): the ``input`` event."""
+    (app/data/input/pipeline.py ``choose_input``; streamed from the rows a step computing
+    in ``precision`` computes on when that pays: ``stream_source``): the ``input`` event."""
     from app.data.input import order, pipeline
 
     data, rows = inputs.data, inputs.rows.train
@@ -222,6 +223,13 @@ def _train_input(
     choice = pipeline.choose_input(
         data, plan.memory_limit, config.recipe.batch_size, steps, rows=rows
     )
+    source = None
+    if not choice.resident:
+        standardize = config.data.standardize
+        source = pipeline.stream_source(
+            data, plan.memory_limit, precision, standardize, config.cache.max_cache_bytes,
+            plan.intra_op_threads,
+        )  # fmt: skip
     logs.event(
         "input",
         ("training split held in memory: " if choice.resident else "training split streamed: ")
@@ -235,11 +243,12 @@ def _train_input(
         stream_s=choice.stream_s,
         block_rows=order.BLOCK_ROWS,
         window_steps=order.WINDOW_STEPS,
+        streamed_rows=None if choice.resident else str(source.dtype) if source else "float32",
     )
     return pipeline.train_input(
         data, plan.tfdata_threads, seed=config.recipe.seed, batch_size=config.recipe.batch_size,
         start_step=start, end_step=config.schedule.max_steps, workers=reps.count, index=reps.index,
-        resident=choice.resident, stats=stats, rows=rows,
+        resident=choice.resident, stats=stats, rows=rows, source=source,
     )  # fmt: skip
 
 

@@ -175,18 +175,18 @@ def digest(directory: Dir, name: str) -> str:
 
 
 def digested(directory: Dir, name: str) -> tuple[str, list[int]]:
-    """:func:`digest` of ``name`` and its :func:`_status` taken before it was read."""
+    """:func:`digest` of ``name`` and its :func:`file_status` taken before it was read."""
     h = hashlib.blake2b(digest_size=32)
     buf = bytearray(HASH_CHUNK)
     view = memoryview(buf)
     with open(directory.open(name, os.O_RDONLY), "rb", buffering=0) as f:
-        status = _status(os.fstat(f.fileno()))
+        status = file_status(os.fstat(f.fileno()))
         while got := f.readinto(buf):
             h.update(view[:got])
     return h.hexdigest(), status
 
 
-def _status(st: os.stat_result) -> list[int]:
+def file_status(st: os.stat_result) -> list[int]:
     """What identifies a file's content without reading it: [device, inode, size,
     modification time (ns), change time (ns)]."""
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
@@ -204,7 +204,7 @@ def _verify(d: Dir, names: list[str], checksums: dict[str, str]) -> None:
     now = {}
     for name in names:
         st = d.lstat(name)
-        entry = [checksums.get(name), *_status(st)] if st is not None else None
+        entry = [checksums.get(name), *file_status(st)] if st is not None else None
         if isinstance(kept, dict) and entry is not None and kept.get(name) == entry:
             now[name] = entry
             continue

@@ -52,12 +52,15 @@ class Resident:
 
 def gather(rows: tuple[tf.Tensor, ...], ids: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """The batch of row ids ``ids`` (B,) from ``rows`` (:meth:`Resident.rows`: features
-    (N, H, W, 1), labels (N, K), and the standardisation when there is one): x (B, H, W, 1)
-    ``(x - mean) * inv``, y (B, K) ``(y - mean) / std``."""
+    (N, H, W, 1), labels (N, K), and the standardisation when there is one,
+    :func:`standardization`): x (B, H, W, 1) ``(x - mean) * inv``, y (B, K)
+    ``(y - mean) / std``; features that are standardised already (only the labels'
+    statistics follow them) are gathered as they are."""
     x, y = tf.gather(rows[0], ids), tf.gather(rows[1], ids)
     if len(rows) == 6:
         x = (x - rows[2]) * rows[3]
-        y = (y - rows[4]) / rows[5]
+    if len(rows) in (4, 6):
+        y = (y - rows[-2]) / rows[-1]
     return x, y
 
 
@@ -72,12 +75,13 @@ def batch(element: tf.Tensor | tuple[tf.Tensor, ...], held: tuple[tf.Tensor, ...
     return gather(held, element)
 
 
-def standardization(stats: Stats | None) -> tuple[tf.Tensor, ...]:
+def standardization(stats: Stats | None, features: bool = True) -> tuple[tf.Tensor, ...]:
     """``stats`` as the tensors :func:`gather` applies: feature mean (H, W, 1), 1/std (H, W,
-    1), label mean (K,), std (K,); empty for None (raw batches)."""
+    1) (without ``features``: not these, for rows standardised already), label mean (K,),
+    std (K,); empty for None (raw batches)."""
     if stats is None:
         return ()
-    parts = [stats.feature_mean[..., None], stats.feature_inv[..., None]]
+    parts = [stats.feature_mean[..., None], stats.feature_inv[..., None]] if features else []
     parts += [stats.label_mean, stats.label_std]
     return tuple(tf.constant(p, tf.float32) for p in parts)
 

@@ -20,6 +20,7 @@ is. Both give the same batches (tested).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,10 +30,11 @@ import tensorflow as tf
 
 from app import logs
 from app.budget import memory
-from app.data.cache import DataCache
+from app.data.cache import DataCache, rounded
 from app.data.input import mapped, order, stream
 from app.data.input.mapped import Resident
 from app.data.input.stream import Stats
+from app.errors import StorageError
 
 PREFETCH_BATCHES = 2
 #: An elementwise function of a batch tensor (e.g. the standardisation).
@@ -241,6 +243,7 @@ def train_input(
     resident: bool = False,
     rows: np.ndarray | None = None,
     stats: Stats | None = None,
+    source: stream.Source | None = None,
 ) -> TrainInput:
     """The elements of steps ``start_step .. end_step-1``, from which each step gathers its
     batch x (B,H,W,1) float32, y (B,K) (:class:`TrainInput`), made with ``threads`` tf.data
@@ -252,7 +255,8 @@ def train_input(
     (``batch_size`` per worker). ``resident``: hold the rows in memory
     (:func:`load_resident`) and yield row ids, the next chunk's announced
     (:class:`app.data.input.stream.Ahead`); else stream them in chunks
-    (:class:`app.data.input.stream.Reader`). ``stats``: the standardisation (raw without).
+    (:class:`app.data.input.stream.Reader`) from ``source`` (default the cache's float32
+    rows: :func:`stream_source`). ``stats``: the standardisation (raw without).
     """
     rows = _checked(cache, rows)
     ds = tf.data.Dataset.range(start_step, end_step)
@@ -272,8 +276,8 @@ def train_input(
         ds = ds.map(indices, num_parallel_calls=parallel, deterministic=True)
         return TrainInput(ds.prefetch(PREFETCH_BATCHES).with_options(options), split, ahead,
                           held=split.rows())  # fmt: skip
-    reader = stream.Reader(cache, rows, **order_of)
-    types = (tf.float32, tf.float32, tf.int64)
+    reader = stream.Reader(cache, rows, source, **order_of)
+    types = (tf.as_dtype(reader.source.dtype), tf.float32, tf.int64)
 
     def streamed(step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         x, y, at = tf.numpy_function(
@@ -286,7 +290,38 @@ def train_input(
 
     ds = ds.map(streamed, num_parallel_calls=parallel, deterministic=True)
     ds = ds.prefetch(PREFETCH_BATCHES).with_options(options)
-    return TrainInput(ds, reader=reader, held=mapped.standardization(stats))
+    held = mapped.standardization(stats, features=not reader.source.standardized)
+    return TrainInput(ds, reader=reader, held=held)
+
+
+def stream_source(
+    cache: DataCache, memory_limit: int | None, precision: str, standardize: bool,
+    max_bytes: int | None = None, threads: int = 1,
+) -> stream.Source | None:  # fmt: skip
+    """The rows a streamed split is read from for a step computing in ``precision``: for
+    "bfloat16", the rows as it computes on them (app/data/cache/rounded.py: half the bytes)
+    when the cache keeps them, or when its float32 features file is more than the page
+    cache may hold under ``memory_limit`` (every epoch is read from the disk), then made
+    once; else None, the float32 rows. Rows that would pass the free space or
+    ``max_bytes`` (``--max-cache-bytes``), or a cache directory that can't be written, are
+    an ``input_not_rounded`` warning and the float32 rows. ``threads`` make them (the
+    plan's intra-op threads: nothing else runs yet)."""
+    if precision != "bfloat16":
+        return None
+    path = rounded.find(cache, standardize)
+    nbytes = 4 * cache.train_size * cache.height * cache.width
+    if path is None and nbytes > memory.page_cache_limit(memory_limit):
+        try:
+            path = rounded.make(cache, standardize, max_bytes, threads)
+        except StorageError as exc:
+            logs.event(
+                "input_not_rounded",
+                f"streaming the float32 rows: {exc}",
+                level=logging.WARNING,
+            )
+    if path is None:
+        return None
+    return stream.Source((path, 0), rounded.DTYPE, standardized=standardize)
 
 
 def eval_dataset(

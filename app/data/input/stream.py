@@ -10,7 +10,10 @@ disk that the page cache can't cover (a container whose memory limit is below th
 a few thousand reads of ~62 KB, in file order, by a background thread while the steps
 before it train.
 
-The chunk is raw rows, as the cache holds them. Each step's element is the chunk and the
+The chunk is raw rows, as the cache holds them; or, for a step that computes in bfloat16
+on a split read from the disk, the rows already standardised and rounded to bfloat16, as
+that step computes on them, in half the bytes (:class:`Source`, app/data/cache/rounded.py).
+Each step's element is the chunk and the
 step's row positions in it (:meth:`Reader.element`); the training step gathers its batch
 from the chunk and standardises it, with the same operations as for a split held in memory
 (app/data/input/mapped.py ``gather``). So the rows are copied once, by the read, and no
@@ -86,13 +89,33 @@ class Chunk:
     y: np.ndarray
 
 
-def aligned(shape: tuple[int, ...]) -> np.ndarray:
-    """A new float32 array of ``shape`` whose data start on an :data:`ALIGNMENT` boundary
-    (a ``numpy_function`` result so aligned becomes a tensor without a copy)."""
-    count = int(np.prod(shape))
-    raw = np.empty(count + ALIGNMENT // 4, np.float32)
-    skip = (-raw.ctypes.data % ALIGNMENT) // 4
+def aligned(shape: tuple[int, ...], dtype: np.dtype | type = np.float32) -> np.ndarray:
+    """A new array of ``shape`` and ``dtype`` whose data start on an :data:`ALIGNMENT`
+    boundary (a ``numpy_function`` result so aligned becomes a tensor without a copy)."""
+    count, size = int(np.prod(shape)), np.dtype(dtype).itemsize
+    raw = np.empty(count + ALIGNMENT // size, dtype)
+    skip = (-raw.ctypes.data % ALIGNMENT) // size
     return raw[skip : skip + count].reshape(shape)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a chunk's feature rows are read from: ``where`` (the file, the byte offset of
+    row 0), their ``dtype``, and whether they are ``standardized`` already (the bfloat16
+    rows of app/data/cache/rounded.py) or raw (the cache's float32 rows)."""
+
+    where: tuple[Path, int]
+    dtype: np.dtype
+    standardized: bool = False
+
+    @classmethod
+    def raw(cls, cache: DataCache) -> Source:
+        """The cache's float32 training rows, raw."""
+        return cls(cache.where("train_x.f32"), np.dtype(np.float32))
+
+    def row_bytes(self, cache: DataCache) -> int:
+        """Bytes of one row (H·W values)."""
+        return self.dtype.itemsize * cache.height * cache.width
 
 
 def runs(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -104,13 +127,14 @@ def runs(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts, np.append(starts[1:], len(ids))
 
 
-def announce(cache: DataCache, ids: np.ndarray) -> None:
+def announce(cache: DataCache, ids: np.ndarray, source: Source | None = None) -> None:
     """Tell the kernel that training rows ``ids`` (sorted) of the features will be read
     (``POSIX_FADV_WILLNEED`` per run of consecutive rows): it starts reading all that the
     page cache does not hold at once, so a split read from the disk has many reads in
-    flight, not one 62 KB read at a time (docs/performance.md, "Streaming from disk")."""
-    path, base = cache.where("train_x.f32")
-    row = 4 * cache.height * cache.width
+    flight, not one 62 KB read at a time (docs/performance.md, "Streaming from disk").
+    ``source``: the rows' file (default the cache's float32 rows)."""
+    source = source or Source.raw(cache)
+    (path, base), row = source.where, source.row_bytes(cache)
     starts, ends = runs(ids)
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
@@ -120,13 +144,16 @@ def announce(cache: DataCache, ids: np.ndarray) -> None:
         os.close(fd)
 
 
-def read_features(cache: DataCache, ids: np.ndarray, out: np.ndarray) -> None:
-    """Read training rows ``ids`` (sorted) of the features, raw, into ``out`` (len(ids), H,
-    W, 1), one ``preadv`` per run, all of them announced first (:func:`announce`). Raises
-    StorageError if the file is shorter than the manifest says."""
-    announce(cache, ids)
-    path, base = cache.where("train_x.f32")
-    row = 4 * cache.height * cache.width
+def read_features(
+    cache: DataCache, ids: np.ndarray, out: np.ndarray, source: Source | None = None
+) -> None:
+    """Read training rows ``ids`` (sorted) of the features into ``out`` (len(ids), H, W, 1)
+    of ``source``'s dtype (default the cache's float32 rows, raw), one ``preadv`` per run,
+    all of them announced first (:func:`announce`). Raises StorageError if the file is
+    shorter than the manifest says."""
+    source = source or Source.raw(cache)
+    announce(cache, ids, source)
+    (path, base), row = source.where, source.row_bytes(cache)
     buf = memoryview(out.reshape(-1).view(np.uint8).data)
     starts, ends = runs(ids)
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -209,17 +236,22 @@ class Reader(_Steps):
     :meth:`element` is thread-safe and may be called for any step in any order; reading
     ahead assumes steps mostly come in order."""
 
-    def __init__(self, cache: DataCache, rows: np.ndarray | None, **order_of: int) -> None:
+    def __init__(
+        self, cache: DataCache, rows: np.ndarray | None, source: Source | None = None,
+        **order_of: int,
+    ) -> None:  # fmt: skip
         super().__init__(cache, rows, **order_of)
+        #: Where the feature rows are read from (default the cache's float32 rows, raw).
+        self.source = source or Source.raw(cache)
         self._labels = cache.labels("train")
         self._chunks: dict[int, Future[Chunk]] = {}
         self._free: list[np.ndarray] = []  # chunk buffers nothing refers to any more
 
     def element(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Step ``step``'s chunk and its rows in it: x (r, H, W, 1) and y (r, K) float32,
-        raw, and positions (B,) int64; its batch is ``x[positions]``, ``y[positions]``
-        (raw: the step standardises). Every step of a chunk gets the same ``x`` and ``y``
-        objects."""
+        """Step ``step``'s chunk and its rows in it: x (r, H, W, 1) as :attr:`source` holds
+        them, y (r, K) float32 raw, and positions (B,) int64; its batch is
+        ``x[positions]``, ``y[positions]`` (the step standardises what is raw). Every step
+        of a chunk gets the same ``x`` and ``y`` objects."""
         j = step // order.WINDOW_STEPS
         with self._lock:
             for old in [k for k in self._chunks if k < j]:
@@ -245,10 +277,11 @@ class Reader(_Steps):
         with self._lock:
             buffer = self._free.pop() if self._free else None
         if buffer is None:
-            buffer = aligned((order.WINDOW_STEPS * self.batch_size, c.height, c.width, 1))
+            shape = (order.WINDOW_STEPS * self.batch_size, c.height, c.width, 1)
+            buffer = aligned(shape, self.source.dtype)
         x = buffer[: len(ids)]  # a view of its own: when it is freed, so is the buffer
         weakref.finalize(x, self._recycle, buffer)
-        read_features(c, ids, x)
+        read_features(c, ids, x, self.source)
         y = aligned((len(ids), c.num_outputs))
         np.take(self._labels, ids, axis=0, out=y)
         return Chunk(j * order.WINDOW_STEPS, local, x, y)
