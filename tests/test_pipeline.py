@@ -219,3 +219,19 @@ def test_a_split_the_page_cache_may_hold_is_held_without_a_copy(
     # (a writable private mapping populated with MAP_POPULATE copies every page).
     assert got["file_growth"] >= 0.9 * 4 * 240 * 20 * 195
     assert got["anon_growth"] < 0.1 * got["size"]
+
+
+def test_a_streamed_splits_validation_rows_are_held_within_a_quarter_of_the_resident_limit(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    from app.budget import memory
+    from app.config import TrainConfig
+    from app.data.input import pipeline
+    from tests.conftest import prepare_cache
+
+    c = prepare_cache(TrainConfig.of(data_dir=tiny_data, output_dir=tmp_path))
+    row = memory.split_bytes(1, c.height * c.width, c.num_outputs)
+    limit = 160 * row  # resident limit 40 rows: 10 of them held
+    assert pipeline.holds_validation(c, 10, limit)
+    assert not pipeline.holds_validation(c, 11, limit)
+    assert pipeline.holds_validation(c, 10_000, 4 << 30)  # the default sample in 4 GiB

@@ -36,9 +36,9 @@ SCRIPT = textwrap.dedent(
     c = prepare_cache(config)
     rows = split.split(c.train_size, config.data.validation_fraction, config.recipe.seed)
     inputs = Inputs(c, rows, None)
-    plan = types.SimpleNamespace(memory_limit=limit, tfdata_threads=1)
+    plan = types.SimpleNamespace(memory_limit=limit, tfdata_threads=1, intra_op_threads=1)
     reps = types.SimpleNamespace(count=1, index=0)
-    given = session._train_input(config, plan, inputs, reps, None, 0)
+    given, _ = session._train_input(config, plan, inputs, reps, None, 0, "float32")
     if given.resident is not None:
         labels = [tf.gather(given.resident.labels, i).numpy() for i in given.dataset]
     else:  # a chunk and the step's rows in it

@@ -97,6 +97,37 @@ def test_validation_gathered_from_a_held_split_is_the_rmse_read_from_the_cache(
     np.testing.assert_allclose(np.asarray(trainer.model.infer(x, "plain")), fast, atol=1e-5)
 
 
+@pytest.mark.parametrize("hold", [True, False], ids=["held", "read"])
+def test_validation_of_a_streamed_split_held_once_is_the_rmse_read_at_each_evaluation(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hold: bool
+) -> None:
+    """Fed a streamed split with ``hold_validation``, the trainer reads the validation rows
+    once and gathers them from memory at every evaluation (the same batches and
+    operations: the same RMSE to the bit); without it, it reads them at each."""
+    data = prepare_cache(TrainConfig.of(data_dir=tiny_data, output_dir=tmp_path))
+    rows = split_lib.split(data.train_size, 0.1, RECIPE.seed)
+    computed = Choice("fast", "float32", "as asked", {})
+    trainer = Trainer(RECIPE, 10, computed, data, Replicas(), rows, threads=1)
+    read = trainer.evaluate("validation")
+    batches = pipeline.train_input(
+        data, 1, seed=RECIPE.seed, batch_size=RECIPE.batch_size, start_step=0,
+        end_step=10, rows=rows.train, stats=trainer.stats,
+    )  # fmt: skip
+    assert batches.resident is None
+    trainer.feed(batches, hold_validation=hold)
+    reads: list[int] = []
+    real = type(data).read_rows
+
+    def counted(self: object, *args: object) -> object:
+        reads.append(1)
+        return real(self, *args)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(type(data), "read_rows", counted)
+        assert trainer.evaluate("validation") == read
+    assert (len(reads) == 0) is hold
+
+
 def test_validation_evaluates_a_fixed_sample_of_eval_rows(tiny_data: Path, tmp_path: Path) -> None:
     data = prepare_cache(TrainConfig.of(data_dir=tiny_data, output_dir=tmp_path))
     rows = split_lib.split(data.train_size, 0.25, RECIPE.seed)

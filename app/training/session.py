@@ -179,7 +179,11 @@ def start(
     _log_replanned(plan)
     if reps.sum([1.0 if stop() else 0.0], "restore")[0] > 0:  # agreed by all workers
         raise Preempted(f"stopped by signal before training resumed at step {step}")
-    trainer.feed(_train_input(config, plan, inputs, reps, trainer.stats, step, picked.precision))
+    validation = len(trainer.evaluated) if trainer.rows.validating else 0
+    batches, hold = _train_input(
+        config, plan, inputs, reps, trainer.stats, step, picked.precision, validation
+    )
+    trainer.feed(batches, hold_validation=hold)
     return Session(ws, config, picked, plan, inputs, reps, stop, trainer, checkpoints, best, step)
 
 
@@ -211,11 +215,13 @@ def _check_signature(target: Path, data: Any, allowed: bool) -> None:
 
 def _train_input(
     config: TrainConfig, plan: ThreadPlan, inputs: Inputs, reps: Replicas, stats: Any,
-    start: int, precision: str,
-) -> Any:  # fmt: skip
+    start: int, precision: str, validation_rows: int = 0,
+) -> tuple[Any, bool]:  # fmt: skip
     """The batches of the training rows from ``start`` on, resident or streamed as measured
     (app/data/input/pipeline.py ``choose_input``; streamed from the rows a step computing
-    in ``precision`` computes on when that pays: ``stream_source``): the ``input`` event."""
+    in ``precision`` computes on when that pays: ``stream_source``), and whether a streamed
+    split's ``validation_rows`` evaluated rows are held in memory (``holds_validation``):
+    the ``input`` event."""
     from app.data.input import order, pipeline
 
     data, rows = inputs.data, inputs.rows.train
@@ -223,8 +229,11 @@ def _train_input(
     choice = pipeline.choose_input(
         data, plan.memory_limit, config.recipe.batch_size, steps, rows=rows
     )
-    source = None
+    source, hold = None, False
     if not choice.resident:
+        hold = validation_rows > 0 and pipeline.holds_validation(
+            data, validation_rows, plan.memory_limit
+        )
         standardize = config.data.standardize
         source = pipeline.stream_source(
             data, plan.memory_limit, precision, standardize, config.cache.max_cache_bytes,
@@ -244,12 +253,13 @@ def _train_input(
         block_rows=order.BLOCK_ROWS,
         window_steps=order.WINDOW_STEPS,
         streamed_rows=None if choice.resident else str(source.dtype) if source else "float32",
+        validation_held=(choice.resident or hold) if validation_rows else None,
     )
     return pipeline.train_input(
         data, plan.tfdata_threads, seed=config.recipe.seed, batch_size=config.recipe.batch_size,
         start_step=start, end_step=config.schedule.max_steps, workers=reps.count, index=reps.index,
         resident=choice.resident, stats=stats, rows=rows, source=source,
-    )  # fmt: skip
+    ), hold  # fmt: skip
 
 
 def _log_replanned(plan: ThreadPlan) -> None:

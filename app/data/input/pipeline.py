@@ -37,6 +37,9 @@ from app.data.input.stream import Stats
 from app.errors import StorageError
 
 PREFETCH_BATCHES = 2
+#: Share of the resident limit a streamed split's evaluated validation rows may take to be
+#: held in memory (:func:`holds_validation`).
+HELD_VALIDATION_SHARE = 0.25
 #: An elementwise function of a batch tensor (e.g. the standardisation).
 Transform = Callable[[tf.Tensor], tf.Tensor]
 
@@ -346,12 +349,11 @@ def eval_dataset(
 
     def load(start: np.int64) -> tuple[np.ndarray, np.ndarray]:
         idx = rows[int(start) : int(start) + batch_size]
-        if split != "train":
-            x = cache.read_rows(split, "features", idx)[..., None]
-        else:
-            x = np.empty((len(idx), cache.height, cache.width, 1), np.float32)
-            stream.read_features(cache, idx, x)
-        return x, cache.read_rows(split, "labels", idx)
+        if split == "train":
+            return read_train_rows(cache, idx)
+        return cache.read_rows(split, "features", idx)[..., None], cache.read_rows(
+            split, "labels", idx
+        )
 
     def fetch(start: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         x, y = tf.numpy_function(load, [start], (tf.float32, tf.float32), stateful=False)
@@ -361,6 +363,24 @@ def eval_dataset(
 
     ds = tf.data.Dataset.range(0, len(rows), batch_size).map(fetch)
     return ds.prefetch(PREFETCH_BATCHES).with_options(dataset_options(threads))
+
+
+def read_train_rows(cache: DataCache, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Training rows ``rows`` (sorted int64 ids), raw: x (n,H,W,1) float32, y (n,K)
+    float32, the features read as a streamed chunk is (:func:`app.data.input.stream.
+    read_features`: every run announced first). Raises StorageError (a truncated file)."""
+    x = np.empty((len(rows), cache.height, cache.width, 1), np.float32)
+    stream.read_features(cache, rows, x)
+    return x, cache.read_rows("train", "labels", rows)
+
+
+def holds_validation(cache: DataCache, rows: int, memory_limit: int | None) -> bool:
+    """Whether ``rows`` validation rows of a streamed split are read once and held in
+    memory for every evaluation rather than read from the cache at each: when their bytes
+    (features and labels, float32) are at most :data:`HELD_VALIDATION_SHARE` of
+    :func:`resident_limit` (the rest is left to the streamed chunks)."""
+    held = memory.split_bytes(rows, cache.height * cache.width, cache.num_outputs)
+    return held <= resident_limit(memory_limit) * HELD_VALIDATION_SHARE
 
 
 def eval_ids(rows: np.ndarray, batch_size: int, threads: int) -> tf.data.Dataset:

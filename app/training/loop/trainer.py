@@ -130,27 +130,36 @@ class Trainer:
         """Raw features (…, H, W, 1) → standardised (training-set mean and std)."""
         return (x - self.f_mean) * self.f_inv
 
-    def feed(self, batches: pipeline.TrainInput) -> None:
+    def feed(self, batches: pipeline.TrainInput, hold_validation: bool = False) -> None:
         """Train on ``batches`` from now on: one element per step, in step order; the step
         gathers and standardises its batch with :attr:`stats` (app/data/input/mapped.py
-        ``batch``)."""
+        ``batch``). The validation rows are gathered from a held split; from a streamed
+        one, read once and held when ``hold_validation``
+        (app/data/input/pipeline.py ``holds_validation``), else read at each evaluation."""
         self._batches = iter(batches.dataset)
         self._held = batches.held
-        if batches.resident is not None and self.rows.validating:
-            self._evaluate_held(batches.resident.features, batches.resident.labels)
+        if not self.rows.validating:
+            return
+        if batches.resident is not None:
+            resident = batches.resident
+            self._evaluate_held(resident.features, resident.labels, self.evaluated)
+        elif hold_validation:
+            x, y = pipeline.read_train_rows(self.data, self.evaluated)
+            ids = np.arange(len(self.evaluated), dtype=np.int64)
+            self._evaluate_held(tf.constant(x), tf.constant(y), ids)
 
-    def _evaluate_held(self, features: tf.Tensor, labels: tf.Tensor) -> None:
-        """Evaluate the validation rows by gathering them from the held training split
-        ``features`` (N, H, W, 1), ``labels`` (N, K) (raw, by row id) instead of reading
-        them: the same batches and operations, so the same RMSE to the bit, without a
-        ``preadv`` per row run or a Python function per batch."""
+    def _evaluate_held(self, features: tf.Tensor, labels: tf.Tensor, rows: np.ndarray) -> None:
+        """Evaluate the validation rows by gathering them from rows held in memory,
+        ``features`` (N, H, W, 1), ``labels`` (N, K) (raw), where ``rows`` (sorted int64)
+        are the validation rows' indices in them, instead of reading them: the same batches
+        and operations, so the same RMSE to the bit, without a ``preadv`` per row run or a
+        Python function per batch."""
 
         def gathered(ids: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
             x = self.standardize_x(tf.gather(features, ids))
             return self._batch_sums(x, tf.gather(labels, ids))
 
-        ids = pipeline.eval_ids(self.evaluated, self.train_step.config.batch_size,
-                                self.threads)  # fmt: skip
+        ids = pipeline.eval_ids(rows, self.train_step.config.batch_size, self.threads)
         self._evals["validation"] = (self.replicas.shard(ids), tf.function(gathered))
 
     def train(self, steps: int, stop: Callable[[], bool]) -> Steps:
