@@ -68,6 +68,25 @@ def test_a_split_past_a_quarter_of_the_limit_is_streamed_and_costs_batches() -> 
     assert streamed.parts["setup_bytes"] == 0
 
 
+def test_a_streamed_split_counts_the_validation_rows_it_holds_and_only_those() -> None:
+    limit, row = 1 << 30, 4 * (3900 + 3)
+    shape = dict(rows=100_000, height=20, width=195, outputs=3, batch_size=100)
+    bare = memory.peak(**shape, memory_limit=limit)
+    held = memory.peak(**shape, memory_limit=limit, validation_rows=4_000)
+    # 4,000 rows (62 MB) fit a quarter of the resident limit (64 MiB): held, counted once
+    # while training and twice while they become a tensor.
+    assert held.parts["data_bytes"] - bare.parts["data_bytes"] == 4_000 * row
+    assert held.parts["setup_bytes"] == 2 * 4_000 * row
+    # 4,500 rows (70 MB) do not: read at every evaluation, nothing held.
+    over = memory.peak(**shape, memory_limit=limit, validation_rows=4_500)
+    assert over.parts == bare.parts
+    # A split held in memory gathers its validation rows from itself.
+    small = dict(shape, rows=1000)
+    assert memory.peak(**small, memory_limit=limit, validation_rows=100).parts == (
+        memory.peak(**small, memory_limit=limit).parts
+    )
+
+
 def test_check_refuses_only_past_the_limit() -> None:
     found = memory.peak(rows=240, height=20, width=195, outputs=3, batch_size=40, memory_limit=None)
     memory.check(found, None, 40)

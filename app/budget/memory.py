@@ -16,6 +16,9 @@ RESIDENT_SHARE = 0.25
 #: same when it is over the resident share: held, it is the page cache's pages, mapped,
 #: not a copy (app/data/input/pipeline.py ``choose_input``).
 PAGE_CACHE_SHARE = 0.75
+#: Share of :func:`resident_limit` a streamed split's evaluated validation rows may take
+#: to be read once and held in memory rather than read at every evaluation.
+HELD_VALIDATION_SHARE = 0.25
 
 
 def _total(memory_limit: int | None) -> int:
@@ -36,6 +39,13 @@ def page_cache_limit(memory_limit: int | None) -> int:
     :func:`resident_limit`: :data:`PAGE_CACHE_SHARE` of ``memory_limit`` (or physical
     memory)."""
     return int(_total(memory_limit) * PAGE_CACHE_SHARE)
+
+
+def validation_held(nbytes: int, memory_limit: int | None) -> bool:
+    """Whether a streamed split's evaluated validation rows, ``nbytes`` (features and
+    labels), are held in memory: at most :data:`HELD_VALIDATION_SHARE` of
+    :func:`resident_limit`."""
+    return nbytes <= resident_limit(memory_limit) * HELD_VALIDATION_SHARE
 
 
 def split_bytes(rows: int, values: int, outputs: int) -> int:

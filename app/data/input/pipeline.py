@@ -37,9 +37,6 @@ from app.data.input.stream import Stats
 from app.errors import StorageError
 
 PREFETCH_BATCHES = 2
-#: Share of the resident limit a streamed split's evaluated validation rows may take to be
-#: held in memory (:func:`holds_validation`).
-HELD_VALIDATION_SHARE = 0.25
 #: An elementwise function of a batch tensor (e.g. the standardisation).
 Transform = Callable[[tf.Tensor], tf.Tensor]
 
@@ -377,10 +374,10 @@ def read_train_rows(cache: DataCache, rows: np.ndarray) -> tuple[np.ndarray, np.
 def holds_validation(cache: DataCache, rows: int, memory_limit: int | None) -> bool:
     """Whether ``rows`` validation rows of a streamed split are read once and held in
     memory for every evaluation rather than read from the cache at each: when their bytes
-    (features and labels, float32) are at most :data:`HELD_VALIDATION_SHARE` of
-    :func:`resident_limit` (the rest is left to the streamed chunks)."""
+    (features and labels, float32) fit :func:`app.budget.memory.validation_held` (the rest
+    of the memory is left to the streamed chunks)."""
     held = memory.split_bytes(rows, cache.height * cache.width, cache.num_outputs)
-    return held <= resident_limit(memory_limit) * HELD_VALIDATION_SHARE
+    return memory.validation_held(held, memory_limit)
 
 
 def eval_ids(rows: np.ndarray, batch_size: int, threads: int) -> tf.data.Dataset:

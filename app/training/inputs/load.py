@@ -101,13 +101,21 @@ def load_data(
     return data
 
 
+def _evaluated_rows(config: TrainConfig, data: cache_lib.DataCache) -> int:
+    """How many validation rows the run evaluates while it trains (``--eval-rows`` of the
+    validation split at most; app/data/input/split.py)."""
+    n = split_lib.validation_count(data.train_size, config.data.validation_fraction)
+    eval_rows = config.schedule.eval_rows
+    return min(n, eval_rows) if eval_rows > 0 else n
+
+
 def check_memory(config: TrainConfig, data: cache_lib.DataCache, plan: ThreadPlan) -> None:
     """The expected peak memory against the memory limit (app/training/inputs/peak_memory.py),
     logged as the ``memory`` event. Raises MemoryBudgetExceeded (exit 8) when it can't fit."""
     found = peak_memory.peak(
         rows=data.train_size, height=data.height, width=data.width,
         outputs=data.num_outputs, batch_size=config.recipe.batch_size,
-        memory_limit=plan.memory_limit,
+        memory_limit=plan.memory_limit, validation_rows=_evaluated_rows(config, data),
     )  # fmt: skip
     logs.event(
         "memory",

@@ -11,13 +11,17 @@ The rule, bytes (constants measured on this project's model with TensorFlow 2.21
 CPUs, peak RSS of whole ``coretrain train`` runs: docs/security.md, "Memory")::
 
     peak = (BASE + model + max(setup, training)) × (1 + MARGIN)
-    setup    = RESIDENT_SETUP_COPIES × split            (a split held in memory, else 0)
+    setup    = RESIDENT_SETUP_COPIES × split            (a split held in memory)
+             | 2 × validation                           (streamed: read, then a tensor)
     training = RESIDENT_COPIES × split                  (held in memory)
              | STREAMED_BATCHES × batch × row + labels  (read from the cache file)
+               + validation
              + batch × (PER_FEATURE × H·W + PER_OUTPUT × K)
 
 ``split`` = training rows × row, ``row`` = 4 × (H·W + K) bytes, ``labels`` = training rows ×
-4·K (a streamed run maps the labels file); ``model`` = 16 bytes per
+4·K (a streamed run maps the labels file), ``validation`` = evaluated validation rows ×
+row when a streamed split holds them (:func:`app.budget.memory.validation_held`, else 0);
+``model`` = 16 bytes per
 weight of the last layer (weights, gradient, momentum, a copy), the rest is in BASE. The
 split is held in memory when it takes at most
 :data:`app.budget.memory.RESIDENT_SHARE` of the limit (:func:`app.budget.memory.resident_limit`).
@@ -28,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from app.budget.memory import MIB, resident_limit, split_bytes
+from app.budget.memory import MIB, resident_limit, split_bytes, validation_held
 from app.errors import MemoryBudgetExceeded
 
 #: Python, TensorFlow, Keras, the model's graphs and their working set at a batch of ~0:
@@ -71,21 +75,25 @@ class Estimate:
 
 def peak(
     *, rows: int, height: int, width: int, outputs: int, batch_size: int,
-    memory_limit: int | None,
+    memory_limit: int | None, validation_rows: int = 0,
 ) -> Estimate:  # fmt: skip
     """The peak of a run training on ``rows`` samples of ``height``×``width`` features and
-    ``outputs`` labels in batches of ``batch_size`` (per process), by the module's rule."""
+    ``outputs`` labels in batches of ``batch_size`` (per process), ``validation_rows`` of
+    them evaluated while it trains, by the module's rule."""
     values = height * width
     row = split_bytes(1, values, outputs)
     split = rows * row
     resident = split <= resident_limit(memory_limit)
-    streamed = STREAMED_BATCHES * batch_size * row + rows * 4 * outputs
+    validation = validation_rows * row
+    if resident or not validation_held(validation, memory_limit):
+        validation = 0
+    streamed = STREAMED_BATCHES * batch_size * row + rows * 4 * outputs + validation
     data = RESIDENT_COPIES * split if resident else streamed
     steps = batch_size * (PER_FEATURE * values + PER_OUTPUT * outputs)
     parts = {
         "base_bytes": BASE,
         "model_bytes": 16 * (DENSE_UNITS + 1) * outputs,
-        "setup_bytes": RESIDENT_SETUP_COPIES * split if resident else 0,
+        "setup_bytes": RESIDENT_SETUP_COPIES * split if resident else 2 * validation,
         "data_bytes": data,
         "batch_bytes": steps,
     }
