@@ -58,7 +58,12 @@ def test_made_once_then_found_and_read_as_rounded_rows(
     assert made.bytes == 240 * 20 * 195 * 2 == path.stat().st_size
     got = np.fromfile(path, rounded.DTYPE).reshape(240, 20, 195)
     assert np.array_equal(got.view(np.uint16), _expected(cache).view(np.uint16))
-    assert rounded.find(cache, True) == path
+    record = json.loads((cache.path / rounded.RECORD).read_text())
+    st = path.stat()  # the status after the rename (it sets the ctime): not digested again
+    assert record["status"] == [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    with monkeypatch.context() as patched:
+        patched.setattr(rounded, "digested", lambda *a: pytest.fail("digested again"))
+        assert rounded.find(cache, True) == path
     assert not _events(logged, "cache_corrupt")
     assert [n for n in os.listdir(cache.path) if n.endswith(".tmp")] == []
 

@@ -151,9 +151,9 @@ def make(
                 fcntl.flock(out, fcntl.LOCK_EX)  # while it is written (:func:`_tidy`)
                 found = _write_rows(cache, standardize, out, threads)
                 os.fsync(out)
-                status = file_status(os.fstat(out))
                 d.remove(RECORD)  # no reader pairs the new file with the old record
                 d.rename(tmp, NAME)
+                status = file_status(os.fstat(out))  # after the rename: it sets the ctime
             except BaseException:
                 d.remove(tmp)
                 raise
