@@ -170,28 +170,39 @@ SCRIPT = textwrap.dedent(
     c = prepare_cache(TrainConfig.of(data_dir=data, output_dir=tmp / "o", cache_dir=tmp / "c"))
     stats = stream.Stats.of(c)
     kw = dict(seed=3, batch_size=100, start_step=0, end_step=7, stats=stats)
-    out["float32"] = pipeline.stream_source(c, 1 << 20, "float32", True) is None
-    out["held_by_page_cache"] = pipeline.stream_source(c, None, "bfloat16", True) is None
-    source = pipeline.stream_source(c, 1 << 20, "bfloat16", True)  # under its page cache
+    n = c.train_size
+    made = {  # makes_rounded: streamed under a page cache smaller than the file; held,
+        # for at least ROUND_EPOCHS epochs
+        "streamed_small_cache": pipeline.makes_rounded(c, False, 1 << 20, 1),
+        "streamed_page_cached": pipeline.makes_rounded(c, False, None, 10**9),
+        "held_long": pipeline.makes_rounded(c, True, 1 << 20, pipeline.ROUND_EPOCHS * n),
+        "held_short": pipeline.makes_rounded(c, True, 1 << 20, pipeline.ROUND_EPOCHS * n - 1),
+    }
+    out["makes"] = made
+    out["float32"] = pipeline.rounded_source(c, "float32", True, True) is None
+    out["not_made"] = pipeline.rounded_source(c, "bfloat16", True, False) is None
+    source = pipeline.rounded_source(c, "bfloat16", True, True)
     out["made"] = source is not None and Path(source.where[0]).name == rounded.NAME
     held = pipeline.train_input(c, 1, resident=True, **kw)
     streamed = pipeline.train_input(c, 1, source=source, **kw)
+    held_rounded = pipeline.train_input(c, 1, resident=True, source=source, **kw)
+    out["held_rounded"] = held_rounded.resident.rounded and not held.resident.rounded
     same = True
-    for a, b in zip(held.dataset, streamed.dataset, strict=True):
+    for a, b, r in zip(held.dataset, streamed.dataset, held_rounded.dataset, strict=True):
         xa, ya = mapped.batch(a, held.held)
-        xb, yb = mapped.batch(b, streamed.held)
-        same &= xb.dtype == tf.bfloat16
-        same &= bool(np.array_equal(tf.cast(xa, tf.bfloat16).numpy().view(np.uint16),
-                                    xb.numpy().view(np.uint16)))
-        same &= bool(np.array_equal(ya.numpy(), yb.numpy()))
+        want = tf.cast(xa, tf.bfloat16).numpy().view(np.uint16)
+        for xb, yb in (mapped.batch(b, streamed.held), mapped.batch(r, held_rounded.held)):
+            same &= xb.dtype == tf.bfloat16
+            same &= bool(np.array_equal(want, xb.numpy().view(np.uint16)))
+            same &= bool(np.array_equal(ya.numpy(), yb.numpy()))
     out["stream_same"] = same
-    out["unlimited"] = pipeline.stream_source(c, None, "bfloat16", True) is not None  # kept
+    out["kept"] = pipeline.rounded_source(c, "bfloat16", True, False) is not None
     print(json.dumps(out))
     """
 )
 
 
-def test_the_rows_are_the_bits_tensorflow_computes_and_a_bfloat16_stream_reads_them(
+def test_the_rows_are_the_bits_tensorflow_computes_and_a_bfloat16_step_trains_on_them(
     tiny_data: Path, tmp_path: Path
 ) -> None:
     proc = subprocess.run(
@@ -202,11 +213,18 @@ def test_the_rows_are_the_bits_tensorflow_computes_and_a_bfloat16_stream_reads_t
     r = json.loads(proc.stdout.splitlines()[-1])
     assert r["denormal_inputs"] > 1000
     assert r["same"] is True and r["raw_same"] is True
-    assert r["float32"] is True  # a float32 step streams the float32 rows
-    assert r["held_by_page_cache"] is True  # a split the page cache holds: not made
-    assert r["made"] is True  # one read from the disk every epoch: made
-    assert r["stream_same"] is True
-    assert r["unlimited"] is True
+    assert r["makes"] == {
+        "streamed_small_cache": True,  # one read from the disk every epoch: made
+        "streamed_page_cached": False,  # a split the page cache holds: not for the stream
+        "held_long": True,
+        "held_short": False,
+    }
+    assert r["float32"] is True  # a float32 step trains from the float32 rows
+    assert r["not_made"] is True
+    assert r["made"] is True
+    assert r["held_rounded"] is True  # held as the rounded rows, mapped
+    assert r["stream_same"] is True  # streamed or held, the bits of the float32 rows' cast
+    assert r["kept"] is True  # once made, used without making
 
 
 def test_rows_that_would_pass_max_cache_bytes_are_not_made(cache: DataCache) -> None:

@@ -97,23 +97,29 @@ def test_validation_gathered_from_a_held_split_is_the_rmse_read_from_the_cache(
     np.testing.assert_allclose(np.asarray(trainer.model.infer(x, "plain")), fast, atol=1e-5)
 
 
-@pytest.mark.parametrize("hold", [True, False], ids=["held", "read"])
-def test_validation_of_a_streamed_split_held_once_is_the_rmse_read_at_each_evaluation(
-    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hold: bool
-) -> None:
-    """Fed a streamed split with ``hold_validation``, the trainer reads the validation rows
-    once and gathers them from memory at every evaluation (the same batches and
-    operations: the same RMSE to the bit); without it, it reads them at each."""
+@pytest.mark.parametrize(
+    ("rounded", "hold"), [(False, True), (False, False), (True, True)],
+    ids=["streamed-held", "streamed-read", "held-rounded"],
+)  # fmt: skip
+def test_validation_not_gathered_from_the_split_held_once_is_the_rmse_read_at_each(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rounded: bool,
+    hold: bool,
+) -> None:  # fmt: skip
+    """Fed a streamed split, or one held as the rows rounded to bfloat16 (not the rows
+    evaluated), with ``hold_validation`` the trainer reads the validation rows once and
+    gathers them from memory at every evaluation (the same batches and operations: the
+    same RMSE to the bit); without it, it reads them at each."""
     data = prepare_cache(TrainConfig.of(data_dir=tiny_data, output_dir=tmp_path))
     rows = split_lib.split(data.train_size, 0.1, RECIPE.seed)
-    computed = Choice("fast", "float32", "as asked", {})
+    computed = Choice("fast", "bfloat16" if rounded else "float32", "as asked", {})
     trainer = Trainer(RECIPE, 10, computed, data, Replicas(), rows, threads=1)
     read = trainer.evaluate("validation")
+    source = pipeline.rounded_source(data, computed.precision, True, make=True)
     batches = pipeline.train_input(
         data, 1, seed=RECIPE.seed, batch_size=RECIPE.batch_size, start_step=0,
-        end_step=10, rows=rows.train, stats=trainer.stats,
+        end_step=10, rows=rows.train, stats=trainer.stats, resident=rounded, source=source,
     )  # fmt: skip
-    assert batches.resident is None
+    assert (batches.resident is not None and batches.resident.rounded) is rounded
     trainer.feed(batches, hold_validation=hold)
     reads: list[int] = []
     real = type(data).read_rows

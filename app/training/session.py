@@ -218,10 +218,11 @@ def _train_input(
     start: int, precision: str, validation_rows: int = 0,
 ) -> tuple[Any, bool]:  # fmt: skip
     """The batches of the training rows from ``start`` on, resident or streamed as measured
-    (app/data/input/pipeline.py ``choose_input``; streamed from the rows a step computing
-    in ``precision`` computes on when that pays: ``stream_source``), and whether a streamed
-    split's ``validation_rows`` evaluated rows are held in memory (``holds_validation``):
-    the ``input`` event."""
+    (app/data/input/pipeline.py ``choose_input``; from the rows a step computing in
+    ``precision`` computes on when the cache has them or that pays: ``rounded_source``),
+    and whether the ``validation_rows`` evaluated rows are read once and held in memory
+    where they can't be gathered from a held split (``holds_validation``): the ``input``
+    event."""
     from app.data.input import order, pipeline
 
     data, rows = inputs.data, inputs.rows.train
@@ -229,16 +230,15 @@ def _train_input(
     choice = pipeline.choose_input(
         data, plan.memory_limit, config.recipe.batch_size, steps, rows=rows
     )
-    source, hold = None, False
-    if not choice.resident:
-        hold = validation_rows > 0 and pipeline.holds_validation(
-            data, validation_rows, plan.memory_limit
-        )
-        standardize = config.data.standardize
-        source = pipeline.stream_source(
-            data, plan.memory_limit, precision, standardize, config.cache.max_cache_bytes,
-            plan.intra_op_threads,
-        )  # fmt: skip
+    reads = steps * config.recipe.batch_size
+    make = pipeline.makes_rounded(data, choice.resident, plan.memory_limit, reads)
+    source = pipeline.rounded_source(
+        data, precision, config.data.standardize, make, config.cache.max_cache_bytes,
+        plan.intra_op_threads,
+    )  # fmt: skip
+    gathered = choice.resident and source is None  # the validation rows from the split
+    hold = not gathered and validation_rows > 0
+    hold = hold and pipeline.holds_validation(data, validation_rows, plan.memory_limit)
     logs.event(
         "input",
         ("training split held in memory: " if choice.resident else "training split streamed: ")
@@ -252,8 +252,8 @@ def _train_input(
         stream_s=choice.stream_s,
         block_rows=order.BLOCK_ROWS,
         window_steps=order.WINDOW_STEPS,
-        streamed_rows=None if choice.resident else str(source.dtype) if source else "float32",
-        validation_held=(choice.resident or hold) if validation_rows else None,
+        feature_rows=str(source.dtype) if source else "float32",
+        validation_held=(gathered or hold) if validation_rows else None,
     )
     return pipeline.train_input(
         data, plan.tfdata_threads, seed=config.recipe.seed, batch_size=config.recipe.batch_size,

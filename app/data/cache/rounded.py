@@ -4,11 +4,13 @@ A step that computes in bfloat16 (``--precision bfloat16``, or what ``auto`` cho
 its standardised batch to bfloat16 as its first operation (app/model/fast_formulation.py;
 the plain formulation's first layer casts its input the same way). So for such a step the
 rows ``bfloat16((x - mean) · (1/std))`` hold exactly what it computes on, in half the
-bytes of the float32 rows. A split streamed from the disk (more than the page cache may
-hold: app/data/input/pipeline.py) is read from this file instead, :data:`NAME` in the
-cache's directory: N×H×W bfloat16, row-major, native byte order. In a 4 GiB memory group
-at the seed's scale, half the bytes read was 16–20 % more samples a second
-(docs/performance.md, "Streaming in the step's precision").
+bytes of the float32 rows, with nothing left for the step to standardise or cast. Such a
+step gathers its batches from this file when the cache has it, held or streamed
+(app/data/input/pipeline.py ``rounded_source``, which says when it is made): :data:`NAME`
+in the cache's directory, N×H×W bfloat16, row-major, native byte order. In a 4 GiB memory
+group at the seed's scale, half the bytes read was 21–28 % more samples a second; held,
+5–26 % (docs/performance.md, "Streaming in the step's precision", "Held in the step's
+precision").
 
 The same bits, by construction (tested against the step's own operations): the
 standardisation is numpy's float32 subtraction and multiplication (IEEE, no fused

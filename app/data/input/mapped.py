@@ -30,20 +30,23 @@ import numpy as np
 import tensorflow as tf
 
 from app.data.cache import DataCache
-from app.data.input.stream import ALIGNMENT, Stats, aligned
+from app.data.input.stream import ALIGNMENT, Source, Stats, aligned
 from app.errors import StorageError
 
 
 @dataclass
 class Resident:
-    """A training split held in memory: ``features`` (N, H, W, 1) and ``labels`` (N, K) raw,
+    """A training split held in memory: ``features`` (N, H, W, 1) and ``labels`` (N, K),
     every row of the cache's training split by row id (a memory map of its files), and the
-    standardisation applied to a gathered batch (``stats``: feature mean (H, W, 1),
-    1/std (H, W, 1), label mean (K,), std (K,); empty without standardisation)."""
+    standardisation applied to a gathered batch (``stats``: :func:`standardization`).
+    The features are the cache's raw float32 rows, or with ``rounded`` the rows a
+    bfloat16 step computes on (app/data/cache/rounded.py: standardised already when made
+    so, and not what the evaluation gathers)."""
 
     features: tf.Tensor
     labels: tf.Tensor
     stats: tuple[tf.Tensor, ...] = ()
+    rounded: bool = False
 
     def rows(self) -> tuple[tf.Tensor, ...]:
         """What the training step gathers from (:func:`gather`)."""
@@ -119,28 +122,36 @@ def map_private(path: Path, start: int, end: int) -> tuple[mmap.mmap, int]:
     return mapping, start - offset
 
 
-def _mapped(where: tuple[Path, int], shape: tuple[int, ...]) -> tf.Tensor:
-    """A float32 tensor of ``shape`` over a private, populated memory map of the file
-    ``where`` names from its byte offset on (the cache's own file at 0, or an array read in
-    place after its header; :func:`map_private`). An array at an offset that is not a
-    multiple of :data:`ALIGNMENT` (HDF5 may put a dataset anywhere) is copied into aligned
-    memory: TensorFlow's kernels refuse unaligned tensors (a ``Check failed: IsAligned()``
-    abort in ``GatherOp``). Raises StorageError when the file is shorter than ``shape``."""
+def _mapped(where: tuple[Path, int], shape: tuple[int, ...], dtype: np.dtype) -> tf.Tensor:
+    """A tensor of ``shape`` and ``dtype`` (float32, or bfloat16: ml_dtypes') over a
+    private, populated memory map of the file ``where`` names from its byte offset on (the
+    cache's own file at 0, or an array read in place after its header;
+    :func:`map_private`). An array at an offset that is not a multiple of
+    :data:`ALIGNMENT` (HDF5 may put a dataset anywhere) is copied into aligned memory:
+    TensorFlow's kernels refuse unaligned tensors (a ``Check failed: IsAligned()`` abort in
+    ``GatherOp``). DLPack from numpy knows no bfloat16: those are handed over as uint16 and
+    bitcast, which keeps the buffer. Raises StorageError when the file is shorter than
+    ``shape``."""
     path, base = where
     count = int(np.prod(shape))
-    mapping, skip = map_private(path, base, base + 4 * count)
-    array = np.frombuffer(mapping, np.float32, count, offset=skip).reshape(shape)
+    mapping, skip = map_private(path, base, base + dtype.itemsize * count)
+    bits = np.dtype(np.float32) if dtype == np.float32 else np.dtype(f"u{dtype.itemsize}")
+    array = np.frombuffer(mapping, bits, count, offset=skip).reshape(shape)
     if base % ALIGNMENT:  # TensorFlow's kernels check the alignment: a copy that has it
-        copy = aligned(shape)
+        copy = aligned(shape, bits)
         np.copyto(copy, array)
         array = copy  # the map is released with the view
-    return tf.experimental.dlpack.from_dlpack(array.__dlpack__())  # keeps the map alive
+    tensor = tf.experimental.dlpack.from_dlpack(array.__dlpack__())  # keeps the map alive
+    return tensor if bits == dtype else tf.bitcast(tensor, tf.as_dtype(dtype))
 
 
-def hold(cache: DataCache, stats: Stats | None) -> Resident:
-    """The training split of ``cache`` mapped (module docstring), standardised on gather
-    with ``stats`` (None: raw)."""
+def hold(cache: DataCache, stats: Stats | None, source: Source | None = None) -> Resident:
+    """The training split of ``cache`` mapped (module docstring), its features from
+    ``source`` (default the cache's float32 rows, raw), standardised on gather with
+    ``stats`` (None: raw; the labels only for rows standardised already)."""
     n, h, w, k = cache.train_size, cache.height, cache.width, cache.num_outputs
-    features = _mapped(cache.where("train_x.f32"), (n, h, w, 1))
-    labels = _mapped(cache.where("train_y.f32"), (n, k))
-    return Resident(features, labels, standardization(stats))
+    source = source or Source.raw(cache)
+    features = _mapped(source.where, (n, h, w, 1), source.dtype)
+    labels = _mapped(cache.where("train_y.f32"), (n, k), np.dtype(np.float32))
+    rounded = source.dtype != np.float32
+    return Resident(features, labels, standardization(stats, not source.standardized), rounded)

@@ -37,6 +37,9 @@ from app.data.input.stream import Stats
 from app.errors import StorageError
 
 PREFETCH_BATCHES = 2
+#: Epochs a run gathers from a held split for it to make the rows rounded to bfloat16
+#: (:func:`makes_rounded`; docs/performance.md, "Held in the step's precision").
+ROUND_EPOCHS = 10
 #: An elementwise function of a batch tensor (e.g. the standardisation).
 Transform = Callable[[tf.Tensor], tf.Tensor]
 
@@ -78,15 +81,20 @@ class TrainInput:
 
 
 def load_resident(
-    cache: DataCache, rows: np.ndarray | None = None, stats: Stats | None = None
-) -> Resident:
+    cache: DataCache, rows: np.ndarray | None = None, stats: Stats | None = None,
+    source: stream.Source | None = None,
+) -> Resident:  # fmt: skip
     """Hold the training split in memory (app/data/input/mapped.py: a memory map of the cache,
-    no copy), standardised on gather with ``stats``; log how long it took. ``rows``: the
-    training rows the run reads (the event's size); every row is mapped, by row id."""
+    no copy), its features from ``source`` (default the float32 rows), standardised on
+    gather with ``stats``; log how long it took. ``rows``: the training rows the run reads
+    (the event's size); every row is mapped, by row id."""
     t0 = time.perf_counter()
-    split = mapped.hold(cache, stats)
+    split = mapped.hold(cache, stats, source)
     seconds = time.perf_counter() - t0
     size = split_bytes(cache, rows=rows)
+    if source is not None:  # the features in their own width
+        narrower = 4 - source.dtype.itemsize
+        size -= training_rows(cache, rows) * cache.height * cache.width * narrower
     logs.event(
         "input_loaded",
         f"training split mapped into memory: {size / 1e6:,.0f} MB in {seconds:.1f} s "
@@ -255,8 +263,8 @@ def train_input(
     (``batch_size`` per worker). ``resident``: hold the rows in memory
     (:func:`load_resident`) and yield row ids, the next chunk's announced
     (:class:`app.data.input.stream.Ahead`); else stream them in chunks
-    (:class:`app.data.input.stream.Reader`) from ``source`` (default the cache's float32
-    rows: :func:`stream_source`). ``stats``: the standardisation (raw without).
+    (:class:`app.data.input.stream.Reader`). Either from ``source`` (default the cache's
+    float32 rows: :func:`rounded_source`). ``stats``: the standardisation (raw without).
     """
     rows = _checked(cache, rows)
     ds = tf.data.Dataset.range(start_step, end_step)
@@ -265,7 +273,7 @@ def train_input(
     order_of = dict(seed=seed, batch_size=batch_size, end_step=end_step, workers=workers,
                     index=index)  # fmt: skip
     if resident:
-        split = load_resident(cache, rows, stats)
+        split = load_resident(cache, rows, stats, source)
         ahead = stream.Ahead(cache, rows, **order_of)
 
         def indices(step: tf.Tensor) -> tf.Tensor:
@@ -294,29 +302,42 @@ def train_input(
     return TrainInput(ds, reader=reader, held=held)
 
 
-def stream_source(
-    cache: DataCache, memory_limit: int | None, precision: str, standardize: bool,
+def makes_rounded(
+    cache: DataCache, resident: bool, memory_limit: int | None, reads: int
+) -> bool:  # fmt: skip
+    """Whether a bfloat16 run makes the rows rounded to bfloat16 when the cache lacks them
+    (:func:`rounded_source`): for a streamed split, when its float32 features file is more
+    than the page cache may hold under ``memory_limit`` (every epoch is read from the disk,
+    and half the bytes is half the reads' CPU); for a held split, when the run gathers
+    ``reads`` rows, at least :data:`ROUND_EPOCHS` times the split: making them costs about
+    what that many epochs' gathers save (docs/performance.md, "Held in the step's
+    precision")."""
+    if resident:
+        return reads >= ROUND_EPOCHS * cache.train_size
+    return 4 * cache.train_size * cache.height * cache.width > memory.page_cache_limit(memory_limit)
+
+
+def rounded_source(
+    cache: DataCache, precision: str, standardize: bool, make: bool,
     max_bytes: int | None = None, threads: int = 1,
 ) -> stream.Source | None:  # fmt: skip
-    """The rows a streamed split is read from for a step computing in ``precision``: for
-    "bfloat16", the rows as it computes on them (app/data/cache/rounded.py: half the bytes)
-    when the cache keeps them, or when its float32 features file is more than the page
-    cache may hold under ``memory_limit`` (every epoch is read from the disk), then made
-    once; else None, the float32 rows. Rows that would pass the free space or
-    ``max_bytes`` (``--max-cache-bytes``), or a cache directory that can't be written, are
-    an ``input_not_rounded`` warning and the float32 rows. ``threads`` make them (the
-    plan's intra-op threads: nothing else runs yet)."""
+    """The rows a step computing in ``precision`` gathers its batches from: for
+    "bfloat16", the rows as it computes on them (app/data/cache/rounded.py: half the bytes,
+    standardised already with ``standardize``) when the cache keeps them, or made once when
+    ``make`` (:func:`makes_rounded`); else None, the float32 rows. Rows that would pass the
+    free space or ``max_bytes`` (``--max-cache-bytes``), or a cache directory that can't be
+    written, are an ``input_not_rounded`` warning and the float32 rows. ``threads`` make
+    them (the plan's intra-op threads: nothing else runs yet)."""
     if precision != "bfloat16":
         return None
     path = rounded.find(cache, standardize)
-    nbytes = 4 * cache.train_size * cache.height * cache.width
-    if path is None and nbytes > memory.page_cache_limit(memory_limit):
+    if path is None and make:
         try:
             path = rounded.make(cache, standardize, max_bytes, threads)
         except StorageError as exc:
             logs.event(
                 "input_not_rounded",
-                f"streaming the float32 rows: {exc}",
+                f"training from the float32 rows: {exc}",
                 level=logging.WARNING,
             )
     if path is None:

@@ -133,15 +133,16 @@ class Trainer:
     def feed(self, batches: pipeline.TrainInput, hold_validation: bool = False) -> None:
         """Train on ``batches`` from now on: one element per step, in step order; the step
         gathers and standardises its batch with :attr:`stats` (app/data/input/mapped.py
-        ``batch``). The validation rows are gathered from a held split; from a streamed
-        one, read once and held when ``hold_validation``
-        (app/data/input/pipeline.py ``holds_validation``), else read at each evaluation."""
+        ``batch``). The validation rows are gathered from a split held as float32 rows;
+        else (streamed, or held as the rows rounded to bfloat16) read once and held when
+        ``hold_validation`` (app/data/input/pipeline.py ``holds_validation``), else read at
+        each evaluation."""
         self._batches = iter(batches.dataset)
         self._held = batches.held
         if not self.rows.validating:
             return
-        if batches.resident is not None:
-            resident = batches.resident
+        resident = batches.resident
+        if resident is not None and not resident.rounded:
             self._evaluate_held(resident.features, resident.labels, self.evaluated)
         elif hold_validation:
             x, y = pipeline.read_train_rows(self.data, self.evaluated)
