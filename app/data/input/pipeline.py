@@ -39,7 +39,7 @@ from app.errors import StorageError
 PREFETCH_BATCHES = 2
 #: Epochs a run gathers from a held split for it to make the rows rounded to bfloat16
 #: (:func:`makes_rounded`; docs/performance.md, "Held in the step's precision").
-ROUND_EPOCHS = 10
+ROUND_EPOCHS = 20
 #: An elementwise function of a batch tensor (e.g. the standardisation).
 Transform = Callable[[tf.Tensor], tf.Tensor]
 
