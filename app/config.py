@@ -94,9 +94,9 @@ class CacheConfig(Options):
         None,
         "Refuse (exit 3) a data set whose binary cache would take more than this many bytes: "
         "estimated before converting, counted while converting. The free space of the "
-        "cache's file system is a bound too. A bfloat16 step streaming from the disk makes "
-        "its rows rounded to bfloat16 (half the features' bytes) within the same bounds, "
-        "else streams the float32 rows.",
+        "cache's file system is a bound too. The rows rounded to bfloat16 a bfloat16 step "
+        "may make (half the features' bytes) are kept within the same bounds, else it "
+        "trains on the float32 rows.",
         minimum=1,
         metavar="BYTES",
         shown_default="the free space",

@@ -9,8 +9,8 @@ step gathers its batches from this file when the cache has it, held or streamed
 (app/data/input/pipeline.py ``rounded_source``, which says when it is made): :data:`NAME`
 in the cache's directory, N×H×W bfloat16, row-major, native byte order. In a 4 GiB memory
 group at the seed's scale, half the bytes read was 21–28 % more samples a second; held,
-the step was 7–11 % faster (docs/performance.md, "Streaming in the step's precision", "Held in the step's
-precision").
+the step was 7–11 % faster (docs/performance.md, "Streaming in the step's precision",
+"Held in the step's precision").
 
 The same bits, by construction (tested against the step's own operations): the
 standardisation is numpy's float32 subtraction and multiplication (IEEE, no fused
