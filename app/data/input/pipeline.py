@@ -91,10 +91,8 @@ def load_resident(
     t0 = time.perf_counter()
     split = mapped.hold(cache, stats, source)
     seconds = time.perf_counter() - t0
-    size = split_bytes(cache, rows=rows)
-    if source is not None:  # the features in their own width
-        narrower = 4 - source.dtype.itemsize
-        size -= training_rows(cache, rows) * cache.height * cache.width * narrower
+    row = (source or stream.Source.raw(cache)).row_bytes(cache) + 4 * cache.num_outputs
+    size = training_rows(cache, rows) * row  # the features in their own width
     logs.event(
         "input_loaded",
         f"training split mapped into memory: {size / 1e6:,.0f} MB in {seconds:.1f} s "
@@ -166,7 +164,7 @@ def _cached(cache: DataCache, memory_limit: int | None) -> tuple[float, str]:
     rounded to 0.001), and what stops a split over the resident limit from being held: ""
     when the file takes at most :func:`app.budget.memory.page_cache_limit` and its rows are
     aligned for TensorFlow (else holding would copy them: app/data/input/mapped.py)."""
-    nbytes = 4 * cache.train_size * cache.height * cache.width
+    nbytes = _features_bytes(cache)
     room = memory.page_cache_limit(memory_limit)
     where = cache.where("train_x.f32")
     cached = round(stream.cached_share(where, nbytes), 3)
@@ -285,21 +283,31 @@ def train_input(
         return TrainInput(ds.prefetch(PREFETCH_BATCHES).with_options(options), split, ahead,
                           held=split.rows())  # fmt: skip
     reader = stream.Reader(cache, rows, source, **order_of)
+    ds = ds.map(_chunks(reader, batch_size), num_parallel_calls=parallel, deterministic=True)
+    ds = ds.prefetch(PREFETCH_BATCHES).with_options(options)
+    held = mapped.standardization(stats, features=not reader.source.standardized)
+    return TrainInput(ds, reader=reader, held=held)
+
+
+def _chunks(
+    reader: stream.Reader, batch_size: int
+) -> Callable[[tf.Tensor], tuple[tf.Tensor, tf.Tensor, tf.Tensor]]:
+    """The map from a step to its streamed element (:meth:`app.data.input.stream.Reader.
+    element`): the chunk x (r,H,W,1) of the reader's dtype, y (r,K), and the step's
+    ``batch_size`` positions in it."""
+    c = reader.cache
     types = (tf.as_dtype(reader.source.dtype), tf.float32, tf.int64)
 
     def streamed(step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         x, y, at = tf.numpy_function(
             lambda s: reader.element(int(s)), [step], types, stateful=False
         )
-        x.set_shape((None, cache.height, cache.width, 1))
-        y.set_shape((None, cache.num_outputs))
+        x.set_shape((None, c.height, c.width, 1))
+        y.set_shape((None, c.num_outputs))
         at.set_shape((batch_size,))
         return x, y, at
 
-    ds = ds.map(streamed, num_parallel_calls=parallel, deterministic=True)
-    ds = ds.prefetch(PREFETCH_BATCHES).with_options(options)
-    held = mapped.standardization(stats, features=not reader.source.standardized)
-    return TrainInput(ds, reader=reader, held=held)
+    return streamed
 
 
 def makes_rounded(
@@ -314,7 +322,12 @@ def makes_rounded(
     precision")."""
     if resident:
         return reads >= ROUND_EPOCHS * cache.train_size
-    return 4 * cache.train_size * cache.height * cache.width > memory.page_cache_limit(memory_limit)
+    return _features_bytes(cache) > memory.page_cache_limit(memory_limit)
+
+
+def _features_bytes(cache: DataCache) -> int:
+    """Bytes of the training split's float32 features file."""
+    return 4 * cache.train_size * cache.height * cache.width
 
 
 def rounded_source(
