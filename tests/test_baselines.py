@@ -81,3 +81,25 @@ def test_a_damaged_ridge_entry_is_fitted_again_with_a_warning(
     assert _events(logged, "measured_invalid")
     assert _events(logged, "linear_baseline")[0].source == "fitted"
     assert _figures(again) == _figures(first)
+
+
+def test_the_validation_figures_are_of_the_rows_the_cnn_is_evaluated_on(
+    data, logged: list[logging.LogRecord]
+) -> None:  # type: ignore[no-untyped-def]
+    rows = split.split(data.train_size, 0.25, 0)  # 30 validation rows
+    found = baselines.measure(data, rows, 0, 1, None, eval_rows=7)
+    evaluated = split.evaluated(rows.validation, 7, 0)
+    assert len(evaluated) == 7
+    (event,) = _events(logged, "linear_baseline")
+    assert event.val_rows == 7
+    assert found.eval_mean == linear.mean_rmse(data, evaluated)
+    on_sample = linear.baseline(data, rows.train, evaluated, 0, 1)
+    on_all = linear.baseline(data, rows.train, rows.validation, 0, 1)
+    assert found.linear is not None
+    assert found.linear.val_rmse == on_sample.val_rmse != on_all.val_rmse
+    assert found.linear.test_rmse == on_sample.test_rmse == on_all.test_rmse
+    assert found.eval_mean != linear.mean_rmse(data, rows.validation)
+    logged.clear()
+    everything = baselines.measure(data, rows, 0, 1, None)  # --eval-rows 0: all of them
+    assert _events(logged, "linear_baseline")[0].val_rows == 30
+    assert everything.linear is not None and everything.linear.val_rmse == on_all.val_rmse

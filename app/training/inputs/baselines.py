@@ -16,14 +16,16 @@ import numpy as np
 
 from app import __version__, logs
 from app.data.cache import DataCache, measured
+from app.data.input import split as split_lib
 from app.data.input.split import Split
 from app.training.inputs import linear
 
 
 @dataclass(frozen=True)
 class Baselines:
-    """RMSEs in raw label units: the mean predictor on the evaluated rows (validation, or
-    test without them) and on the test set; the ridge (None when it could not be fitted)."""
+    """RMSEs in raw label units: the mean predictor on the evaluated rows (the validation
+    rows the CNN is evaluated on, or the test set without them) and on the test set; the
+    ridge (None when it could not be fitted)."""
 
     eval_mean: float
     test_mean: float
@@ -36,19 +38,25 @@ class Baselines:
 
 
 def measure(
-    data: DataCache, rows: Split, seed: int, threads: int, store: measured.Store | None = None
-) -> Baselines:
+    data: DataCache, rows: Split, seed: int, threads: int, store: measured.Store | None = None,
+    eval_rows: int = 0,
+) -> Baselines:  # fmt: skip
     """Both baselines of a run on ``data`` split into ``rows`` (``threads``: BLAS threads).
-    The ridge is kept in ``store`` (beside the data cache: app/data/cache/measured.py) by what it
-    depends on (:func:`ridge_depends`) and reused from there (``source`` "cached") instead
-    of fitted again. Data the ridge can't fit (NaN/Inf let in by --allow-nonfinite) leave
-    it out, with a warning."""
-    eval_mean = linear.mean_rmse(data, rows.validation) if rows.validating else data.baseline_rmse
-    depends = ridge_depends(data, rows.train, rows.validation, seed)
+    Their validation figures are of the rows the CNN is evaluated on (``eval_rows`` of the
+    validation rows, ``--eval-rows``: app/data/input/split.py ``evaluated``), so the three
+    compare on the same rows, and a large validation split is not read whole before the
+    first step (at the seed's scale, 81,090 rows read from the disk were 11 of the ridge's
+    15 s: docs/performance.md). The ridge is kept in ``store`` (beside the data cache:
+    app/data/cache/measured.py) by what it depends on (:func:`ridge_depends`) and reused
+    from there (``source`` "cached") instead of fitted again. Data the ridge can't fit
+    (NaN/Inf let in by --allow-nonfinite) leave it out, with a warning."""
+    evaluated = split_lib.evaluated(rows.validation, eval_rows, seed)
+    eval_mean = linear.mean_rmse(data, evaluated) if rows.validating else data.baseline_rmse
+    depends = ridge_depends(data, rows.train, evaluated, seed)
     fitted, source = _kept(store, depends), "cached"
     if fitted is None:
         try:
-            fitted = linear.baseline(data, rows.train, rows.validation, seed, threads)
+            fitted = linear.baseline(data, rows.train, evaluated, seed, threads)
         except (ValueError, np.linalg.LinAlgError) as exc:
             logs.event(
                 "linear_baseline", f"no linear baseline: {exc}", level=logging.WARNING,
@@ -66,6 +74,7 @@ def measure(
         f"ridge regression on {fitted.rows:,} training rows {cost}: test RMSE "
         f"{fitted.test_rmse:.4g}{val} (mean predictor {data.baseline_rmse:.4g})",
         source=source,
+        val_rows=len(evaluated),
         **fitted.to_json(),
     )
     return Baselines(eval_mean, data.baseline_rmse, fitted)

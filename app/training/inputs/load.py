@@ -48,7 +48,9 @@ def complete(
     Raises MemoryBudgetExceeded (exit 8)."""
     check_memory(config, data, plan)
     rows = split_lib.split(data.train_size, config.data.validation_fraction, config.recipe.seed)
-    reference = baselines.measure(data, rows, config.recipe.seed, plan.intra_op_threads, store)
+    reference = baselines.measure(
+        data, rows, config.recipe.seed, plan.intra_op_threads, store, config.schedule.eval_rows
+    )
     return Inputs(data, rows, reference)
 
 
