@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import itertools
+import os
 import shutil
 from pathlib import Path
 
@@ -317,3 +318,34 @@ def test_rows_are_written_from_the_first_range_on_and_ranges_are_bounded(
     assert seen.index("parse") < len(seen) - 1 - seen[::-1].index("count")
     expected = np.arange(400 * 50, dtype=np.float32).reshape(400, 50)
     np.testing.assert_array_equal(np.fromfile(tmp_path / "two.f32", np.float32), expected.ravel())
+
+
+def test_the_text_read_is_left_out_of_the_page_cache(tmp_path: Path) -> None:
+    """A range parsed is dropped from the page cache (the rows made from it are what the
+    training reads next); measured with mincore on the real file system, on a text the
+    conversion reads from the disk itself, as a text larger than the memory is."""
+    from app.data.input.stream import cached_share
+
+    src = tmp_path / "x.txt"
+    with open(src, "wb") as f:
+        f.write(lines_of(4000, 400))  # 11.7 MB
+        f.flush()
+        os.fsync(f.fileno())  # clean pages: the only ones the kernel drops
+    size = src.stat().st_size
+    if cached_share((src, 0), size) < 0.9:
+        pytest.skip("this file system keeps no page cache of a file just written")
+
+    def from_the_disk() -> None:
+        with open(src, "rb") as f:
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        assert cached_share((src, 0), size) < 0.1
+
+    from_the_disk()
+    one = convert(src, tmp_path / "one.f32", 1, width=400)
+    assert isinstance(one, parallel.Converted)
+    assert cached_share((src, 0), size) > 0.9  # one pass: the pages stay
+    from_the_disk()
+    done = convert(src, tmp_path / "out.f32", 2, width=400, min_range_bytes=1 << 20)
+    assert isinstance(done, parallel.Converted) and done.ranges > 2 and done.threads == 2
+    assert cached_share((src, 0), size) < 0.1
+    assert (tmp_path / "out.f32").read_bytes() == (tmp_path / "one.f32").read_bytes()

@@ -8,7 +8,11 @@ by :func:`app.data.formats.textfile.iter_chunks` and writes its rows straight in
 blank lines only at its end. Counting a range just before parsing it reads it into the page
 cache for the parse, so a file larger than the page cache is read from the disk once, not
 twice, and rows are written from the first range on (a first pass counting the whole file
-kept a 32 GB conversion at 0 MB/s for its first 20 s). Ranges are handed out one at a time,
+kept a 32 GB conversion at 0 MB/s for its first 20 s). A thread that takes a range asks the
+kernel to read the next one ahead (``WILLNEED``), and drops a range's pages from the page
+cache once it is parsed (``DONTNEED``): the text is read once, and at the seed's scale (a
+32 GB text, 24 GB of memory) keeping it pushed out the rows just written, which the
+training reads next (docs/performance.md). Ranges are handed out one at a time,
 in file order, through a shared counter, and the calling thread works too, so a thread on a
 busier CPU holds nobody up. The result is bit for bit the one of reading the file in one pass; the
 column sums used for the statistics are added in another order (equal to float64
@@ -354,6 +358,24 @@ def _count_lines(src: str, start: int, stop: int, last: bool, buf: memoryview) -
     return lines + (1 if last and tail != b"\n" else 0)
 
 
+def _read_ahead(src: str, start: int, stop: int) -> None:
+    """Ask the kernel to start reading bytes [start, stop) of ``src`` into the page cache
+    (``posix_fadvise(WILLNEED)``: it returns once the reads are queued). Best effort."""
+    with contextlib.suppress(OSError), open(src, "rb", buffering=0) as f:
+        os.posix_fadvise(f.fileno(), start, stop - start, os.POSIX_FADV_WILLNEED)
+
+
+def _drop_read_pages(src: str, start: int, stop: int) -> None:
+    """Tell the kernel the page cache need not keep bytes [start, stop) of ``src``
+    (``posix_fadvise(DONTNEED)``: clean pages no process maps are dropped, nothing else
+    changes). A range is read once, for its count and its parse, and the cache made from it
+    replaces the text; a text larger than the memory would otherwise push out of the page
+    cache the rows just written, which the training reads next (at the seed's scale: the
+    page cache held 34 % of them when the run began, docs/performance.md). Best effort."""
+    with contextlib.suppress(OSError), open(src, "rb", buffering=0) as f:
+        os.posix_fadvise(f.fileno(), start, stop - start, os.POSIX_FADV_DONTNEED)
+
+
 class _Counts:
     """The lines of each range as they are counted; a range's first row once all the ranges
     before it are counted."""
@@ -393,6 +415,8 @@ def _in_ranges(job: _Job, f: Any, threads: int, stop: Callable[[], bool]) -> Con
         if not hasattr(local, "buffers"):
             local.buffers = textfile.Buffers()
             local.count_buf = memoryview(bytearray(_COUNT_BYTES))
+        if i + 1 <= last:  # read ahead while this range is counted and parsed
+            _read_ahead(name, *ranges[i + 1])
         lines = counted.put(i, _count_lines(name, *ranges[i], i == last, local.count_buf))
         first_row = counted.before(i)
         if first_row is None:  # halted while the ranges before it were counted
@@ -409,6 +433,8 @@ def _in_ranges(job: _Job, f: Any, threads: int, stop: Callable[[], bool]) -> Con
             halt.set()
         elif result.lines != lines:
             raise DataError(f"{name}: the file changed while it was being converted")
+        else:
+            _drop_read_pages(name, start, end)
         return result
 
     results: dict[int, _Result] = _in_threads(threads, len(ranges), parse, halt)
