@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import hashlib
 import itertools
 import os
 import shutil
@@ -239,8 +240,9 @@ def test_no_parsing_thread_outlives_the_call(tmp_path: Path) -> None:
         (tmp_path / "x.f32").unlink(missing_ok=True)  # the destination must be a new file
         with contextlib.suppress(DataError, Preempted):
             parallel.convert_file(
-                path, tmp_path / "x.f32", width=6, threads=2, min_range_bytes=1000, **extra
-            )
+                path, tmp_path / "x.f32", width=6, threads=2, min_range_bytes=1000,
+                hasher=hashlib.sha256, **extra,
+            )  # fmt: skip
         assert [t.name for t in threading.enumerate() if t.name.startswith("parse-")] == []
 
 
@@ -349,3 +351,30 @@ def test_the_text_read_is_left_out_of_the_page_cache(tmp_path: Path) -> None:
     assert isinstance(done, parallel.Converted) and done.ranges > 2 and done.threads == 2
     assert cached_share((src, 0), size) < 0.1
     assert (tmp_path / "out.f32").read_bytes() == (tmp_path / "one.f32").read_bytes()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_rows_are_digested_as_they_are_written(threads: int, tmp_path: Path) -> None:
+    """The digest the conversion computes of its output, ranges in any order, is the digest
+    of the file it leaves; rows that do not follow each other (blank lines across ranges)
+    give none, for the caller to read the file."""
+    src = tmp_path / "x.txt"
+    src.write_bytes(lines_of(3000, 40))
+    done = parallel.convert_file(
+        src, tmp_path / "x.f32", width=40, threads=threads, min_range_bytes=20_000,
+        hasher=hashlib.sha256,
+    )  # fmt: skip
+    assert done.ranges == (1 if threads == 1 else 8)
+    assert done.checksum == hashlib.sha256((tmp_path / "x.f32").read_bytes()).hexdigest()
+    assert parallel.convert_file(src, tmp_path / "y.f32", width=40).checksum is None
+    blank = tmp_path / "blank.txt"
+    blank.write_bytes(lines_of(300, 40) + b"\n" * 40_000)  # whole ranges of blank lines
+    done = parallel.convert_file(
+        blank, tmp_path / "b.f32", width=40, threads=threads, min_range_bytes=20_000,
+        hasher=hashlib.sha256,
+    )  # fmt: skip
+    assert done.rows == 300
+    if threads == 1:
+        assert done.checksum == hashlib.sha256((tmp_path / "b.f32").read_bytes()).hexdigest()
+    else:
+        assert done.ranges > 2 and done.checksum is None

@@ -40,6 +40,8 @@ from app.data.cache.store import (
     corrupt_event,
     digest,
     digested,
+    file_status,
+    hasher,
     keep_verified,
     npz,
     read_npz,
@@ -143,15 +145,25 @@ def _convert_role(run: Run, role: str) -> tuple[int, np.ndarray, np.ndarray, str
     work.check(part, "cache file")
     work.remove(part)  # what a killed conversion left
     run.guard.path = Path(sources.label(role))
-    io = Io(run.threads, run.stop, run.progress.add, run.guard.add, work.fd)
+    io = Io(run.threads, run.stop, run.progress.add, run.guard.add, work.fd, hasher)
     done = array.convert(work.path / part, shape, sources.allow_nonfinite, io)
     work.rename(part, final)
-    checksum, status = digested(work, final)
+    checksum, status = _digest_of(work, final, done.checksum)
     work.write_bytes(f"{role}.npz", npz({"sums": done.sums, "sums_sq": done.sums_sq}))
     record = {"rows": done.rows, "threads": done.threads, "checksum": checksum, "status": status}
     work.write_json(f"{role}.json", record)
     _converted_event(sources, role, done.rows, done.threads)
     return done.rows, done.sums, done.sums_sq, checksum, None
+
+
+def _digest_of(work: Dir, name: str, computed: str | None) -> tuple[str, list[int]]:
+    """The digest of the array ``name`` just renamed into place and its status (after the
+    rename, which sets its change time): the digest the conversion computed of the bytes
+    as it wrote them, else read from the file."""
+    st = work.lstat(name) if computed is not None else None
+    if computed is None or st is None:
+        return digested(work, name)
+    return computed, file_status(st)
 
 
 def _scan(
@@ -160,7 +172,7 @@ def _scan(
     """An array used where it lies: its rows read once (checked for NaN/Inf, summed, and
     digested as the cache's own array would be: the same BLAKE2b of the same bytes), nothing
     written. Raises DataError, Preempted."""
-    h = hashlib.blake2b(digest_size=32)
+    h = hasher()
     total, total_sq, rows = np.zeros(shape.width), np.zeros(shape.width), 0
     for chunk in array.chunks(shape, run.sources.allow_nonfinite):
         if run.stop():

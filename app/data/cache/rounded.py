@@ -48,7 +48,7 @@ import numpy as np
 from app import logs
 from app.atomic import Dir, open_dir
 from app.data.cache import bounds
-from app.data.cache.store import CHECKSUM, DataCache, corrupt_event, digested, file_status
+from app.data.cache.store import CHECKSUM, DataCache, corrupt_event, digested, file_status, hasher
 from app.errors import StorageError
 
 NAME = "train_x.bf16"
@@ -220,7 +220,7 @@ def _write_rows(cache: DataCache, standardize: bool, out: int, threads: int) -> 
     stats = None
     if standardize:
         stats = cache.feature_mean.astype(np.float32), (1.0 / cache.feature_std).astype(np.float32)
-    h = hashlib.blake2b(digest_size=32)
+    h = hasher()
     buffer = np.empty((min(step, cache.train_size), cache.height, cache.width), np.float32)
     src = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     writer = ThreadPoolExecutor(1, thread_name_prefix="coretrain-round-write")

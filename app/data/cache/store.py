@@ -174,9 +174,14 @@ def digest(directory: Dir, name: str) -> str:
     return digested(directory, name)[0]
 
 
+def hasher() -> Any:
+    """A new digest of :data:`CHECKSUM` (hashlib's ``update`` / ``hexdigest``)."""
+    return hashlib.blake2b(digest_size=32)
+
+
 def digested(directory: Dir, name: str) -> tuple[str, list[int]]:
     """:func:`digest` of ``name`` and its :func:`file_status` taken before it was read."""
-    h = hashlib.blake2b(digest_size=32)
+    h = hasher()
     buf = bytearray(HASH_CHUNK)
     view = memoryview(buf)
     with open(directory.open(name, os.O_RDONLY), "rb", buffering=0) as f:

@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -45,9 +45,9 @@ class Converted:
 
     ``sums`` / ``sums_sq``: float64 column sums of the values and of their squares, shape
     (width,). ``threads``: threads that read (1 for one pass); ``ranges``: byte ranges the
-    file was cut into (1 for one pass). ``checksum``: the BLAKE2b-256 of the rows' bytes
-    when they were scanned in place (app/data/cache/store.py's digest of a cache array),
-    else None.
+    file was cut into (1 for one pass). ``checksum``: the digest of the rows' bytes
+    (app/data/cache/store.py's of a cache array) when they were scanned in place, or
+    digested as they were written (``Io.hasher``), else None.
     """
 
     rows: int
@@ -125,13 +125,15 @@ class Array(Protocol):
 class Io:
     """How a conversion writes and reports: ``threads`` it may use, ``stop`` polled between
     chunks, ``progress`` (source bytes read) and ``written`` (bytes written; may raise to
-    stop), ``dir_fd`` the directory ``dst`` is created in."""
+    stop), ``dir_fd`` the directory ``dst`` is created in, ``hasher`` what makes the digest
+    a conversion may compute of its rows as it writes them (``Converted.checksum``)."""
 
     threads: int = 1
     stop: Callable[[], bool] = lambda: False
     progress: Callable[[int], None] | None = None
     written: Callable[[int], None] | None = None
     dir_fd: int | None = None
+    hasher: Callable[[], Any] | None = None
 
 
 def too_many_columns(where: str, limit: int) -> DataError:

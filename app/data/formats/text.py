@@ -63,5 +63,5 @@ class TextArray:
         return parallel.convert_file(
             self.path, dst, width=shape.width, width_hint=shape.hint,
             allow_nonfinite=allow_nonfinite, threads=io.threads, stop=io.stop,
-            progress=io.progress, written=io.written, dir_fd=io.dir_fd,
+            progress=io.progress, written=io.written, dir_fd=io.dir_fd, hasher=io.hasher,
         )  # fmt: skip

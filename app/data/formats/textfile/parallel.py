@@ -59,7 +59,7 @@ import numpy as np
 from app.atomic import FILE_MODE
 from app.data.formats import textfile
 from app.data.formats.base import Converted
-from app.data.formats.textfile import blocks, opener
+from app.data.formats.textfile import blocks, follow, opener
 from app.errors import DataError, InputTooLarge, Preempted
 
 __all__ = [
@@ -79,7 +79,9 @@ MIN_RANGE_BYTES = 4 << 20
 #: Nor into ranges larger than this (bytes): a range counted is parsed while the page cache
 #: still holds it.
 MAX_RANGE_BYTES = 256 << 20
-_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FILE = (
+    os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+)  # read back: follow.py
 _SCAN_BYTES = 1 << 16  # read at a time when looking for the end of a line
 _COUNT_BYTES = 1 << 20  # read at a time when counting lines
 
@@ -144,6 +146,7 @@ def convert_file(
     progress: Callable[[int], None] | None = None,
     written: Callable[[int], None] | None = None,
     dir_fd: int | None = None,
+    hasher: Callable[[], Any] | None = None,
 ) -> Converted:
     """Parse the text file ``src`` into the new file ``dst``: rows of ``width`` native
     float32, in order.
@@ -156,7 +159,10 @@ def convert_file(
     with the bytes of ``src`` parsed since its last call, from any of the threads (it must
     be thread-safe); ``written`` likewise with the bytes of ``dst`` written by each chunk,
     and it may raise to stop the conversion. ``dir_fd``: a directory descriptor ``dst``'s
-    name is created in (app/atomic.py), instead of the path.
+    name is created in (app/atomic.py), instead of the path. ``hasher``: makes a digest
+    (hashlib's ``update``/``hexdigest``) fed ``dst``'s bytes in order as they are written
+    (app/data/formats/textfile/follow.py), returned as ``Converted.checksum`` (None when
+    it could not follow them: the caller digests the file).
 
     Memory per thread: one chunk of lines and its rows (textfile's bound), never the file.
 
@@ -175,7 +181,10 @@ def convert_file(
         ranges = split_lines(src, parts, min_bytes)
     fd = os.open(name, _NEW_FILE, FILE_MODE, dir_fd=dir_fd)
     done = False
-    job = _Job(os.fspath(src), tuple(ranges), width, width_hint, allow_nonfinite, progress, written)
+    job = _Job(
+        os.fspath(src), tuple(ranges), width, width_hint, allow_nonfinite, progress, written,
+        hasher,
+    )  # fmt: skip
     try:
         with os.fdopen(fd, "wb") as f:
             result = (
@@ -190,10 +199,14 @@ def convert_file(
 
 
 def _one_pass(job: _Job, f: Any, stop: Callable[[], bool]) -> Converted:
-    result = _write_rows(job, f, None, stop, textfile.Buffers())
+    hashing = follow.Hashing(f, job.hasher()) if job.hasher is not None else None
+    result = _write_rows(job, hashing or f, None, stop, textfile.Buffers())
     if result.status == "stopped":
         raise Preempted(f"{job.src}: stopped by signal during cache conversion")
-    return Converted(result.rows, result.sums, result.sums_sq, threads=1, ranges=1)
+    checksum = hashing.hasher.hexdigest() if hashing is not None else None
+    return Converted(
+        result.rows, result.sums, result.sums_sq, threads=1, ranges=1, checksum=checksum
+    )
 
 
 @dataclass
@@ -267,6 +280,7 @@ class _Job:
     allow_nonfinite: bool
     progress: Callable[[int], None] | None = None
     written: Callable[[int], None] | None = None
+    hasher: Callable[[], Any] | None = None
 
 
 class _Counter:
@@ -288,20 +302,6 @@ class _Counter:
         """Hand out no more ranges."""
         with self._lock:
             self._next = count
-
-
-class _WriteAt:
-    """A file-like ``write`` that puts bytes at consecutive offsets of ``fd`` (pwrite)."""
-
-    def __init__(self, fd: int, offset: int) -> None:
-        self.fd, self.offset = fd, offset
-
-    def write(self, data: Any) -> None:
-        view = memoryview(data).cast("B")
-        while len(view):
-            written = os.pwrite(self.fd, view, self.offset)
-            self.offset += written
-            view = view[written:]
 
 
 def _in_threads(
@@ -410,6 +410,10 @@ def _in_ranges(job: _Job, f: Any, threads: int, stop: Callable[[], bool]) -> Con
     local = threading.local()  # each thread's memory, reused across its ranges
     last = len(ranges) - 1
     counted = _Counts(halt)
+    written = follow.Written(len(ranges))
+    follower = None
+    if job.hasher is not None:
+        follower = follow.Follower(f.fileno(), job.hasher(), written)
 
     def parse(i: int, counter: _Counter) -> _Result:
         if not hasattr(local, "buffers"):
@@ -422,7 +426,7 @@ def _in_ranges(job: _Job, f: Any, threads: int, stop: Callable[[], bool]) -> Con
         if first_row is None:  # halted while the ranges before it were counted
             return _Result("stopped")
         start, end = ranges[i]
-        sink = _WriteAt(f.fileno(), first_row * width * 4)
+        sink = written.begin(f.fileno(), i, first_row * width * 4)
         result = _write_rows(
             job, sink, textfile.Span(start, end), lambda: halt.is_set() or stop(),
             local.buffers,
@@ -434,18 +438,26 @@ def _in_ranges(job: _Job, f: Any, threads: int, stop: Callable[[], bool]) -> Con
         elif result.lines != lines:
             raise DataError(f"{name}: the file changed while it was being converted")
         else:
+            written.end(i)
             _drop_read_pages(name, start, end)
         return result
 
-    results: dict[int, _Result] = _in_threads(threads, len(ranges), parse, halt)
-    if stop() or halt.is_set():
-        raise Preempted(f"{name}: stopped by signal during cache conversion")
-    rows = _check_in_order(job, results)
+    try:
+        results: dict[int, _Result] = _in_threads(threads, len(ranges), parse, halt)
+        if stop() or halt.is_set():
+            raise Preempted(f"{name}: stopped by signal during cache conversion")
+        rows = _check_in_order(job, results)
+    except BaseException:
+        written.halt()
+        if follower is not None:
+            follower.stop()
+        raise
     f.truncate(rows * width * 4)  # rows past a trailing run of blank lines: none
+    checksum = follower.digest(rows * width * 4) if follower is not None else None
     sums = np.sum([results[i].sums for i in range(len(ranges))], axis=0)
     sums_sq = np.sum([results[i].sums_sq for i in range(len(ranges))], axis=0)
     helpers = min(threads, len(ranges))
-    return Converted(rows, sums, sums_sq, threads=helpers, ranges=len(ranges))
+    return Converted(rows, sums, sums_sq, threads=helpers, ranges=len(ranges), checksum=checksum)
 
 
 def _check_in_order(job: _Job, results: dict[int, _Result]) -> int:
