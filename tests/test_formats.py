@@ -3,6 +3,7 @@ they can be, and every bad array a one-line exit 3 (app/data/formats/)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -136,6 +137,8 @@ def test_other_real_dtypes_are_converted_once(tmp_path: Path, arrays: dict, dtyp
     np.testing.assert_array_equal(
         cache.features("train").reshape(len(feats), -1), feats.astype(np.float32)
     )
+    written = (cache.path / "train_x.f32").read_bytes()  # digested as it was written
+    assert cache.checksums["train_x.f32"] == hashlib.blake2b(written, digest_size=32).hexdigest()
 
 
 def test_a_fortran_ordered_npy_is_converted_not_mapped(tmp_path: Path, arrays: dict) -> None:

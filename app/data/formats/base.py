@@ -161,12 +161,13 @@ def write_chunks(
 ) -> Converted:
     """Write ``chunks`` (float32 rows of ``width``) into the new file ``dst`` (``O_EXCL``,
     no symlink followed; in ``io.dir_fd`` when given) and sum their columns; ``per_value``:
-    bytes of the source per value, for ``io.progress``. Raises
-    Preempted (``io.stop``), what the chunks or ``io.written`` raise, OSError; ``dst`` is
-    removed on any of them."""
+    bytes of the source per value, for ``io.progress``; the rows' digest as they are written
+    when ``io.hasher`` is given (``Converted.checksum``). Raises Preempted (``io.stop``),
+    what the chunks or ``io.written`` raise, OSError; ``dst`` is removed on any of them."""
     name = dst.name if io.dir_fd is not None else dst
     fd = os.open(name, _NEW_FILE, FILE_MODE, dir_fd=io.dir_fd)
     total, total_sq, rows, done = np.zeros(width), np.zeros(width), 0, False
+    h = io.hasher() if io.hasher is not None else None
     try:
         with os.fdopen(fd, "wb") as f:
             for chunk in chunks:
@@ -175,6 +176,8 @@ def write_chunks(
                 if io.written is not None:
                     io.written(chunk.nbytes)
                 f.write(chunk.data)
+                if h is not None:
+                    h.update(chunk.data)
                 if io.progress is not None:
                     io.progress(chunk.size * per_value)
                 add_sums(chunk, total, total_sq)
@@ -184,4 +187,4 @@ def write_chunks(
         if not done:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(name, dir_fd=io.dir_fd)
-    return Converted(rows, total, total_sq)
+    return Converted(rows, total, total_sq, checksum=h.hexdigest() if h is not None else None)

@@ -79,9 +79,8 @@ MIN_RANGE_BYTES = 4 << 20
 #: Nor into ranges larger than this (bytes): a range counted is parsed while the page cache
 #: still holds it.
 MAX_RANGE_BYTES = 256 << 20
-_NEW_FILE = (
-    os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-)  # read back: follow.py
+#: A new file, opened to be read too: the digest reads the rows back (follow.py).
+_NEW_FILE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _SCAN_BYTES = 1 << 16  # read at a time when looking for the end of a line
 _COUNT_BYTES = 1 << 20  # read at a time when counting lines
 
