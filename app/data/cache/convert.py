@@ -160,10 +160,9 @@ def _digest_of(work: Dir, name: str, computed: str | None) -> tuple[str, list[in
     """The digest of the array ``name`` just renamed into place and its status (after the
     rename, which sets its change time): the digest the conversion computed of the bytes
     as it wrote them, else read from the file."""
-    st = work.lstat(name) if computed is not None else None
-    if computed is None or st is None:
-        return digested(work, name)
-    return computed, file_status(st)
+    if computed is not None and (st := work.lstat(name)) is not None:
+        return computed, file_status(st)
+    return digested(work, name)
 
 
 def _scan(

@@ -31,7 +31,7 @@ class RangeSink:
     """A file-like ``write`` that puts bytes at consecutive offsets of ``fd`` (pwrite),
     from ``start``, and tells ``written`` how far it got."""
 
-    def __init__(self, fd: int, start: int, written: Written | None, index: int) -> None:
+    def __init__(self, fd: int, start: int, written: Written, index: int) -> None:
         self.fd, self.start, self.offset = fd, start, start
         self.written, self.index = written, index
 
@@ -41,8 +41,7 @@ class RangeSink:
             count = os.pwrite(self.fd, view, self.offset)
             self.offset += count
             view = view[count:]
-        if self.written is not None:
-            self.written.moved()
+        self.written.moved()
 
 
 class Written:

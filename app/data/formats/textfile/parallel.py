@@ -173,11 +173,7 @@ def convert_file(
         raise ValueError(f"threads must be >= 1, got {threads}")
     out = Path(dst)
     name = out.name if dir_fd is not None else out
-    ranges = [(0, 0)]
-    if threads > 1 and not textfile.is_gzip(src):
-        min_bytes = MIN_RANGE_BYTES if min_range_bytes is None else min_range_bytes
-        parts = max(threads * RANGES_PER_THREAD, -(-os.stat(src).st_size // MAX_RANGE_BYTES))
-        ranges = split_lines(src, parts, min_bytes)
+    ranges = _ranges(src, threads, min_range_bytes)
     fd = os.open(name, _NEW_FILE, FILE_MODE, dir_fd=dir_fd)
     done = False
     job = _Job(
@@ -195,6 +191,19 @@ def convert_file(
         if not done:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(name, dir_fd=dir_fd)
+
+
+def _ranges(
+    src: str | os.PathLike[str], threads: int, min_range_bytes: int | None
+) -> list[tuple[int, int]]:
+    """The byte ranges ``src`` is parsed in: one, ``[(0, 0)]`` (a pass over the whole file),
+    for one thread or a gzip file; else :func:`split_lines` into a few per thread, none over
+    :data:`MAX_RANGE_BYTES`."""
+    if threads == 1 or textfile.is_gzip(src):
+        return [(0, 0)]
+    min_bytes = MIN_RANGE_BYTES if min_range_bytes is None else min_range_bytes
+    parts = max(threads * RANGES_PER_THREAD, -(-os.stat(src).st_size // MAX_RANGE_BYTES))
+    return split_lines(src, parts, min_bytes)
 
 
 def _one_pass(job: _Job, f: Any, stop: Callable[[], bool]) -> Converted:
@@ -357,22 +366,16 @@ def _count_lines(src: str, start: int, stop: int, last: bool, buf: memoryview) -
     return lines + (1 if last and tail != b"\n" else 0)
 
 
-def _read_ahead(src: str, start: int, stop: int) -> None:
-    """Ask the kernel to start reading bytes [start, stop) of ``src`` into the page cache
-    (``posix_fadvise(WILLNEED)``: it returns once the reads are queued). Best effort."""
+def _advise(src: str, start: int, stop: int, advice: int) -> None:
+    """``posix_fadvise`` bytes [start, stop) of ``src`` (best effort). Used with
+    ``WILLNEED``: start reading the next range into the page cache (it returns once the
+    reads are queued); and ``DONTNEED``: drop a range parsed (clean pages no process maps;
+    nothing else changes). A range is read once, for its count and its parse, and the cache
+    made from it replaces the text; a text larger than the memory would otherwise push out
+    of the page cache the rows just written, which the training reads next (at the seed's
+    scale: the page cache held 34 % of them when the run began, docs/performance.md)."""
     with contextlib.suppress(OSError), open(src, "rb", buffering=0) as f:
-        os.posix_fadvise(f.fileno(), start, stop - start, os.POSIX_FADV_WILLNEED)
-
-
-def _drop_read_pages(src: str, start: int, stop: int) -> None:
-    """Tell the kernel the page cache need not keep bytes [start, stop) of ``src``
-    (``posix_fadvise(DONTNEED)``: clean pages no process maps are dropped, nothing else
-    changes). A range is read once, for its count and its parse, and the cache made from it
-    replaces the text; a text larger than the memory would otherwise push out of the page
-    cache the rows just written, which the training reads next (at the seed's scale: the
-    page cache held 34 % of them when the run began, docs/performance.md). Best effort."""
-    with contextlib.suppress(OSError), open(src, "rb", buffering=0) as f:
-        os.posix_fadvise(f.fileno(), start, stop - start, os.POSIX_FADV_DONTNEED)
+        os.posix_fadvise(f.fileno(), start, stop - start, advice)
 
 
 class _Counts:
@@ -419,7 +422,7 @@ def _in_ranges(job: _Job, f: Any, threads: int, stop: Callable[[], bool]) -> Con
             local.buffers = textfile.Buffers()
             local.count_buf = memoryview(bytearray(_COUNT_BYTES))
         if i + 1 <= last:  # read ahead while this range is counted and parsed
-            _read_ahead(name, *ranges[i + 1])
+            _advise(name, *ranges[i + 1], os.POSIX_FADV_WILLNEED)
         lines = counted.put(i, _count_lines(name, *ranges[i], i == last, local.count_buf))
         first_row = counted.before(i)
         if first_row is None:  # halted while the ranges before it were counted
@@ -438,7 +441,7 @@ def _in_ranges(job: _Job, f: Any, threads: int, stop: Callable[[], bool]) -> Con
             raise DataError(f"{name}: the file changed while it was being converted")
         else:
             written.end(i)
-            _drop_read_pages(name, start, end)
+            _advise(name, start, end, os.POSIX_FADV_DONTNEED)
         return result
 
     try:
@@ -447,7 +450,6 @@ def _in_ranges(job: _Job, f: Any, threads: int, stop: Callable[[], bool]) -> Con
             raise Preempted(f"{name}: stopped by signal during cache conversion")
         rows = _check_in_order(job, results)
     except BaseException:
-        written.halt()
         if follower is not None:
             follower.stop()
         raise
