@@ -120,21 +120,24 @@ def find(cache: DataCache, standardize: bool) -> Path | None:
             kept = json.loads(d.read_bytes(RECORD))
             st = d.lstat(NAME)
             if not isinstance(kept, dict) or st is None:
-                problem = "its record is not one of this version" if st else "it is missing"
+                problem = "have a record not of this version" if st else "are missing"
             elif {k: kept.get(k) for k in _made_from(cache, standardize)} != _made_from(
                 cache, standardize
             ):
-                problem = "it was made from other rows or statistics"
+                problem = "were made from other rows or statistics"
             elif kept.get("status") == file_status(st):
                 return cache.path / NAME
             elif (found := digested(d, NAME))[0] == kept.get("digest"):
                 _renew(d, kept, found[1])
                 return cache.path / NAME
             else:
-                problem = f"it does not match its recorded {CHECKSUM} digest"
+                problem = f"do not match their recorded {CHECKSUM} digest"
     except (OSError, ValueError, StorageError) as exc:
-        problem = f"it cannot be read ({exc})"
-    corrupt_event(cache.path / NAME, f"the training rows rounded to bfloat16 ({problem})")
+        problem = f"cannot be read ({exc})"
+    corrupt_event(
+        cache.path / NAME, "the training rows rounded to bfloat16", problem,
+        then="not used (made again where that pays)",
+    )  # fmt: skip
     return None
 
 

@@ -282,11 +282,13 @@ def load(root: Dir, key: str, verify: bool = True) -> DataCache:
     )
 
 
-def corrupt_event(path: Path, what: str) -> None:
-    """Log ``cache_corrupt`` (a warning): ``what`` at ``path`` does not match its digest."""
+def corrupt_event(path: Path, what: str, problem: str = "", then: str = "converting again") -> None:
+    """Log ``cache_corrupt`` (a warning): ``what`` at ``path`` has ``problem`` (default:
+    does not match its recorded digest), and what is done instead, ``then``."""
+    problem = problem or f"does not match its recorded {CHECKSUM} digest"
     logs.event(
         "cache_corrupt",
-        f"{path}: {what} does not match its recorded {CHECKSUM} digest; converting again",
+        f"{path}: {what} {problem}; {then}",
         level=logging.WARNING,
         path=str(path),
     )
