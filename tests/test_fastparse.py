@@ -12,6 +12,7 @@ import pytest
 
 from app.data.formats import textfile
 from app.data.formats.textfile import blocks as fast_path
+from app.data.formats.textfile import reader
 
 fast = pytest.importorskip(
     "app.data.formats.textfile._fastparse",
@@ -115,6 +116,29 @@ def test_count_newlines() -> None:
     assert fast.count_newlines(b"a\nb\n\nc") == 3
     assert fast.count_newlines(b"") == 0
     assert fast.count_newlines(memoryview(b"\n\nx\n")[1:]) == 2
+
+
+def test_newline_offsets_are_numpys_whatever_the_room() -> None:
+    """The compiled offsets equal ``flatnonzero(u == 10)``: no newline, all newlines, random
+    densities, a view into a larger buffer; and the reader's wrapper, whose first guess of
+    room (one line in 4 KiB) is too small for short lines, retries with the count."""
+    rng = np.random.default_rng(7)
+    cases = [b"", b"abc", b"\n", b"\n" * 5000, b"a\nb\n\nc"]
+    cases += [bytes(rng.choice([10, 32, 48], size=n, p=[p, 0.5, 0.5 - p])) for n, p in
+              [(1, 0.5), (4097, 0.001), (100_000, 0.01), (100_000, 0.3)]]  # fmt: skip
+    for text in cases:
+        u = np.frombuffer(text, np.uint8)
+        expected = np.flatnonzero(u == 10)
+        out = np.full(len(expected) + 2, -1, np.int64)
+        assert fast.newline_offsets(u, out) == len(expected)
+        assert out[: len(expected)].tolist() == expected.tolist() and out[-2:].tolist() == [-1, -1]
+        small = np.full(1, -1, np.int64)  # room for one: the first written, all counted
+        assert fast.newline_offsets(u, small) == len(expected)
+        assert small.tolist() == expected[:1].tolist() + [-1] * (len(expected) == 0)
+        got = reader.newline_offsets(u)
+        assert got.dtype == np.int64 and got.tolist() == expected.tolist()
+    wide = np.frombuffer(b"xx\nyy\n\nzz", np.uint8)
+    assert reader.newline_offsets(wide[3:]).tolist() == [2, 3]
 
 
 def test_column_sums_are_numpys() -> None:

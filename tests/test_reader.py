@@ -299,3 +299,11 @@ def test_a_bom_is_whitespace_at_the_start_of_the_file_only(
     with pytest.raises(DataError) as caught:
         _read_all(path, chunk_rows=1)
     assert str(caught.value) == f"{path}:2: field 1: not a number: '\\xef\\xbb\\xbf2'"
+
+
+def test_the_readers_newline_offsets_without_the_compiled_module(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(reader, "_compiled", None)
+    u = np.frombuffer(b"1 2\n3 4\n\n5", np.uint8)
+    assert reader.newline_offsets(u).tolist() == [3, 7, 8]

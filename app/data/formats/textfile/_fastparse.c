@@ -22,6 +22,10 @@
  *
  * count_newlines(text) counts the '\n' bytes of a buffer (memchr).
  *
+ * newline_offsets(text, out) writes the offsets of the '\n' bytes of text, in
+ * order, to the int64 buffer out, as many as it holds, and returns how many
+ * there are in all (memchr; the reader's line ends).
+ *
  * add_column_sums(values, width, sums, sums_sq) adds the column sums and sums of
  * squares of float32 rows to two float64 buffers (the cache's statistics), in the
  * order numpy's sum(axis=0) adds them.
@@ -223,12 +227,38 @@ static PyObject *py_count_newlines(PyObject *self, PyObject *args)
     return PyLong_FromSsize_t(count);
 }
 
+static PyObject *py_newline_offsets(PyObject *self, PyObject *args)
+{
+    Py_buffer text, out;
+    Py_ssize_t count = 0;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*w*", &text, &out))
+        return NULL;
+    Py_ssize_t room = out.len / (Py_ssize_t)sizeof(int64_t);
+    Py_BEGIN_ALLOW_THREADS
+    const char *base = (const char *)text.buf, *p = base, *end = base + text.len;
+    int64_t *offsets = (int64_t *)out.buf;
+    while (p < end && (p = memchr(p, '\n', (size_t)(end - p))) != NULL) {
+        if (count < room)
+            offsets[count] = (int64_t)(p - base);
+        count++;
+        p++;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&text);
+    PyBuffer_Release(&out);
+    return PyLong_FromSsize_t(count);
+}
+
 static PyMethodDef methods[] = {
     {"parse_lines", py_parse_lines, METH_VARARGS,
      "parse_lines(text, begin, stop, width, out) -> rows: whole lines of text[begin:stop] "
      "parsed into the float32 buffer out (see app/data/formats/textfile/_fastparse.c)."},
     {"count_newlines", py_count_newlines, METH_VARARGS,
      "count_newlines(text) -> the number of b'\\n' bytes in text."},
+    {"newline_offsets", py_newline_offsets, METH_VARARGS,
+     "newline_offsets(text, out) -> count: the offsets of text's b'\\n' bytes written to the "
+     "int64 buffer out (as many as it holds); how many there are in all."},
     {"add_column_sums", py_add_column_sums, METH_VARARGS,
      "add_column_sums(values, width, sums, sums_sq): add the float32 rows' column sums and "
      "sums of squares, in float64, row by row, to the float64 buffers sums and sums_sq."},

@@ -10,3 +10,7 @@ def add_column_sums(values: Buffer, width: int, sums: Buffer, sums_sq: Buffer, /
 
 def count_newlines(text: Buffer, /) -> int:
     """The number of ``b"\\n"`` bytes in ``text``."""
+
+def newline_offsets(text: Buffer, out: Buffer, /) -> int:
+    """Offsets of ``text``'s ``b"\\n"`` bytes written to the int64 buffer ``out`` (as many as
+    it holds); how many there are in all."""
