@@ -3,8 +3,9 @@
 A block is up to ``chunk_rows`` lines and about :data:`_CHUNK_BYTES` of them, read 1 MiB at
 a time from the (possibly gzip) stream straight into a numpy buffer that has :data:`PAD`
 whitespace bytes in front of the data and at least 8 readable bytes after it, so the
-parsers can load 8- and 16-byte windows ending anywhere in a line. Line ends are found with
-one numpy pass per read; a line over MAX_LINE_BYTES is an error as soon as it is seen.
+parsers can load 8- and 16-byte windows ending anywhere in a line. Line ends are found in
+each read by one ``memchr`` pass of the compiled module (:func:`newline_offsets`; numpy
+without it); a line over MAX_LINE_BYTES is an error as soon as it is seen.
 """
 
 from __future__ import annotations
@@ -202,9 +203,11 @@ class _Lines:
 
 
 def newline_offsets(u: np.ndarray) -> np.ndarray:
-    """Offsets of the ``b"\\n"`` bytes of the uint8 array ``u``: (n,) int64, ascending. One
-    ``memchr`` pass with the compiled module (the lines of a data set are long: room for one
-    in 4 KiB first, then exactly), else ``flatnonzero(u == 10)`` (three passes)."""
+    """Offsets of the ``b"\\n"`` bytes of the uint8 array ``u``: (n,) int64, ascending. With
+    the compiled module one ``memchr`` pass with room for a newline in 4 KiB (a features
+    file's lines are longer), and a second one, with room for all, where there are more (a
+    labels file's short lines); else ``flatnonzero(u == 10)``. The same offsets either way
+    (tests/test_fastparse.py)."""
     if _compiled is None:
         return np.flatnonzero(u == 10)
     out = np.empty(16 + len(u) // 4096, np.int64)
