@@ -17,7 +17,7 @@ from app import logs
 CANDIDATE_SECONDS = 1.5  # per candidate at a batch of 1000 samples
 #: Per BLAS thread, with reading and scoring the rows: an 18,000-row sample of 3,900
 #: features (2.7e11 multiply-adds) took 5.1–6.8 s with 2 threads on AMD EPYC Zen 4
-#: (2026-12-04: the seed's set, its resident set and a 40,000-row set), estimated 6.9 s
+#: (2026-12-04: the seed's set, its resident set and a 40,000-row set), estimated 6.8 s
 #: (was 4e9: 34 s).
 RIDGE_MULTIPLY_ADDS_PER_S = 2e10
 TENSORFLOW_SECONDS = 3.0
