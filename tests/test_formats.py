@@ -162,6 +162,69 @@ def test_hdf5_chunked_compressed_is_read_in_blocks_contiguous_in_place(
     )
 
 
+def _linked(tmp_path: Path, arrays: dict) -> Path:
+    """An HDF5 data file whose training labels are an external link into another: the
+    container holds other bytes where the linked dataset lies in its own file."""
+    _h5(tmp_path / "all.h5", arrays)
+    path = tmp_path / "linked.h5"
+    with h5py.File(path, "w") as f:
+        for role in ("test_features", "test_labels", "train_features"):
+            f.create_dataset(role, data=arrays[role])
+        f["train_labels"] = h5py.ExternalLink("all.h5", "/train_labels")
+    return path
+
+
+def test_an_hdf5_dataset_in_another_file_is_read_from_there_not_in_place(
+    tmp_path: Path, arrays: dict
+) -> None:
+    path = _linked(tmp_path, arrays)
+    cache = prepare_cache(TrainConfig.of(data_dir=path, output_dir=tmp_path / "o"))
+    manifest = json.loads((cache.path / "manifest.json").read_text())
+    assert "train_y.f32" not in manifest["in_place"]  # its offset is in all.h5
+    assert "train_x.f32" in manifest["in_place"]
+    np.testing.assert_array_equal(cache.labels("train"), arrays["train_labels"])
+
+
+@pytest.mark.parametrize("how", ["external link", "external storage", "virtual"])
+def test_a_change_to_an_hdf5_dataset_kept_in_another_file_changes_the_cache_key(
+    tmp_path: Path, arrays: dict, how: str
+) -> None:
+    from app.data.cache.entry import source_key
+    from app.data.formats.sources import Sources
+
+    labels = arrays["train_labels"]
+    path = tmp_path / "d.h5"
+    with h5py.File(path, "w") as f:
+        for role in ("test_features", "test_labels", "train_features"):
+            f.create_dataset(role, data=arrays[role])
+        if how == "external link":
+            with h5py.File(tmp_path / "src.h5", "w") as src:
+                src["y"] = labels
+            f["train_labels"] = h5py.ExternalLink("src.h5", "/y")
+        elif how == "external storage":
+            labels.tofile(tmp_path / "labels.raw")
+            raw = [(str(tmp_path / "labels.raw"), 0, labels.nbytes)]
+            f.create_dataset("train_labels", shape=labels.shape, dtype="<f4", external=raw)
+        else:
+            with h5py.File(tmp_path / "src.h5", "w") as src:
+                src["y"] = labels
+            layout = h5py.VirtualLayout(shape=labels.shape, dtype="<f4")
+            layout[:] = h5py.VirtualSource(str(tmp_path / "src.h5"), "y", shape=labels.shape)
+            f.create_virtual_dataset("train_labels", layout)
+    sources = Sources({role: path for role in ROLES}, 20, 195, members={r: r for r in ROLES})
+    before = source_key(sources)
+    assert source_key(sources) == before  # the same values: the same key
+    changed = labels * 10
+    if how == "external storage":
+        changed.astype("<f4").tofile(tmp_path / "labels.raw")
+    else:
+        with h5py.File(tmp_path / "src.h5", "r+") as src:
+            src["y"][...] = changed
+    with h5py.File(path, "r") as f:  # what a reader of the container now gets
+        np.testing.assert_array_equal(f["train_labels"][...], changed)
+    assert source_key(sources) != before
+
+
 def test_predict_picks_a_containers_features_array(tmp_path: Path, arrays: dict) -> None:
     a = arrays["test_features"]
     np.savez(tmp_path / "one.npz", anything=a)

@@ -6,11 +6,15 @@ A dataset is read in blocks of whole chunks (its chunk rows, bounded as a text c
 app/data/formats/arrays.py), so a chunked and compressed dataset never needs more memory
 than a block; each block is converted once. A contiguous, uncompressed float32 dataset in
 native byte order is used where it lies, like a ``.npy`` (its data's offset in the file,
-``h5py.h5d.DatasetID.get_offset``). No TensorFlow here.
+``h5py.h5d.DatasetID.get_offset``), when it lies in the file itself: not through an
+external link, in external raw files or a virtual dataset's sources, which are read
+through h5py and identified by their content (:func:`stored_elsewhere`). No TensorFlow
+here.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +42,36 @@ def is_hdf5(path: Path, size: int) -> bool:
     return False
 
 
+def _elsewhere(ds: h5py.Dataset, path: Path) -> bool:
+    """Whether ``ds``'s values lie outside the HDF5 file ``path``: reached through an
+    external link to another file, kept in external raw files, or a virtual dataset."""
+    if ds.is_virtual or ds.external is not None:
+        return True
+    try:
+        return not os.path.samefile(ds.file.filename, path)
+    except OSError:
+        return True
+
+
+def stored_elsewhere(path: Path) -> dict[str, str]:
+    """The datasets at the root of the HDF5 file ``path`` whose values lie in other files
+    (:func:`_elsewhere`), each with a SHA-256 of its values read through h5py: the files
+    they lie in are named by rules of HDF5's (prefixes, the working directory), so what
+    identifies them is their content, read in full at every run
+    (app/data/formats/sources.py ``fingerprint``). Raises DataError (unreadable)."""
+    out: dict[str, str] = {}
+    with reading(f"{path}: not a readable HDF5 file", _BROKEN), h5py.File(path, "r") as f:
+        for name, ds in f.items():
+            if not isinstance(ds, h5py.Dataset) or not _elsewhere(ds, path):
+                continue
+            digest = hashlib.sha256(f"{ds.dtype.str}{ds.shape}".encode())
+            rows = max(1, CHUNK_BYTES // max(ds.dtype.itemsize * int(np.prod(ds.shape[1:])), 1))
+            for a in range(0, ds.shape[0] if ds.shape else 0, rows):
+                digest.update(np.ascontiguousarray(ds[a : a + rows]).tobytes())
+            out[name] = digest.hexdigest()
+    return out
+
+
 def members(path: Path) -> list[str]:
     """The datasets at the root of the HDF5 file ``path``, by name."""
     with reading(f"{path}: not a readable HDF5 file", _BROKEN), h5py.File(path, "r") as f:
@@ -54,7 +88,9 @@ class HdfArray(ArrayFile):
             ds = f[name]
             self.header = Header(self.label, tuple(int(n) for n in ds.shape), ds.dtype)
             self.chunk_rows = ds.chunks[0] if ds.chunks else None
-            plain = ds.chunks is None  # filters (compression) need chunks in HDF5
+            # In place: contiguous (filters need chunks in HDF5), and in this very file (an
+            # external link's offset is in the file it links to).
+            plain = ds.chunks is None and not _elsewhere(ds, path)
             offset = ds.id.get_offset() if plain else None
         self.offset, self.file_size = offset, os.stat(path).st_size
 

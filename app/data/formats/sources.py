@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.data.formats import hdf5
 from app.data.formats.base import Array
 from app.data.formats.detect import open_array
 from app.errors import ConfigError, DataError
@@ -130,7 +131,9 @@ def regular(path: Path) -> Path:
 def fingerprint(path: Path) -> dict[str, object]:
     """What identifies ``path``'s content: size (bytes), modification time (ns) and a
     SHA-256 of its first and last :data:`SAMPLE_BYTES` and :data:`SAMPLES` evenly spaced
-    samples between. Raises DataError (missing or unreadable)."""
+    samples between; for an HDF5 file whose datasets lie in other files, a SHA-256 of
+    each such dataset's values too (``elsewhere``: app/data/formats/hdf5.py
+    ``stored_elsewhere``). Raises DataError (missing or unreadable)."""
     try:
         with open(path, "rb") as f:
             st = os.fstat(f.fileno())
@@ -143,4 +146,8 @@ def fingerprint(path: Path) -> dict[str, object]:
         raise DataError(f"{path}: missing data file") from exc
     except OSError as exc:
         raise DataError(f"{path}: cannot read: {exc.strerror}") from exc
-    return {"bytes": size, "mtime_ns": st.st_mtime_ns, "sample_sha256": digest.hexdigest()}
+    out: dict[str, object] = {"bytes": size, "mtime_ns": st.st_mtime_ns,
+                              "sample_sha256": digest.hexdigest()}  # fmt: skip
+    if hdf5.is_hdf5(path, size) and (elsewhere := hdf5.stored_elsewhere(path)):
+        out["elsewhere"] = elsewhere  # only then: every other file's key is as it was
+    return out
