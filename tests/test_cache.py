@@ -109,14 +109,18 @@ def test_a_stopped_conversion_keeps_its_finished_files_and_the_rerun_does_the_re
 def test_the_cache_is_keyed_by_content_not_by_where_the_data_are(
     tiny_data: Path, tmp_path: Path
 ) -> None:
+    data = shutil.copytree(tiny_data, tmp_path / "data")
     moved = tmp_path / "elsewhere"
-    shutil.copytree(tiny_data, moved)  # copytree keeps the modification times
+    moved.symlink_to(data)  # the same files at another path, as a container's mount
     shared = tmp_path / "cache"
-    a = prepare_cache(
-        TrainConfig.of(data_dir=tiny_data, output_dir=tmp_path / "a", cache_dir=shared)
-    )
+    a = prepare_cache(TrainConfig.of(data_dir=data, output_dir=tmp_path / "a", cache_dir=shared))
     b = prepare_cache(TrainConfig.of(data_dir=moved, output_dir=tmp_path / "b", cache_dir=shared))
     assert a.path == b.path
+    # A copy, even with the same modification times (copytree keeps them), is other files:
+    # converted again (their status change time is the copy's).
+    copy = shutil.copytree(data, tmp_path / "copy")
+    d = prepare_cache(TrainConfig.of(data_dir=copy, output_dir=tmp_path / "d", cache_dir=shared))
+    assert d.path != a.path and d.checksums == a.checksums
     # A changed byte in the middle of a file changes the key (its mtime changes too).
     path = moved / "train_labels.txt"
     text = path.read_bytes()

@@ -62,18 +62,35 @@ def test_the_fingerprint_follows_content_and_modification_time(tmp_path: Path) -
     path = tmp_path / "x.txt"
     path.write_bytes(b"1 2 3\n" * 100_000)
     first = fingerprint(path)
+    link = tmp_path / "link.txt"
+    link.symlink_to(path)  # the same file by another path (as a mount shows it): the same
+    assert fingerprint(link) == first
     copy = tmp_path / "copy.txt"
-    shutil.copy2(path, copy)  # same bytes, same mtime: the same data
-    assert fingerprint(copy) == first
+    shutil.copy2(path, copy)  # same bytes, same mtime, but another file: converted again
+    assert fingerprint(copy) != first
+    assert {k: v for k, v in fingerprint(copy).items() if k != "ctime_ns"} == {
+        k: v for k, v in first.items() if k != "ctime_ns"
+    }
     size = len(path.read_bytes())
     data = bytearray(path.read_bytes())
     data[size * 8 // 17 + 10] = ord("9")  # inside one of the sampled blocks
     path.write_bytes(bytes(data))
     os.utime(path, ns=(first["mtime_ns"], first["mtime_ns"]))  # even with the old mtime
     assert fingerprint(path)["sample_sha256"] != first["sample_sha256"]
-    # A change between the samples is told by the modification time an edit sets.
+    # A change between the samples is told by the modification time an edit sets, and
+    # by the status change time when the modification time is put back.
     os.utime(path, ns=(first["mtime_ns"] + 1, first["mtime_ns"] + 1))
     assert fingerprint(path) != first and fingerprint(path)["bytes"] == first["bytes"]
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"1 2 3\n" * 1_000_000)  # 6 MB: most bytes lie between the samples
+    before = fingerprint(big)
+    with open(big, "r+b") as f:
+        f.seek(100_000)  # after the first 64 KiB sample, before the second (at 6 MB / 17)
+        f.write(b"7")
+    os.utime(big, ns=(before["mtime_ns"], before["mtime_ns"]))  # as `touch -r` leaves it
+    after = fingerprint(big)
+    assert after["sample_sha256"] == before["sample_sha256"]
+    assert after["mtime_ns"] == before["mtime_ns"] and after["ctime_ns"] != before["ctime_ns"]
 
 
 def _special(path: Path, kind: str) -> None:

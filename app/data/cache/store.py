@@ -22,7 +22,7 @@ root can set back, so what this skips is only a file nothing has touched since
 (docs/security.md, "Cache integrity"; at the seed's scale the digest of 13 GB took 16–41 s
 of every start). An array read in place is digested when it is first read (the same digest
 its copy would have) but not again at each reuse: it is the operator's file, known by the
-fingerprint in the cache's key (size, modification time, sampled bytes:
+fingerprint in the cache's key (size, modification and status change times, sampled bytes:
 app/data/formats/sources.py), and reading 12 GB at every start would cost what reading in
 place saves. Every file here is opened through the cache directory's descriptor without
 following symlinks (app/atomic.py). Never imports TensorFlow.

@@ -7,8 +7,9 @@ guess. A data *file* (``--data FILE``: a .npz or HDF5 container) holds the four 
 named after their roles. Which format a file is in is decided by its content when it is
 read (app/data/formats/detect.py), whatever its name.
 The fingerprint that keys the binary cache is made of what the files *are* — size,
-modification time and a sample of their bytes — not of where they were mounted, so a cache
-built on the host is reused in a container that mounts the same files elsewhere.
+modification and status change times and a sample of their bytes — not of where they were
+mounted, so a cache built on the host is reused in a container that mounts the same files
+elsewhere.
 No TensorFlow here.
 """
 
@@ -129,11 +130,16 @@ def regular(path: Path) -> Path:
 
 
 def fingerprint(path: Path) -> dict[str, object]:
-    """What identifies ``path``'s content: size (bytes), modification time (ns) and a
-    SHA-256 of its first and last :data:`SAMPLE_BYTES` and :data:`SAMPLES` evenly spaced
-    samples between; for an HDF5 file whose datasets lie in other files, a SHA-256 of
-    each such dataset's values too (``elsewhere``: app/data/formats/hdf5.py
-    ``stored_elsewhere``). Raises DataError (missing or unreadable)."""
+    """What identifies ``path``'s content: size (bytes), modification time and status
+    change time (ns) and a SHA-256 of its first and last :data:`SAMPLE_BYTES` and
+    :data:`SAMPLES` evenly spaced samples between. The status change time is set by the
+    kernel at every write and every change of the modification time, and no call sets it
+    back: an edit between the samples whose modification time was put back (``touch -r``,
+    ``os.utime``, a tool restoring timestamps) still changes the fingerprint; a copy is a
+    new file (converted again), a mount of the same file is not. For an HDF5 file whose
+    datasets lie in other files, a SHA-256 of each such dataset's values too
+    (``elsewhere``: app/data/formats/hdf5.py ``stored_elsewhere``). Raises DataError
+    (missing or unreadable)."""
     try:
         with open(path, "rb") as f:
             st = os.fstat(f.fileno())
@@ -146,8 +152,12 @@ def fingerprint(path: Path) -> dict[str, object]:
         raise DataError(f"{path}: missing data file") from exc
     except OSError as exc:
         raise DataError(f"{path}: cannot read: {exc.strerror}") from exc
-    out: dict[str, object] = {"bytes": size, "mtime_ns": st.st_mtime_ns,
-                              "sample_sha256": digest.hexdigest()}  # fmt: skip
+    out: dict[str, object] = {
+        "bytes": size,
+        "mtime_ns": st.st_mtime_ns,
+        "ctime_ns": st.st_ctime_ns,
+        "sample_sha256": digest.hexdigest(),
+    }
     if hdf5.is_hdf5(path, size) and (elsewhere := hdf5.stored_elsewhere(path)):
-        out["elsewhere"] = elsewhere  # only then: every other file's key is as it was
+        out["elsewhere"] = elsewhere
     return out
