@@ -52,6 +52,34 @@ def test_another_run_s_checkpoints_are_refused_before_the_data_are_converted(
     assert not (tmp_path / "cache").exists()  # nothing converted, nothing kept
 
 
+def test_checkpoints_past_a_lower_max_steps_are_refused_and_left_as_they_are(
+    tmp_path: Path,
+) -> None:
+    data, out = tmp_path / "data", tmp_path / "out"
+    synthetic.generate(data, train=60, test=10, seed=0)
+    _record(out)  # at step 5
+    before = {p.name: p.read_bytes() for p in (out / "checkpoints").iterdir()}
+    proc = run_cli(
+        "train", "--data", str(data), "--output", str(out), "--cache-dir",
+        str(tmp_path / "cache"), "--max-steps", "4",
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert line == (
+        f"coretrain: {out / 'checkpoints'}: this run is already at step 5, past --max-steps 4: "
+        "nothing to train, and its model and records stay as they are. To train a model of 4 "
+        "steps, train into a new --output; to go on, raise --max-steps"
+    )
+    assert {p.name: p.read_bytes() for p in (out / "checkpoints").iterdir()} == before
+    assert not (tmp_path / "cache").exists()  # refused before converting
+    # At its own step it is a resume as before (refused here only for the made-up record).
+    same = run_cli(
+        "train", "--data", str(data), "--output", str(out), "--cache-dir",
+        str(tmp_path / "cache"), "--max-steps", "5",
+    )  # fmt: skip
+    assert "past --max-steps" not in same.stderr
+
+
 def test_the_same_options_on_other_data_are_refused_before_the_baselines(tmp_path: Path) -> None:
     data, out = tmp_path / "data", tmp_path / "out"
     synthetic.generate(data, train=60, test=10, seed=0)

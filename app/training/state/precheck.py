@@ -3,7 +3,8 @@
 A run that will be refused should be refused in a fraction of a second, not after minutes
 of converting text, fitting the ridge and timing the formulations. What can be decided from
 the output directory and the options alone is checked first (app/training/run.py): the
-publish directory (app/release/preflight.py), then :func:`before_data`: a resume whose
+publish directory (app/release/preflight.py), then :func:`before_data`: checkpoints already
+past ``--max-steps`` (a rerun with a lower one) are exit 2; a resume whose
 ``checkpoints/run.json`` records other identity options, another worker count or another
 precision than an explicit ``--precision`` is exit 2 with the same one line the full check
 gives (app/training/state/identity.py). The data's part of the identity (the fingerprints) needs
@@ -18,6 +19,7 @@ from typing import Any
 
 from app.config import TrainConfig
 from app.data.cache import DataCache
+from app.errors import ConfigError
 from app.training.state import identity
 from app.training.state.workspace import Workspace
 
@@ -26,6 +28,7 @@ def before_data(ws: Workspace, config: TrainConfig, workers: int) -> None:
     """Refuse (ConfigError, exit 2) a resume whose record differs from this run in its
     options, worker count or precision; StorageError (exit 4) for an unreadable record
     beside checkpoints. Nothing for a fresh start or a worker (the chief checks)."""
+    _refuse_past_end(ws, config)
     kept = _recorded(ws)
     if kept is None:
         return
@@ -35,6 +38,21 @@ def before_data(ws: Workspace, config: TrainConfig, workers: int) -> None:
         raise refused
     # the data as recorded: the options and the worker count alone
     _refuse(ws, kept, identity.Identity(kept["data"], identity.options_of(config), workers))
+
+
+def _refuse_past_end(ws: Workspace, config: TrainConfig) -> None:
+    """ConfigError (exit 2) when the checkpoints are already past ``--max-steps`` (the
+    largest ``ckpt-N``): resumed, such a run trains nothing and would export its later
+    weights as this run's and record a schedule they were never trained with."""
+    steps = [int(p.name[5:-6]) for p in ws.checkpoints.glob("ckpt-*.index")
+             if p.name[5:-6].isdigit()]  # fmt: skip
+    end = config.schedule.max_steps
+    if ws.is_chief and steps and max(steps) > end:
+        raise ConfigError(
+            f"{ws.checkpoints}: this run is already at step {max(steps)}, past --max-steps "
+            f"{end}: nothing to train, and its model and records stay as they are. To train "
+            f"a model of {end} steps, train into a new --output; to go on, raise --max-steps"
+        )
 
 
 def with_data(ws: Workspace, config: TrainConfig, data: DataCache, workers: int) -> None:
