@@ -90,6 +90,9 @@ def test_the_chief_exports_publishes_and_writes_the_metrics(
     written = json.loads((tmp_path / "metrics.json").read_text())
     assert written["weights"] == "w" * 32 and written["publish"]["published"] is False
     assert [r.event for r in logged] == ["publish_rejected", "end"]
+    end = logged[-1]  # a refused model's run exits 7: its end says so, not only metrics.json
+    assert end.levelno == logging.WARNING and end.exit_code == 7  # type: ignore[attr-defined]
+    assert end.getMessage().endswith("; not published: worse than version 3")
     assert (
         result.decision == refused
         and result.refused == "worse than version 3"

@@ -20,6 +20,7 @@ import keras
 from app import __version__, logs
 from app.atomic import write_json
 from app.data.cache import DataCache
+from app.errors import NotPublished
 from app.release.export import Exported, export
 from app.release.gate import Decision
 from app.training.loop.outcome import Outcome, Replan, Result, Stopped, results
@@ -84,7 +85,12 @@ def finish(
                 summary["publish"] = decision.to_json()
             write_json(ws.metrics, summary, "output directory")
             message = f"{_finished(summary)} (mean predictor {data.baseline_rmse:.4g})"
-            logs.event("end", message, **results(summary))
+            if decision is not None and not decision.published:  # the run's exit is 7
+                message += f"; not published: {decision.reason}"
+                code = {"exit_code": NotPublished.exit_code}
+                logs.event("end", message, level=logging.WARNING, **results(summary), **code)
+            else:
+                logs.event("end", message, **results(summary))
     return Result(outcome, summary, decision)
 
 
