@@ -4,6 +4,8 @@ evidence is there, in real files; anything missing or different goes on as a res
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ from app.config import TrainConfig
 from app.release import layout
 from app.training.loop.outcome import Completed, TargetReached
 from app.training.state import identity, rerun, workspace
-from tests.conftest import prepare_cache
+from tests.conftest import TINY_TRAIN_ARGS, json_lines, prepare_cache, run_cli
 
 
 @pytest.fixture
@@ -112,3 +114,37 @@ def test_a_version_withdrawn_since_is_not_published_again(done, logged) -> None:
     assert events == ["publish_withdrawn", "already_finished", "end"]
     assert "was withdrawn" in logged[1].getMessage()
     assert layout.entries(config.publishing.publish_dir) == []
+
+
+def test_the_same_sources_unchanged_are_known_without_the_cache(done, logged) -> None:
+    config, data, ws = done
+    summary = json.loads(ws.metrics.read_text())
+    assert rerun.finished_unchanged(ws, config, data.path.name, 1) is None  # an older record
+    ws.metrics.write_text(json.dumps({**summary, "data_key": data.path.name}))
+    assert rerun.finished_unchanged(ws, config, "0" * 16, 1) is None  # the sources changed
+    other = config.with_options(seed=config.recipe.seed + 1)
+    assert rerun.finished_unchanged(ws, other, data.path.name, 1) is None  # another option
+    assert rerun.finished_unchanged(ws, config, data.path.name, 2) is None  # workers
+    assert logged == []
+    result = rerun.finished_unchanged(ws, config, data.path.name, 1)
+    assert isinstance(result.outcome, Completed) and result.outcome.step == 30
+    assert [r.event for r in logged] == ["already_finished", "end"]
+
+
+def test_a_finished_runs_rerun_does_not_convert_its_evicted_cache_again(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    args = ["train", "--data", str(tiny_data), "--output", str(out), "--cache-dir", str(cache),
+            "--max-steps", "3", *TINY_TRAIN_ARGS]  # fmt: skip
+    first = run_cli(*args)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert json.loads((out / "metrics.json").read_text())["data_key"] in os.listdir(cache)
+    shutil.rmtree(cache)  # evicted, or a temporary cache directory that went with its pod
+    again = run_cli(*args)
+    assert again.returncode == 0, again.stderr[-2000:]
+    records = json_lines(again.stdout)
+    assert [r["event"] for r in records if r["event"] in ("already_finished", "cache")] == [
+        "already_finished"
+    ]
+    assert not cache.exists()  # nothing converted to learn there was nothing to do

@@ -46,6 +46,7 @@ def summarize(
         "examples_per_sec": round(trained * samples_per_step / max(outcome.loop_seconds, 1e-9), 1),
         "train_size": data.train_size,
         "test_size": data.test_size,
+        "data_key": data.path.name,  # the sources' key: a rerun knows them without the cache
         "version": __version__,
         **facts,
     }

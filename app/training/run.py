@@ -33,12 +33,12 @@ from app.budget.apply import import_tensorflow, tensorflow_version
 from app.budget.plan import ThreadPlan
 from app.cluster.spec import Cluster
 from app.config import TrainConfig
-from app.data.cache import measured
+from app.data.cache import measured, source_key
 from app.errors import Preempted
 from app.release import preflight
 from app.signals import StopRequest
 from app.training import phases
-from app.training.inputs.load import complete, load_data
+from app.training.inputs.load import complete, load_data, sources
 from app.training.loop.outcome import FINISHED, Outcome, Replan, Result
 from app.training.state import precheck, rerun, workspace
 
@@ -76,6 +76,9 @@ def train(
     if config.publishing.publish_dir is not None and ws.is_chief:
         preflight.check(config.publishing.publish_dir)  # before anything is converted or fitted
     precheck.before_data(ws, config, workers)  # another run's checkpoints: before converting
+    done = rerun.finished_unchanged(ws, config, source_key(sources(config)), workers)
+    if done is not None:  # the same sources, unchanged: the cache is not needed to know
+        return done
     data = load_data(config, ws.cache, plan, stop, below=ws.cache_top)
     done = rerun.finished(ws, config, data, workers)
     if done is not None:

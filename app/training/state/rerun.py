@@ -1,7 +1,10 @@
 """A finished run rerun with the same data and options: nothing to do (no TensorFlow).
 
-A retried Job, or a CronJob that runs twice, reruns work that is done. Before the baselines
-are fitted and before TensorFlow starts, :func:`finished` looks for the evidence that this
+A retried Job, or a CronJob that runs twice, reruns work that is done. Before the data are
+read, :func:`finished_unchanged` takes the sources' cache key for the data (their files
+unchanged since the run finished, as ``metrics.json``'s ``data_key`` records); else, once
+the cache is there and before the baselines are fitted and TensorFlow starts,
+:func:`finished` compares the data's fingerprints. Either looks for the evidence that this
 very run is over in the output directory: ``metrics.json`` of a finished run at
 ``--max-steps`` (or its target reached) with the digest of the exported weights, the export
 itself (``model/``, its files as written), the identity in ``checkpoints/run.json`` equal
@@ -42,15 +45,52 @@ WITHDRAWN = "withdrawn from the publish directory since: not published again"
 def finished(ws: Workspace, config: TrainConfig, data: DataCache, workers: int) -> Result | None:
     """The recorded result when this run (``config`` on ``data``) is already finished in
     ``ws`` (module docstring), after logging ``already_finished`` and ``end``; else None."""
-    if workers > 1:  # the workers would wait for a chief that ended: resume and dedupe instead
-        return None
-    summary = _summary(ws.metrics)
-    if summary is None or not _at_end(summary, config) or not _exported(ws.model, summary):
+    summary = _over(ws, config, workers)
+    if summary is None:
         return None
     record = identity.read(ws.checkpoints) or {}
     mine = identity.of_run(config, data, workers).to_json()
     if {key: record.get(key) for key in mine} != mine:
         return None
+    return _nothing_to_do(ws, config, summary)
+
+
+def finished_unchanged(
+    ws: Workspace, config: TrainConfig, key: str, workers: int
+) -> Result | None:  # fmt: skip
+    """:func:`finished`, before the data are converted or read: when ``metrics.json``
+    records the data's key (app/data/cache/entry.py ``source_key``) and it is ``key``, the
+    sources the run finished on, unchanged, so the record's data fingerprints hold; the
+    options and worker count are compared with the record. A cache evicted, or never kept
+    (a temporary cache directory), is then not converted again to learn that there is
+    nothing to do. None otherwise (an older ``metrics.json``: :func:`finished` decides)."""
+    summary = _over(ws, config, workers)
+    if summary is None or summary.get("data_key") != key:
+        return None
+    record = identity.read(ws.checkpoints) or {}
+    if "data" not in record:
+        return None
+    mine = identity.Identity(record["data"], identity.options_of(config), workers).to_json()
+    if {k: record.get(k) for k in mine} != mine:
+        return None
+    return _nothing_to_do(ws, config, summary)
+
+
+def _over(ws: Workspace, config: TrainConfig, workers: int) -> dict[str, Any] | None:
+    """The summary of a run finished where this one would end, its export in place; None
+    otherwise, and for a multi-worker run (its workers would wait for a chief that ended:
+    resume and dedupe instead)."""
+    if workers > 1:
+        return None
+    summary = _summary(ws.metrics)
+    if summary is None or not _at_end(summary, config) or not _exported(ws.model, summary):
+        return None
+    return summary
+
+
+def _nothing_to_do(ws: Workspace, config: TrainConfig, summary: dict[str, Any]) -> Result | None:
+    """The recorded result after ``already_finished`` and ``end``, when the publish
+    directory, if any, still agrees (:func:`_still_published`); else None."""
     decision = _still_published(config.publishing.publish_dir, summary)
     if config.publishing.publish_dir is not None and decision is None:
         return None
