@@ -400,3 +400,46 @@ def test_a_containers_arrays_may_be_named_by_option(tmp_path: Path, arrays: dict
         f"{tmp_path}/d.npz:{name}" for name in ("X", *ROLES[1:])
     ]
     assert prepare_cache(config).train_size == 240
+
+
+def test_an_array_read_in_place_and_changed_while_training_is_not_exported(
+    tmp_path: Path, arrays: dict
+) -> None:
+    """A producer rewrites the labels .npy the run reads where it lies: the model would be
+    trained on a mixture, so it is not exported (exit 3) and the checkpoints stay."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import PINNED, REPO
+
+    data, out = _npy_dir(tmp_path / "npy", arrays), tmp_path / "out"
+    argv = [sys.executable, "-m", "app", "train", "--data", str(data), "--output", str(out),
+            "--max-steps", "600", "--batch-size", "40", "--eval-every", "500",
+            "--checkpoint-every", "3"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CORETRAIN_", "TF_NUM"))}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**env, **PINNED}, cwd=REPO)  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if '"event": "checkpoint"' in line:  # training: the producer writes now
+            labels = np.load(data / "train_labels.npy", mmap_mode="r+")
+            labels[:] *= 100
+            labels.flush()
+            del labels
+            break
+    lines += proc.stdout.readlines()
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=600) == 3, stderr[-2000:]
+    (line,) = stderr.splitlines()
+    assert line == (
+        f"coretrain: {(data / 'train_labels.npy').resolve()}: changed while this run trained "
+        "on it where it lies (not a copy): the model is not exported and the checkpoints are "
+        "kept; train on the new data into a new --output"
+    )
+    assert list((out / "checkpoints").glob("ckpt-*.index"))  # kept
+    assert not (out / "model").exists() and not (out / "metrics.json").exists()
+    records = json_lines("".join(lines))
+    assert events(records, "end")[-1]["exit_code"] == 3

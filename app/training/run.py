@@ -21,6 +21,7 @@ same way.
 
 from __future__ import annotations
 
+import json
 import resource
 import time
 from collections.abc import Callable
@@ -33,8 +34,9 @@ from app.budget.apply import import_tensorflow, tensorflow_version
 from app.budget.plan import ThreadPlan
 from app.cluster.spec import Cluster
 from app.config import TrainConfig
-from app.data.cache import measured, source_key
-from app.errors import Preempted
+from app.data.cache import DataCache, measured, source_key
+from app.data.formats.sources import ROLES, fingerprint
+from app.errors import DataError, Preempted
 from app.release import preflight
 from app.signals import StopRequest
 from app.training import phases
@@ -129,12 +131,40 @@ def _log_start(
     )
 
 
+def _unchanged_in_place(config: TrainConfig, data: DataCache) -> None:
+    """Before a finished run exports: raise DataError (exit 3) when a source the run read
+    where it lies (a float32 ``.npy`` or HDF5 dataset: no copy in the cache) changed while
+    it trained (its size, modification or status change time or sampled bytes: the cache
+    key, app/data/cache/entry.py ``source_key``). The model would have been trained on a
+    mixture of the old and new values; the checkpoints stay, nothing is exported."""
+    if not data.in_place:
+        return
+    found = sources(config)
+    if source_key(found) == data.path.name:
+        return
+    places = {str(path) for path, _ in data.in_place.values()}
+    try:  # name the files that changed: the fingerprints the cache was keyed by
+        was = json.loads((data.path / "manifest.json").read_text())["fingerprints"]
+        changed = {
+            str(found.path(r).resolve()) for r in ROLES if fingerprint(found.path(r)) != was[r]
+        }
+    except (OSError, ValueError, KeyError, TypeError):
+        changed = places
+    raise DataError(
+        f"{', '.join(sorted(changed & places or places))}: changed while this run trained on "
+        "it where it lies (not a copy): the model is not exported and the checkpoints are "
+        "kept; train on the new data into a new --output"
+    )
+
+
 def _finish(ready: Session, outcome: Outcome, t_start: float, startup: float) -> Result:
     """The summary of ``outcome`` (the exported step's facts when the run finished), then
     the end of the run (app/training/finish.py)."""
     from app.training import finish
 
     config, reps = ready.config, ready.reps
+    if isinstance(outcome, FINISHED) and ready.ws.is_chief:
+        _unchanged_in_place(config, ready.inputs.data)
     facts = ready.exported(outcome) if isinstance(outcome, FINISHED) else {}
     facts.update(
         wall_seconds=round(time.perf_counter() - t_start, 2),
