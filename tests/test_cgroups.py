@@ -129,6 +129,19 @@ def test_env_hint_used_when_cgroups_say_unlimited() -> None:
     assert budget.cpu_budget == 0.75
 
 
+@pytest.mark.parametrize(("value", "cpus"), [("2", 2.0), ("99", 99.0), ("100", 0.1)])
+def test_a_plain_integer_too_small_for_millicores_is_whole_cpus_with_a_warning(
+    value: str, cpus: float
+) -> None:
+    # Kubernetes' default divisor 1 gives "2" for limits.cpu 1.5: not 0.002 CPUs.
+    budget = detect_budget(FIXTURES / "docker-v1-cpuset-cpus-1", env={"CPU_LIMIT": value})
+    assert budget.cpu_quota == pytest.approx(cpus)
+    warned = [r for r in budget.reasons if f"CPU_LIMIT={value} read as" in r]
+    assert len(warned) == (1 if cpus >= 1 else 0)
+    if warned:
+        assert warned[0].endswith("set divisor: 1m in the manifest for the exact value")
+
+
 def test_bad_env_hint_is_warned_and_ignored() -> None:
     budget = detect_budget(FIXTURES / "docker-v1-cpuset-cpus-1", env={"CPU_LIMIT": "lots"})
     assert budget.cpu_quota is None

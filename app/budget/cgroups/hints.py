@@ -1,7 +1,10 @@
 """The Downward API hints ``CPU_LIMIT`` and ``CPU_REQUEST``, read when cgroups give no quota.
 
 Kubernetes sets them from the container's ``limits.cpu``/``requests.cpu`` through
-``resourceFieldRef``; the manifests use ``divisor: 1m``, so a value is in millicores.
+``resourceFieldRef``; the manifests use ``divisor: 1m``, so a value is in millicores. A
+manifest without it gets the default ``divisor: 1``: whole CPUs, rounded up ("2" for a
+limit of 1.5). A plain integer below :data:`FEWEST_MILLICORES` can't be a training job's
+millicores, so it is read as such whole CPUs, with a warning (it used to be 0.002 CPUs).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from app.budget.rootfiles import RootFiles
 #: Downward API variables (k8s manifests use ``divisor: 1m``, so values are millicores).
 CPU_LIMIT_ENV = "CPU_LIMIT"
 CPU_REQUEST_ENV = "CPU_REQUEST"
+#: The fewest millicores a plain integer hint is read as (0.1 CPU); below, whole CPUs.
+FEWEST_MILLICORES = 100
 
 
 def parse_cpu_hint(value: str) -> float:
@@ -55,7 +60,16 @@ def _env_hint(name: str, env: Mapping[str, str], probe: RootFiles) -> float | No
         return None
     probe.inputs[f"env {name}"] = value.strip()
     try:
-        return parse_cpu_hint(value)
+        cpus = parse_cpu_hint(value)
     except ValueError:
         probe.warn(f"{name}={value!r} is not a CPU amount (millicores like 1500, or 1.5): ignored")
         return None
+    text = value.strip()
+    if text.isdigit() and int(text) < FEWEST_MILLICORES:
+        probe.warn(
+            f"{name}={text} read as {int(text)} CPUs, not {cpus:g}: a plain integer under "
+            f"{FEWEST_MILLICORES} is Kubernetes' default divisor 1 (whole CPUs, rounded up); "
+            "set divisor: 1m in the manifest for the exact value"
+        )
+        return float(int(text))
+    return cpus
