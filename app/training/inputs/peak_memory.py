@@ -108,9 +108,15 @@ def check(found: Estimate, memory_limit: int | None, batch_size: int) -> None:
     if memory_limit is None or found.total <= memory_limit:
         return
     held = "held in memory" if found.resident else "read batch by batch"
+    fixed = int((BASE + found.parts["model_bytes"]) * (1 + MARGIN))  # whatever the batch
+    advice = (
+        "raise the limit: TensorFlow alone needs about that much"
+        if fixed > memory_limit
+        else "lower --batch-size or raise the limit"
+    )
     raise MemoryBudgetExceeded(
         f"the run would need about {found.total / MIB:,.0f} MiB of memory at its peak "
         f"(TensorFlow {BASE / MIB:.0f} MiB, training split {held}, batches of "
         f"{batch_size}), more than the memory limit of {memory_limit / MIB:,.0f} MiB; "
-        "lower --batch-size or raise the limit"
+        f"{advice}"
     )
