@@ -205,8 +205,14 @@ def test_a_data_set_past_the_bound_is_refused_naming_its_largest_file(tmp_path: 
         bounds.check(sources, estimates, bounds.Bound(total - 1, "--max-cache-bytes N"))
     assert str(caught.value) == (
         f"{tmp_path / 'train_features.txt'}: the data cache would take about 1.8 GiB (this "
-        "file 1.5 GiB), more than --max-cache-bytes N; refusing to convert (free space, or "
-        "raise --max-cache-bytes)"
+        "file 1.5 GiB), more than --max-cache-bytes N; refusing to convert (raise "
+        "--max-cache-bytes)"
+    )
+    with pytest.raises(InputTooLarge) as caught:  # the free space: the option can't help
+        bounds.check(sources, estimates, bounds.Bound(total - 1, "the 1.0 GiB free on /c"))
+    assert str(caught.value).endswith(
+        "more than the 1.0 GiB free on /c; refusing to convert (free space there, or name "
+        "another file system with --cache-dir)"
     )
 
 

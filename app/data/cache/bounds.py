@@ -82,10 +82,15 @@ def check(sources: Sources, estimates: dict[str, int], limit: Bound) -> None:
     if total <= limit.limit:
         return
     role = max(estimates, key=lambda r: estimates[r])
+    advice = (
+        "raise --max-cache-bytes"
+        if limit.reason.startswith("--max-cache-bytes")
+        else "free space there, or name another file system with --cache-dir"
+    )
     raise InputTooLarge(
         f"{sources.label(role)}: the data cache would take about {_size(total)} "
         f"(this file {_size(estimates[role])}), more than {limit.reason}; "
-        "refusing to convert (free space, or raise --max-cache-bytes)"
+        f"refusing to convert ({advice})"
     )
 
 
