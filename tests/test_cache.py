@@ -270,6 +270,21 @@ def test_a_swapped_finished_file_of_a_stopped_conversion_is_converted_again(
     assert (again.path / "train_x.f32").read_bytes() == reference
 
 
+def test_a_temporary_file_a_killed_conversion_left_does_not_reach_the_cache(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    config = TrainConfig.of(data_dir=tiny_data, output_dir=tmp_path / "out")
+    key = cache.source_key(sources(config))
+    partial = config.resolved_cache_dir / f"{cache.PARTIAL}{key}"
+    partial.mkdir(parents=True)
+    stale = partial / ".train_features.npz.69a40875690a.tmp"  # killed mid atomic write
+    stale.write_bytes(b"half a file")
+    (partial / "notes.tmp").write_bytes(b"not a temporary of ours")  # not hidden: left
+    done = prepare_cache(config)
+    assert not (done.path / stale.name).exists() and not stale.exists()
+    assert (done.path / "notes.tmp").read_bytes() == b"not a temporary of ours"
+
+
 def test_the_manifest_records_a_digest_of_every_array(tiny_data: Path, tmp_path: Path) -> None:
     import json
 

@@ -84,13 +84,17 @@ def remove_stale(root: Dir, key: str) -> None:
 
 def claim(root: Dir, key: str) -> tuple[Dir, IO[bytes]]:
     """The work directory of ``key`` and its held ``.owner`` lock: ``.partial-<key>``
-    (resumable) unless another live run converts the same data there; then a private one.
+    (resumable: the temporaries of atomic writes a killed run left, ``.<name>.<hex>.tmp``,
+    removed) unless another live run converts the same data there; then a private one.
     Raises OSError, StorageError (a symlink or another owner's directory)."""
     partial = root.sub(f"{PARTIAL}{key}", "cache work directory")
     owner = open(partial.open(OWNER, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab")  # noqa: SIM115
     try:
         fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
         marker.write(partial, marker.WORK, key)  # held first, then marked
+        for name in partial.names():  # an atomic write a killed run left half done
+            if name.startswith(".") and name.endswith(".tmp"):
+                partial.remove(name)
         return partial, owner
     except BlockingIOError:
         owner.close()
