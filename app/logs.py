@@ -18,6 +18,8 @@ from typing import Any, TextIO
 
 from pythonjsonlogger.json import JsonFormatter
 
+from app import jsonvalues
+
 LOGGER_NAME = "coretrain"
 #: The level of the loop's ``step`` records (after every call into TensorFlow): below INFO,
 #: so only the console view (app/report/view.py) gets them, never the JSON log.
@@ -51,6 +53,7 @@ def _formatter() -> JsonFormatter:
         rename_fields={"levelname": "level"},
         timestamp=True,
         json_ensure_ascii=False,
+        json_serializer=jsonvalues.dumps,  # NaN as null: a line every collector parses
     )
 
 
