@@ -939,6 +939,20 @@ def _npy(array: np.ndarray, compressed: bool = False) -> bytes:
     return out.getvalue()
 
 
+def test_labels_with_lone_carriage_returns_are_refused_at_their_first_line(tmp_path: Path) -> None:
+    # Else K would be every row's fields, and the test labels blamed for having fewer.
+    path = tmp_path / "train_labels.txt"
+    path.write_bytes(b"0.5 1.5\r2.5 3.5\r")
+    with pytest.raises(DataError) as caught:
+        probes.first_line_fields(path, 100)
+    assert str(caught.value) == (
+        f"{path}:1: its lines end in a lone carriage return (\\r, as old Mac OS wrote them), "
+        "not a newline: convert them (e.g. tr '\\r' '\\n' < FILE)"
+    )
+    path.write_bytes(b"0.5 1.5\r\n2.5 3.5\r\n")  # Windows line ends: two labels
+    assert probes.first_line_fields(path, 100) == 2
+
+
 @pytest.mark.parametrize(
     "content, width, hint",
     [
@@ -947,6 +961,8 @@ def _npy(array: np.ndarray, compressed: bool = False) -> bytes:
         (b"\xef\xbb\xbf1;2;3\n", 3, "; the fields look semicolon-separated"),
         (_npy(np.zeros((4, 3), np.float32)), 3, "; this looks like a NumPy .npy file, not text"),
         (_npy(np.zeros((4, 3)), compressed=True), 3, "; this looks like a .npz (zip) archive"),
+        (b"1 2 3\r4 5 6\r", 3, "; its lines end in a lone carriage return (\\r, as old Mac OS"),
+        (b"1 2 3\r\r\n4 5 6\r \n", 4, None),  # CRs before a newline or a space: whitespace
         (b"1 2 3\n4 5,5 6\n", 3, None),  # a decimal comma in whitespace-separated text
         (b"1 2 abc\n", 3, None),
     ],

@@ -99,18 +99,36 @@ class State:
         )
 
 
+#: A carriage return that ends a line by itself (old Mac OS text): one before a field. A
+#: CR before a newline, another CR or a space is whitespace the parser skips.
+_LONE_CR = re.compile(rb"\r[^\s]")
+#: The hint for such a file (the parser reads it as one line of every row's fields).
+LONE_CR_HINT = (
+    "; its lines end in a lone carriage return (\\r, as old Mac OS wrote them), not a "
+    "newline: convert them (e.g. tr '\\r' '\\n' < FILE)"
+)
+
+
+def lone_cr(text: bytes) -> bool:
+    """Whether ``text`` holds a carriage return that ends a line by itself."""
+    return _LONE_CR.search(text) is not None
+
+
 #: The start of files that are not this text format, and what they are.
 _MAGIC = ((b"\x93NUMPY", "a NumPy .npy file"), (b"PK\x03\x04", "a .npz (zip) archive"))
 
 
 def looks_like(text: bytes) -> str:
     """A hint for a line of a file that is not whitespace-separated text: a NumPy ``.npy``
-    or ``.npz`` file (by its magic bytes, numpy's format and zip's), or numbers separated
-    by commas or semicolons (a CSV file); "" when the line looks like neither."""
+    or ``.npz`` file (by its magic bytes, numpy's format and zip's), lines ended by a lone
+    carriage return, or numbers separated by commas or semicolons (a CSV file); "" when
+    the line looks like none of them."""
     start = text.removeprefix(b"\xef\xbb\xbf")
     for magic, what in _MAGIC:
         if start.startswith(magic):
             return f"; this looks like {what}, not text (numbers separated by whitespace)"
+    if lone_cr(start):
+        return LONE_CR_HINT
     for sep in (b",", b";"):
         parts = [p.strip() for p in start.split(sep)]
         if len(parts) > 1 and all(parse_field(p) is not None for p in parts if p):

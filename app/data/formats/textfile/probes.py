@@ -13,7 +13,8 @@ from typing import BinaryIO
 
 import numpy as np
 
-from app.data.formats.textfile import opener
+from app.data.formats.textfile import opener, precise
+from app.errors import DataError
 
 _FIRST_LINE_READ = 1 << 16  # bytes read at a time when counting the first line's fields
 _WHITESPACE = np.zeros(256, bool)
@@ -31,7 +32,7 @@ def first_line_fields(path: str | os.PathLike[str], limit: int) -> int | None:
     """The number of fields on the first line of ``path`` (plain or gzip), counted as it is
     read: None as soon as there are more than ``limit`` (the rest is not read); 0 for a
     blank first line. Memory: one 64 KiB read. Raises DataError (unreadable, corrupt gzip,
-    a first line over MAX_LINE_BYTES)."""
+    a first line over MAX_LINE_BYTES, lines ended by a lone carriage return)."""
     name = os.fspath(path)
     raw, stream = opener.open_data(name)
     buf = bytearray(_FIRST_LINE_READ)
@@ -42,7 +43,10 @@ def first_line_fields(path: str | os.PathLike[str], limit: int) -> int | None:
             if seen == 0:
                 block = block.removeprefix(opener.BOM)
             end = block.find(b"\n")
-            count, inside = _count_fields(block if end < 0 else block[:end], count, inside)
+            line = block if end < 0 else block[:end]
+            if precise.lone_cr(line):  # every row would be one line: K would be all fields
+                raise DataError(f"{name}:1:" + precise.LONE_CR_HINT.removeprefix(";"))
+            count, inside = _count_fields(line, count, inside)
             if count > limit:
                 return None
             if end >= 0:
