@@ -385,6 +385,17 @@ def test_text_npy_npz_and_hdf5_train_to_the_same_test_rmse_bit_for_bit(
         predicted.append(np.load(out))
     for got in predicted[1:]:
         np.testing.assert_array_equal(got, predicted[0])
+    # The export records its H×W: (n, W, H) has as many values a row but is refused.
+    record = json.loads((model / "saved_model/assets.extra/coretrain_input.json").read_text())
+    assert record == {"height": 20, "width": 195}
+    wh = tmp_path / "wh.npy"
+    np.save(wh, arrays["test_features"].reshape(-1, 20, 195).transpose(0, 2, 1))
+    proc = run_cli("predict", "--model", str(model), "--features", str(wh), "--out", str(out))
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.strip() == (
+        f"coretrain: {wh}: shape (60, 195, 20), expected (n, 3900), (n, 20, 195) or "
+        "(n, 20, 195, 1) (the model takes H×W = 20×195 features)"
+    )
 
 
 def test_a_containers_arrays_may_be_named_by_option(tmp_path: Path, arrays: dict) -> None:

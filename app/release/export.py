@@ -17,6 +17,7 @@ export leaves (``.model.*`` directories) is removed by the next.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ from app.atomic import Dir, open_dir
 from app.data.cache import DataCache
 from app.errors import StorageError
 from app.model import stock
-from app.release.layout import KERAS_FILE, SAVED_MODEL_DIR, files_digest
+from app.release.layout import INPUT_FILE, KERAS_FILE, SAVED_MODEL_DIR, files_digest
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,7 @@ def export(model: keras.Model, cache: DataCache, standardize: bool, directory: P
         with tmp:
             try:
                 _write_export(served, wrap(stock(model), cache, standardize), tmp)
+                _record_input(tmp, cache.height, cache.width)
                 files = files_digest(Path(tmp.via))
                 _swap_in(parent, tmp, final.name)
             except OSError as exc:
@@ -130,6 +132,15 @@ def _write_export(served: keras.Model, portable: keras.Model, tmp: Dir) -> None:
     through its descriptor."""
     portable.save(f"{tmp.via}/{KERAS_FILE}")
     served.export(f"{tmp.via}/{SAVED_MODEL_DIR}", format="tf_saved_model", verbose=False)
+
+
+def _record_input(tmp: Dir, height: int, width: int) -> None:
+    """The H×W of the SavedModel's flat input (:data:`app.release.layout.INPUT_FILE`), so
+    ``predict`` takes (n, H, W) arrays only in this order (a (n, W, H) array has as many
+    values a row, and gave other predictions, silently)."""
+    where = Path(tmp.via) / SAVED_MODEL_DIR / INPUT_FILE
+    where.parent.mkdir(exist_ok=True)
+    where.write_text(json.dumps({"height": height, "width": width}) + "\n")
 
 
 def _swap_in(parent: Dir, tmp: Dir, name: str) -> None:

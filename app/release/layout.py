@@ -28,6 +28,10 @@ META_FILE = "coretrain.json"
 KERAS_FILE = "model.keras"
 SAVED_MODEL_DIR = "saved_model"
 SAVED_MODEL_FILE = "saved_model.pb"
+#: In a SavedModel directory: the H×W its flat (n, H·W) input is, ``{"height", "width"}``;
+#: ``assets.extra/`` is where a SavedModel keeps files its graph does not use (TF Serving
+#: reads its warm-up requests there and ignores the rest).
+INPUT_FILE = "assets.extra/coretrain_input.json"
 
 #: TF Serving's version name: C ``isspace`` around an optional ``-`` and decimal digits
 #: (``strings::safe_strto64``: no ``+``, no other base), within int64.
@@ -217,6 +221,18 @@ def listing(directory: Path) -> list[Listed]:
         Listed(e, i == len(found) - 1, read_meta(e.path) if e.is_model else {})
         for i, e in enumerate(found)
     ]
+
+
+def input_hw(saved_model: Path) -> tuple[int, int] | None:
+    """The (H, W) the SavedModel ``saved_model`` was trained on (:data:`INPUT_FILE`); None
+    for an export that does not record it (an earlier coretrain's) or an unreadable one."""
+    try:
+        record = json.loads((saved_model / INPUT_FILE).read_text())
+        hw = (record["height"], record["width"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    ok = all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in hw)
+    return (int(hw[0]), int(hw[1])) if ok else None
 
 
 def resolve_model(directory: Path) -> Path:

@@ -26,7 +26,7 @@ from app.config import PredictConfig
 from app.data.formats.base import Shape
 from app.data.formats.detect import features_array
 from app.errors import StorageError
-from app.release.layout import resolve_model
+from app.release.layout import input_hw, resolve_model
 
 
 def predict(config: PredictConfig) -> dict[str, Any]:
@@ -48,7 +48,9 @@ def predict(config: PredictConfig) -> dict[str, Any]:
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as sink:
-            shape = Shape(width, f"the model takes {width} features")
+            hw = input_hw(path)  # None: an export that does not record it (any H·W a row)
+            hint = f"the model takes H×W = {hw[0]}×{hw[1]}" if hw else f"the model takes {width}"
+            shape = Shape(width, f"{hint} features", hw)
             for chunk in features_array(config.features).chunks(
                 shape, config.allow_nonfinite, chunk_rows=config.batch_size
             ):
