@@ -89,3 +89,18 @@ def test_the_same_options_on_other_data_are_refused_before_the_baselines(tmp_pat
     assert "the training data" in proc.stderr.splitlines()[0]
     records = json_lines(proc.stdout)
     assert events(records, "cache") and not events(records, "linear_baseline")
+
+
+def test_a_mistyped_publish_dir_is_refused_before_the_output_is_made(tmp_path: Path) -> None:
+    data, out = tmp_path / "data", tmp_path / "out"
+    synthetic.generate(data, train=60, test=10, seed=0)
+    proc = run_cli(
+        "train", "--data", str(data), "--output", str(out),
+        "--publish-dir", str(tmp_path / "nope"),
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        f"coretrain: {tmp_path / 'nope'}: the publish directory does not exist (create it, or "
+        "check the path: TF Serving must read the same one)"
+    )
+    assert not out.exists()  # no .lock, no logs/: nothing written

@@ -26,6 +26,7 @@ from app.cluster.spec import ClusterOptions
 from app.commands import Exit
 from app.config import TrainConfig
 from app.errors import ConfigError, NotPublished, Preempted, exit_code_of
+from app.release import preflight
 from app.report import ReportOptions, push
 from app.signals import StopRequest
 from app.training.loop.outcome import REPLAN_AT_ENV, Replan, Result, Stopped
@@ -52,6 +53,8 @@ def run(
     if cluster is not None:
         logs.setup(worker=cluster.index, text=text)  # every record carries the worker index
     ws = workspace.for_run(config, cluster)
+    if ws.is_chief and config.publishing.publish_dir is not None:
+        preflight.exists(config.publishing.publish_dir)  # a mistyped one writes nothing
     held = lock.acquire(ws.own, below=ws.output)
 
     def body() -> Exit:

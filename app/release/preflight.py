@@ -14,17 +14,23 @@ from app.errors import ConfigError, StorageError
 from app.release import layout
 
 
+def exists(directory: Path) -> None:
+    """Raise ConfigError (exit 2) when ``directory`` does not exist: checked before the
+    output directory is made, so a mistyped ``--publish-dir`` writes nothing."""
+    if not directory.is_dir():
+        raise ConfigError(
+            f"{directory}: the publish directory does not exist (create it, or check the "
+            "path: TF Serving must read the same one)"
+        )
+
+
 def check(directory: Path) -> None:
     """Raise ConfigError (exit 2) when ``directory`` does not exist (a mistyped path must
     not publish where nothing serves), StorageError (exit 4) naming it when a version can't
     be written in it or numbered above its entries; log a ``publish_dir_entries`` warning
     naming each entry TF Serving counts as a version that is not a model, and the number
     this run would publish as."""
-    if not directory.is_dir():
-        raise ConfigError(
-            f"{directory}: the publish directory does not exist (create it, or check the "
-            "path: TF Serving must read the same one)"
-        )
+    exists(directory)
     with open_dir(directory, "publish directory", create=False) as pub:
         probe_writable(pub, "publish directory")
     full = layout.no_room(directory)
