@@ -247,7 +247,7 @@ def test_auto_times_the_candidates_and_takes_the_fastest(tiny_data: Path, tmp_pa
     code, records, err = _train(tiny_data, out, 6, *auto)
     assert code == 0, err[-2000:]
     (again,) = events(records, "choice")
-    assert "kept from the checkpoints" in again["reason"] and again["source"] == "resumed"
+    assert "kept from this run's record" in again["reason"] and again["source"] == "resumed"
     assert [again[k] for k in ("formulation", "precision", "evaluation")] == [
         choice[k] for k in ("formulation", "precision", "evaluation")
     ]

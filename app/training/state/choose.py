@@ -207,7 +207,7 @@ def _resumed(config: TrainConfig, kept: dict[str, str]) -> Choice:
     if config.compute.formulation not in ("auto", formulation):
         formulation = config.compute.formulation  # the same function: only the last bits differ
     return Choice(
-        formulation, precision, "kept from the checkpoints being resumed", {}, "resumed",
+        formulation, precision, "kept from this run's record (checkpoints/run.json)", {}, "resumed",
         evaluation if evaluation in model_lib.FORMULATIONS else formulation,
     )  # fmt: skip
 
