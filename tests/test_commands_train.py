@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -289,7 +290,10 @@ def test_a_replan_restarts_the_process_with_the_lock_and_when_it_was_noticed(
     held = (tmp_path / "lock").open("w")
     fd = held.fileno()
     replan = outcome.Replan(0, 5, 0.1, 1.0, 2, at=1234.5)
-    conclude(outcome.Result(replan, {}), held)  # the real restart execs: it never returns
+    before = time.time()
+    conclude(outcome.Result(replan, {"wall_seconds": 30.0}), held)  # the real one execs
     ((env, keep),) = restarts
+    started = float(env.pop(outcome.STARTED_AT_ENV))  # 30 s before: the run's first start
+    assert before - 30.0 <= started <= time.time() - 30.0
     assert env == {outcome.REPLAN_AT_ENV: "1234.5", lock.HELD_FD_ENV: str(fd)}
     assert keep == (fd,)

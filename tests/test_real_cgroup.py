@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -275,12 +276,16 @@ def test_a_quota_raised_mid_run_replans_and_finishes_at_the_same_step(
     (changed,) = events(records, "budget_changed")
     assert changed["replan"] is True
     assert (changed["old"]["cpu_quota"], changed["new"]["cpu_quota"]) == (1.0, 2.0)
-    first = events(records, "progress")[0]
+    first, last = events(records, "progress")[0], events(records, "progress")[-1]
     assert events(records, "checkpoint")[0]["step"] == first["step"]
     assert events(records, "resume")[0]["step"] == first["step"]
     assert events(records, "replanned")[0]["seconds"] > 0
     end = events(records, "end")[-1]
     assert (end["status"], end["final_step"]) == ("completed", 16)
+    # Its wall time spans both processes: from the first start, not from the restart.
+    at = [datetime.fromisoformat(r["timestamp"]).timestamp() for r in records]
+    first_start, last_progress = at[records.index(starts[0])], at[records.index(last)]
+    assert end["wall_seconds"] >= last_progress - first_start
     # Under the 1-CPU quota the kernel's counters are in the progress event.
     assert first["cpu_throttled_ratio"] is not None and first["cpu_throttled_s"] is not None
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
@@ -29,7 +30,7 @@ from app.errors import ConfigError, NotPublished, Preempted, exit_code_of
 from app.release import preflight
 from app.report import ReportOptions, push
 from app.signals import StopRequest
-from app.training.loop.outcome import REPLAN_AT_ENV, Replan, Result, Stopped
+from app.training.loop.outcome import REPLAN_AT_ENV, STARTED_AT_ENV, Replan, Result, Stopped
 from app.training.state import workspace
 
 #: Exit code of a completed run whose model the gate kept out of --publish-dir (README).
@@ -103,7 +104,9 @@ def conclude(result: Result, held: IO[str]) -> Exit:
     (same PID, same output lock: :func:`app.budget.apply.restart`, never returns)."""
     outcome = result.outcome
     if isinstance(outcome, Replan):
-        env = {REPLAN_AT_ENV: str(outcome.at), lock.HELD_FD_ENV: str(held.fileno())}
+        started = time.time() - float(result.summary.get("wall_seconds") or 0.0)
+        env = {REPLAN_AT_ENV: str(outcome.at), lock.HELD_FD_ENV: str(held.fileno()),
+               STARTED_AT_ENV: str(started)}  # fmt: skip
         logs.clear_view()  # the new process draws its own bar
         apply.restart(env, keep_fds=(held.fileno(),))
     held.close()

@@ -22,6 +22,7 @@ same way.
 from __future__ import annotations
 
 import json
+import os
 import resource
 import time
 from collections.abc import Callable
@@ -41,7 +42,7 @@ from app.release import preflight
 from app.signals import StopRequest
 from app.training import phases
 from app.training.inputs.load import complete, load_data, sources
-from app.training.loop.outcome import FINISHED, Outcome, Replan, Result
+from app.training.loop.outcome import FINISHED, STARTED_AT_ENV, Outcome, Replan, Result
 from app.training.state import precheck, rerun, workspace
 
 if TYPE_CHECKING:
@@ -71,6 +72,7 @@ def train(
     """
     stop = stop or StopRequest()
     t_start = time.perf_counter()
+    t_first = t_start - _since_first_start()  # a run restarted for a new plan: its first start
     workspace.open_log(ws)
     write_json(ws.plan_file, plan.to_json(), "output directory")
     _log_start(config, plan, cluster, ws.plan_file)
@@ -101,7 +103,7 @@ def train(
         outcome = ready.controller().run(ready.start)
         if isinstance(outcome, Replan):
             inputs.data.hand_over()  # the restart's exec keeps the cache held
-        return _finish(ready, outcome, t_start, startup)
+        return _finish(ready, outcome, t_first, startup)
     except Exception as exc:
         reps.report_failure(exc)  # the other workers stop instead of waiting for this one
         raise
@@ -129,6 +131,16 @@ def _log_start(
         plan_file=str(plan_file),
         **multi,
     )
+
+
+def _since_first_start() -> float:
+    """Seconds since the first process of a run restarted for a new thread plan started
+    (:data:`STARTED_AT_ENV`, taken from the environment); 0 for a first process."""
+    first = os.environ.pop(STARTED_AT_ENV, None)
+    try:
+        return max(0.0, time.time() - float(first)) if first else 0.0
+    except ValueError:
+        return 0.0
 
 
 def _unchanged_in_place(config: TrainConfig, data: DataCache) -> None:

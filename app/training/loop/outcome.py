@@ -74,6 +74,9 @@ class Replan(Outcome):
 
 #: Set in the environment of a run restarted after :class:`Replan`: its ``at``.
 REPLAN_AT_ENV = "_CORETRAIN_REPLAN_AT"
+#: Set in the environment of a run restarted after :class:`Replan`: the wall-clock time
+#: (``time.time()``) its first process started, so ``wall_seconds`` spans the whole run.
+STARTED_AT_ENV = "_CORETRAIN_STARTED_AT"
 
 #: The outcomes after which the model is exported.
 FINISHED = (Completed, TargetReached)
