@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import json
 import os
 import secrets
 import shutil
@@ -36,7 +37,6 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from app import jsonvalues
 from app.errors import StorageError
 from app.mountinfo import read_mountinfo
 
@@ -224,7 +224,7 @@ class Dir:
 
     def write_json(self, name: str, obj: Any) -> None:
         """Atomically write ``obj`` as indented JSON (UTF-8). Raises StorageError."""
-        self.write_bytes(name, (jsonvalues.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+        self.write_bytes(name, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
     def read_bytes(self, name: str) -> bytes:
         """The content of the regular file ``name`` (not followed if a symlink). Raises
@@ -415,4 +415,4 @@ def write_bytes(path: Path, data: bytes, what: str = "directory") -> None:
 
 def write_json(path: Path, obj: Any, what: str = "directory") -> None:
     """Atomically write ``obj`` as indented JSON (UTF-8). Raises StorageError."""
-    write_bytes(path, (jsonvalues.dumps(obj, indent=2, sort_keys=True) + "\n").encode(), what)
+    write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode(), what)

@@ -3,8 +3,10 @@
 and strict collectors refuse the whole line), are written as ``null``.
 
 Where a non-finite value can come from: an RMSE over labels with NaN let in by
-``--allow-nonfinite``, a diverged loss. ``metrics.json``, every other JSON file the job
-writes (app/atomic.py) and every log line (app/logs.py) go through :func:`dumps`.
+``--allow-nonfinite``, a diverged loss. ``metrics.json`` (app/training/finish.py:
+:func:`finite`) and every log line (app/logs.py: :func:`dumps`) are for other programs; the
+job's own records (the cache's manifest, kept measurements), which it reads back, keep
+Python's NaN.
 """
 
 from __future__ import annotations

@@ -239,6 +239,24 @@ def test_allowed_nan_with_standardisation_is_a_data_error_naming_the_way_out(
     assert "RuntimeWarning" not in proc.stdout
 
 
+def test_allowed_nan_in_the_training_labels_diverges_naming_them_not_only_the_rate(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    path = data / "train_labels.txt"
+    lines = path.read_text().splitlines(keepends=True)
+    lines[4] = "nan " + " ".join(lines[4].split()[1:]) + "\n"
+    path.write_text("".join(lines))
+    proc = train_tiny(data, tmp_path / "a", 6, "--allow-nonfinite", "--no-standardize")
+    assert proc.returncode == 5, proc.stderr[-2000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.endswith(
+        "lower --learning-rate, or remove the NaN/Inf values --allow-nonfinite let into the "
+        "training data (a batch holding one has a NaN loss)"
+    )
+
+
 @pytest.mark.slow
 def test_divergence_before_any_checkpoint_says_so(tiny_data: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"

@@ -112,6 +112,9 @@ class FakeCheckpoints:
     def kept(self) -> str:
         return f"the last good checkpoint is ckpt-{self.saved[-1]}" if self.saved else "none"
 
+    def remedy(self) -> str:
+        return "lower --learning-rate"
+
 
 def run(
     *,

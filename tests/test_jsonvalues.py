@@ -1,5 +1,5 @@
-"""JSON every parser reads (app/jsonvalues.py): non-finite numbers are null in the files
-the job writes and in its log lines, which a strict parser (RFC 8259) then accepts."""
+"""JSON every parser reads (app/jsonvalues.py): non-finite numbers are null in metrics.json
+and in the log lines, which a strict parser (RFC 8259) then accepts."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ import io
 import json
 import logging
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from app import jsonvalues, logs
-from app.atomic import write_json
+from tests.conftest import TINY_TRAIN_ARGS, run_cli
 
 
 def _strict(text: str) -> object:
@@ -37,10 +38,22 @@ def test_a_non_finite_number_from_a_default_is_refused_not_written() -> None:
         jsonvalues.dumps({"x": object()}, default=lambda o: math.nan)
 
 
-def test_metrics_written_with_nan_parse_strictly(tmp_path: Path) -> None:
-    path = tmp_path / "metrics.json"
-    write_json(path, {"test_rmse": math.nan, "baseline_rmse": 0.5})
-    assert _strict(path.read_text()) == {"baseline_rmse": 0.5, "test_rmse": None}
+def test_metrics_of_a_run_with_nan_test_labels_parse_strictly(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    data = shutil.copytree(tiny_data, tmp_path / "data")
+    path = data / "test_labels.txt"
+    lines = path.read_text().splitlines(keepends=True)
+    lines[2] = "nan " + " ".join(lines[2].split()[1:]) + "\n"
+    path.write_text("".join(lines))
+    out = tmp_path / "out"
+    proc = run_cli("train", "--data", str(data), "--output", str(out), "--max-steps", "3",
+                   "--allow-nonfinite", *TINY_TRAIN_ARGS)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    metrics = _strict((out / "metrics.json").read_text())
+    assert isinstance(metrics, dict) and metrics["test_rmse"] is None
+    for line in proc.stdout.splitlines():  # every log line too
+        _strict(line)
 
 
 def test_a_log_line_with_nan_parses_strictly() -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import keras
 
-from app import __version__, logs
+from app import __version__, jsonvalues, logs
 from app.atomic import write_json
 from app.data.cache import DataCache
 from app.errors import NotPublished
@@ -84,7 +84,7 @@ def finish(
             if publish is not None:
                 decision = _published(publish(exported))
                 summary["publish"] = decision.to_json()
-            write_json(ws.metrics, summary, "output directory")
+            write_json(ws.metrics, jsonvalues.finite(summary), "output directory")  # NaN: null
             message = f"{_finished(summary)} (mean predictor {data.baseline_rmse:.4g})"
             if decision is not None and not decision.published:  # the run's exit is 7
                 message += f"; not published: {decision.reason}"

@@ -171,7 +171,10 @@ def start(
         eval_rows=config.schedule.eval_rows,
     )  # fmt: skip
     held = ws.open(ws.checkpoints, "checkpoint directory")  # open for the whole run
-    checkpoints = Checkpointer(trainer.train_step, held, config.schedule.keep_checkpoints, reps)
+    checkpoints = Checkpointer(
+        trainer.train_step, held, config.schedule.keep_checkpoints, reps,
+        nonfinite_data=config.data.allow_nonfinite,
+    )  # fmt: skip
     step = checkpoints.restore()
     best = Best(trainer.model, held, reps)
     best.resume(step)

@@ -64,6 +64,8 @@ class CheckpointsLike(Protocol):
 
     def kept(self) -> str: ...
 
+    def remedy(self) -> str: ...
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -172,7 +174,7 @@ class Controller:
             if result.diverged:
                 raise TrainingDiverged(
                     f"loss became {result.loss} at step {step}; {self.checkpoints.kept()}; "
-                    "lower --learning-rate"
+                    f"{self.checkpoints.remedy()}"
                 )
             for hook in self.hooks:
                 hook.after_steps(step, result)
@@ -225,7 +227,7 @@ class Controller:
             raise TrainingDiverged(
                 f"{_NAMES.get(self.metric, self.metric)} became {rmse} at step {step} "
                 f"(loss {result.loss:.4g}); "
-                f"{self.checkpoints.kept()}; lower --learning-rate"
+                f"{self.checkpoints.kept()}; {self.checkpoints.remedy()}"
             )
         self.evaluations += 1
         record: dict[str, Any] = {

@@ -151,8 +151,14 @@ class Checkpointer:
     shared storage.
     """
 
-    def __init__(self, step: TrainStep, directory: Dir, keep: int, replicas: Replicas):
+    def __init__(
+        self, step: TrainStep, directory: Dir, keep: int, replicas: Replicas,
+        nonfinite_data: bool = False,
+    ) -> None:  # fmt: skip
         self.train_step, self.replicas = step, replicas
+        #: What to change when training diverges (:meth:`remedy`): the training data may
+        #: hold NaN/Inf (``--allow-nonfinite``), which no learning rate helps.
+        self.nonfinite_data = nonfinite_data
         self.held, self.directory = directory, directory.path
         self.manager = tf.train.CheckpointManager(
             step.checkpoint,
@@ -208,6 +214,15 @@ class Checkpointer:
             )
         self.held.check(f"{PREFIX}-{step}_temp", "checkpoint's temporary directory")
 
+    def remedy(self) -> str:
+        """What to change when training diverges, for a divergence message."""
+        if self.nonfinite_data:
+            return (
+                "lower --learning-rate, or remove the NaN/Inf values --allow-nonfinite let "
+                "into the training data (a batch holding one has a NaN loss)"
+            )
+        return "lower --learning-rate"
+
     def kept(self) -> str:
         """Where the last good checkpoint is, for a divergence message."""
         if self.manager.latest_checkpoint is None:
@@ -223,8 +238,7 @@ class Checkpointer:
         self.check(step)
         if not self.train_step.finite():
             raise TrainingDiverged(
-                f"weights became NaN/Inf at step {step} (not saved); {self.kept()}; "
-                "lower --learning-rate"
+                f"weights became NaN/Inf at step {step} (not saved); {self.kept()}; {self.remedy()}"
             )
         try:
             with self.replicas.guard(f"checkpoint {step}"):
