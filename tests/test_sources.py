@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from app.data import synthetic
 from app.data.formats.sources import ROLES, find, fingerprint
 from app.errors import ConfigError, DataError
 from tests.conftest import run_cli
@@ -138,3 +139,16 @@ def test_a_fifo_among_the_data_files_is_exit_3_in_one_line_before_it_is_opened(
     )
     with pytest.raises(OSError, match="No such device or address"):  # ENXIO: no reader
         os.close(os.open(data / "test_labels.txt", os.O_WRONLY | os.O_NONBLOCK))
+
+
+def test_a_dangling_symlink_is_named_as_one(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    synthetic.generate(data, train=20, test=5, seed=0)
+    (data / "train_labels.txt").unlink()
+    (data / "train_labels.txt").symlink_to("/mnt/gone/labels.txt")
+    proc = run_cli("train", "--data", str(data), "--output", str(tmp_path / "o"))
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.strip() == (
+        f"coretrain: {data / 'train_labels.txt'}: a symlink to /mnt/gone/labels.txt, which "
+        "does not exist"
+    )

@@ -9,10 +9,12 @@ against numpy's own parsing of the same text.
 
 from __future__ import annotations
 
+import bz2
 import dataclasses
 import errno
 import gzip
 import io
+import lzma
 import math
 import os
 import shutil
@@ -962,6 +964,9 @@ def test_labels_with_lone_carriage_returns_are_refused_at_their_first_line(tmp_p
         (_npy(np.zeros((4, 3), np.float32)), 3, "; this looks like a NumPy .npy file, not text"),
         (_npy(np.zeros((4, 3)), compressed=True), 3, "; this looks like a .npz (zip) archive"),
         (b"1 2 3\r4 5 6\r", 3, "; its lines end in a lone carriage return (\\r, as old Mac OS"),
+        ("1 2 3\n".encode("utf-16"), 3, "; this looks like UTF-16 text: the format is ASCII"),
+        (bz2.compress(b"1 2 3\n"), 3, "; this looks like a bzip2-compressed file: decompress"),
+        (lzma.compress(b"1 2 3\n"), 3, "; this looks like an xz-compressed file: decompress"),
         (b"1 2 3\r\r\n4 5 6\r \n", 4, None),  # CRs before a newline or a space: whitespace
         (b"1 2 3\n4 5,5 6\n", 3, None),  # a decimal comma in whitespace-separated text
         (b"1 2 abc\n", 3, None),

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from app.data.formats import hdf5, npy, npz
-from app.data.formats.base import Array
+from app.data.formats.base import Array, missing
 from app.data.formats.text import TextArray
 from app.errors import DataError
 
@@ -37,7 +37,7 @@ def kind(path: Path) -> str:
             head = f.read(8)
             size = os.fstat(f.fileno()).st_size
     except FileNotFoundError:
-        raise DataError(f"{path}: missing data file") from None
+        raise missing(path) from None
     except OSError as exc:
         raise DataError(f"{path}: cannot read: {exc.strerror}") from exc
     if head.startswith(npy.MAGIC):

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.data.formats import hdf5
-from app.data.formats.base import Array
+from app.data.formats.base import Array, missing
 from app.data.formats.detect import open_array
 from app.errors import ConfigError, DataError
 
@@ -83,7 +83,7 @@ def find(data_dir: Path, role: str, name: str | None = None) -> Path:
     if name is not None:
         return regular(data_dir / name)
     names = [f"{role}{suffix}" for suffix in SUFFIXES]
-    found = [data_dir / n for n in names if (data_dir / n).exists()]
+    found = [data_dir / n for n in names if os.path.lexists(data_dir / n)]
     if len(found) > 1:
         raise ConfigError(
             f"{data_dir}: both {' and '.join(p.name for p in found)} are there for the "
@@ -149,7 +149,7 @@ def fingerprint(path: Path) -> dict[str, object]:
             for offset in dict.fromkeys([0, *between, max(size - SAMPLE_BYTES, 0)]):
                 digest.update(os.pread(f.fileno(), SAMPLE_BYTES, offset))
     except FileNotFoundError as exc:
-        raise DataError(f"{path}: missing data file") from exc
+        raise missing(path) from exc
     except OSError as exc:
         raise DataError(f"{path}: cannot read: {exc.strerror}") from exc
     out: dict[str, object] = {

@@ -13,7 +13,15 @@ from pathlib import Path
 import numpy as np
 
 from app.data.formats import textfile
-from app.data.formats.base import CHUNK_ROWS, Converted, Io, Place, Shape, too_many_columns
+from app.data.formats.base import (
+    CHUNK_ROWS,
+    Converted,
+    Io,
+    Place,
+    Shape,
+    missing,
+    too_many_columns,
+)
 from app.data.formats.textfile import parallel
 from app.errors import DataError
 
@@ -26,7 +34,7 @@ class TextArray:
         try:
             self.size = os.stat(path).st_size
         except FileNotFoundError:
-            raise DataError(f"{path}: missing data file") from None
+            raise missing(path) from None
 
     def columns(self, limit: int) -> int:
         """The fields on the first line, counted without parsing more than ``limit``; a

@@ -115,18 +115,26 @@ def lone_cr(text: bytes) -> bool:
 
 
 #: The start of files that are not this text format, and what they are.
-_MAGIC = ((b"\x93NUMPY", "a NumPy .npy file"), (b"PK\x03\x04", "a .npz (zip) archive"))
+_MAGIC = (
+    (b"\x93NUMPY", "a NumPy .npy file, not text (numbers separated by whitespace)"),
+    (b"PK\x03\x04", "a .npz (zip) archive, not text (numbers separated by whitespace)"),
+    (b"BZh", "a bzip2-compressed file: decompress it (gzip is read as it is)"),
+    (b"\xfd7zXZ\x00", "an xz-compressed file: decompress it (gzip is read as it is)"),
+    (b"\xff\xfe", "UTF-16 text: the format is ASCII or UTF-8 (iconv -f UTF-16 -t UTF-8)"),
+    (b"\xfe\xff", "UTF-16 text: the format is ASCII or UTF-8 (iconv -f UTF-16 -t UTF-8)"),
+)
 
 
 def looks_like(text: bytes) -> str:
     """A hint for a line of a file that is not whitespace-separated text: a NumPy ``.npy``
-    or ``.npz`` file (by its magic bytes, numpy's format and zip's), lines ended by a lone
+    or ``.npz`` file, bzip2 or xz compression, UTF-16 (by their first bytes: numpy's, zip's,
+    bzip2's and xz's magic numbers, a UTF-16 byte order mark), lines ended by a lone
     carriage return, or numbers separated by commas or semicolons (a CSV file); "" when
     the line looks like none of them."""
     start = text.removeprefix(b"\xef\xbb\xbf")
     for magic, what in _MAGIC:
         if start.startswith(magic):
-            return f"; this looks like {what}, not text (numbers separated by whitespace)"
+            return f"; this looks like {what}"
     if lone_cr(start):
         return LONE_CR_HINT
     for sep in (b",", b";"):
