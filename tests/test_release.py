@@ -264,6 +264,14 @@ def test_a_damaged_champion_is_passed_over_for_the_newest_that_loads(
     assert decision.published and decision.champion_version == 1 and decision.version == 3
     (warning,) = [r for r in logged if getattr(r, "event", "") == "champion_unloadable"]
     assert warning.version == 2 and warning.levelname == "WARNING"
+    import shutil
+
+    from app.release.publish import champion
+
+    shutil.rmtree(models / "3")
+    assert champion(models).number == 1  # looked for again: 2 passed over again
+    again = [r for r in logged if getattr(r, "event", "") == "champion_unloadable"]
+    assert again == [warning]  # named once a process
 
 
 def test_a_changed_signature_is_not_published_unless_allowed(data, tmp_path: Path) -> None:

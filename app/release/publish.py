@@ -94,15 +94,24 @@ def load(saved_model: Path, number: int | None = None) -> Loaded:
     return Loaded(number, serve, signature)
 
 
+#: The entries a ``champion_unloadable`` warning named in this process: once each (the
+#: champion is looked for before training and again at the gate).
+_WARNED: set[str] = set()
+
+
 def champion(directory: Path) -> Loaded | None:
     """The newest version in ``directory`` that loads; each newer entry that does not (not a
-    model, or damaged) is named in a ``champion_unloadable`` warning. None when none loads."""
+    model, or damaged) is named in a ``champion_unloadable`` warning, once a process. None
+    when none loads."""
     for entry in reversed(layout.entries(directory)):
         try:
             if not entry.is_model:
                 raise StorageError(f"{entry.path}: not a model ({entry.what})")
             return load(entry.path, entry.number)
         except StorageError as exc:
+            if str(exc) in _WARNED:
+                continue
+            _WARNED.add(str(exc))
             logs.event(
                 "champion_unloadable",
                 f"version {entry.number} is passed over as the champion: {exc}; TF Serving "
