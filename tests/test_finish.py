@@ -16,7 +16,9 @@ from app.release.gate import Decision
 from app.training import finish
 from app.training.loop.outcome import Completed, Replan, Stopped, TargetReached
 
-DATA = SimpleNamespace(baseline_rmse=1.5, train_size=240, test_size=60)
+DATA = SimpleNamespace(
+    baseline_rmse=1.5, train_size=240, test_size=60, path=Path("/cache/0123456789abcdef")
+)
 
 
 def _ws(tmp_path: Path, chief: bool = True) -> SimpleNamespace:
@@ -42,6 +44,7 @@ def test_the_summary_counts_the_steps_trained_and_their_rate() -> None:
     assert summary["steps_trained"] == 200 and summary["final_step"] == 300
     assert summary["examples_per_sec"] == 500.0  # 200 steps × 10 samples / 4 s
     assert summary["status"] == "completed" and summary["last_eval_rmse"] == 0.2
+    assert summary["data_key"] == "0123456789abcdef"  # what a rerun checks its sources by
     assert list(summary)[-1] == "exported_step"  # the facts come last, in their order
 
 
