@@ -72,6 +72,11 @@ def test_checkpoints_past_a_lower_max_steps_are_refused_and_left_as_they_are(
     )
     assert {p.name: p.read_bytes() for p in (out / "checkpoints").iterdir()} == before
     assert not (tmp_path / "cache").exists()  # refused before converting
+    # Another run's checkpoints past it are named as another run's, not as this one's.
+    other = tmp_path / "other"
+    _record(other, learning_rate=0.05)
+    proc = run_cli("train", "--data", str(data), "--output", str(other), "--max-steps", "4")
+    assert proc.returncode == 2 and "the checkpoints are of another run" in proc.stderr
     # At its own step it is a resume as before (refused here only for the made-up record).
     same = run_cli(
         "train", "--data", str(data), "--output", str(out), "--cache-dir",

@@ -27,17 +27,17 @@ from app.training.state.workspace import Workspace
 def before_data(ws: Workspace, config: TrainConfig, workers: int) -> None:
     """Refuse (ConfigError, exit 2) a resume whose record differs from this run in its
     options, worker count or precision; StorageError (exit 4) for an unreadable record
-    beside checkpoints. Nothing for a fresh start or a worker (the chief checks)."""
-    _refuse_past_end(ws, config)
+    beside checkpoints; then checkpoints past ``--max-steps`` (:func:`_refuse_past_end`).
+    Nothing for a fresh start or a worker (the chief checks)."""
     kept = _recorded(ws)
-    if kept is None:
-        return
-    recorded = str(kept.get("precision", "float32"))
-    refused = identity.other_precision(recorded, config.compute.precision)
-    if refused is not None:
-        raise refused
-    # the data as recorded: the options and the worker count alone
-    _refuse(ws, kept, identity.Identity(kept["data"], identity.options_of(config), workers))
+    if kept is not None:
+        recorded = str(kept.get("precision", "float32"))
+        refused = identity.other_precision(recorded, config.compute.precision)
+        if refused is not None:
+            raise refused
+        # the data as recorded: the options and the worker count alone
+        _refuse(ws, kept, identity.Identity(kept["data"], identity.options_of(config), workers))
+    _refuse_past_end(ws, config)  # this run's own checkpoints: another run's named above
 
 
 def _refuse_past_end(ws: Workspace, config: TrainConfig) -> None:
