@@ -87,7 +87,9 @@ for i in 0 1; do
   start_worker "$i" "$RUN-pre-$i" --max-steps 100000 --checkpoint-every 1000
 done
 deadline=$((SECONDS + 300))
-until "$ENGINE" logs "$RUN-pre-1" 2>&1 | grep -q '"event": "progress"'; do
+# The log is copied first: under pipefail, `logs | grep -q` fails once grep stops reading
+# before the log is all written (SIGPIPE), and the loop waited out its deadline.
+until "$ENGINE" logs "$RUN-pre-1" >"$WORK/poll.log" 2>&1 && grep -q '"event": "progress"' "$WORK/poll.log"; do
   [ $SECONDS -gt $deadline ] && break
   sleep 1
 done

@@ -158,7 +158,9 @@ CONTAINERS+=("$RUN-preempt")
   "$IMAGE" train --batch-size 40 --eval-every 5 --checkpoint-every 100000 --max-steps 100000 \
   >/dev/null || true
 deadline=$((SECONDS + 300))
-until "$ENGINE" logs "$RUN-preempt" 2>&1 | grep -q '"event": "progress"'; do
+# The log is copied first: under pipefail, `logs | grep -q` fails once grep stops reading
+# before the log is all written (SIGPIPE), and the loop waited out its deadline.
+until "$ENGINE" logs "$RUN-preempt" >"$WORK/poll.log" 2>&1 && grep -q '"event": "progress"' "$WORK/poll.log"; do
   if [ "$("$ENGINE" inspect -f '{{.State.Running}}' "$RUN-preempt" 2>&1)" != true ] ||
     [ $SECONDS -gt $deadline ]; then
     break
