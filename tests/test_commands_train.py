@@ -220,17 +220,23 @@ def test_a_data_directory_that_does_not_exist_is_a_usage_error_writing_nothing(
     assert not out.exists()  # nothing written, not even the log or the lock
 
 
+def _with_nan(tiny_data: Path, tmp_path: Path, name: str, field: int) -> tuple[Path, Path]:
+    """A copy of the tiny data set whose file ``name`` has NaN at ``field`` of line 5; the
+    copy's directory and that file."""
+    data = shutil.copytree(tiny_data, tmp_path / "data")
+    path = data / name
+    lines = path.read_text().splitlines(keepends=True)
+    fields = lines[4].split()
+    fields[field] = "nan"
+    lines[4] = " ".join(fields) + "\n"
+    path.write_text("".join(lines))
+    return data, path
+
+
 def test_allowed_nan_with_standardisation_is_a_data_error_naming_the_way_out(
     tiny_data: Path, tmp_path: Path
 ) -> None:
-    data = tmp_path / "data"
-    shutil.copytree(tiny_data, data)
-    path = data / "train_features.txt"
-    lines = path.read_text().splitlines(keepends=True)
-    fields = lines[4].split()
-    fields[7] = "nan"
-    lines[4] = " ".join(fields) + "\n"
-    path.write_text("".join(lines))
+    data, path = _with_nan(tiny_data, tmp_path, "train_features.txt", field=7)
     proc = train_tiny(data, tmp_path / "a", 2, "--allow-nonfinite")
     assert proc.returncode == 3, proc.stderr[-2000:]
     (line,) = proc.stderr.strip().splitlines()
@@ -242,12 +248,7 @@ def test_allowed_nan_with_standardisation_is_a_data_error_naming_the_way_out(
 def test_allowed_nan_in_the_training_labels_diverges_naming_them_not_only_the_rate(
     tiny_data: Path, tmp_path: Path
 ) -> None:
-    data = tmp_path / "data"
-    shutil.copytree(tiny_data, data)
-    path = data / "train_labels.txt"
-    lines = path.read_text().splitlines(keepends=True)
-    lines[4] = "nan " + " ".join(lines[4].split()[1:]) + "\n"
-    path.write_text("".join(lines))
+    data, _ = _with_nan(tiny_data, tmp_path, "train_labels.txt", field=0)
     proc = train_tiny(data, tmp_path / "a", 6, "--allow-nonfinite", "--no-standardize")
     assert proc.returncode == 5, proc.stderr[-2000:]
     (line,) = proc.stderr.strip().splitlines()
