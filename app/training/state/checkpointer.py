@@ -40,9 +40,8 @@ from app.errors import StorageError, TrainingDiverged, short_message
 from app.training.loop.replicas import Replicas
 from app.training.loop.step import TrainStep
 from app.training.state import best
+from app.training.state.identity import NUMBERED, PREFIX
 
-PREFIX = "ckpt"
-_NUMBERED = re.compile(rf"^{PREFIX}-(\d+)\.index$")
 # Temporary names of a save in progress (see the module docstring).
 _PARTIAL = re.compile(
     rf"^(?:(?:{PREFIX}|{best.PREFIX})-\d+_temp.*|.*\.tempstate\d*|checkpoint\.tmp[0-9a-f]*)$"
@@ -79,7 +78,7 @@ def candidates(directory: Path, manager: tf.train.CheckpointManager) -> list[str
     found = {
         str(directory / m.group(0)[: -len(".index")])
         for p in directory.glob("*.index")
-        if (m := _NUMBERED.match(p.name))
+        if (m := NUMBERED.match(p.name))
     }
     found.update(manager.checkpoints)
 

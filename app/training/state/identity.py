@@ -40,6 +40,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -112,9 +113,22 @@ def options_of(config: TrainConfig) -> dict[str, Any]:
     return options
 
 
+#: The checkpoints' name prefix (``ckpt-N``: the CheckpointManager's ``checkpoint_name``,
+#: app/training/state/checkpointer.py).
+PREFIX = "ckpt"
+#: A numbered checkpoint's index file, ``ckpt-N.index``: ``N`` is its step.
+NUMBERED = re.compile(rf"^{PREFIX}-(\d+)\.index$")
+
+
 def has_checkpoints(checkpoints: Path) -> bool:
     """Whether ``checkpoints`` holds a checkpoint (``ckpt-N.index``): a run to resume."""
-    return any(checkpoints.glob("ckpt-*.index"))
+    return any(checkpoints.glob(f"{PREFIX}-*.index"))
+
+
+def checkpoint_steps(checkpoints: Path) -> list[int]:
+    """The steps ``N`` of the numbered checkpoints (:data:`NUMBERED`) in ``checkpoints``."""
+    found = (NUMBERED.match(p.name) for p in checkpoints.glob(f"{PREFIX}-*.index"))
+    return [int(m.group(1)) for m in found if m]
 
 
 def read(checkpoints: Path) -> dict[str, Any] | None:

@@ -44,8 +44,7 @@ def _refuse_past_end(ws: Workspace, config: TrainConfig) -> None:
     """ConfigError (exit 2) when the checkpoints are already past ``--max-steps`` (the
     largest ``ckpt-N``): resumed, such a run trains nothing and would export its later
     weights as this run's and record a schedule they were never trained with."""
-    steps = [int(p.name[5:-6]) for p in ws.checkpoints.glob("ckpt-*.index")
-             if p.name[5:-6].isdigit()]  # fmt: skip
+    steps = identity.checkpoint_steps(ws.checkpoints)
     end = config.schedule.max_steps
     if ws.is_chief and steps and max(steps) > end:
         raise ConfigError(
