@@ -36,7 +36,7 @@ from app.budget.plan import ThreadPlan
 from app.cluster.spec import Cluster
 from app.config import TrainConfig
 from app.data.cache import DataCache, measured, source_key
-from app.data.formats.sources import ROLES, fingerprint
+from app.data.formats.sources import ROLES
 from app.errors import DataError, Preempted
 from app.release import preflight
 from app.signals import StopRequest
@@ -80,10 +80,12 @@ def train(
     if config.publishing.publish_dir is not None and ws.is_chief:
         preflight.check(config.publishing.publish_dir)  # before anything is converted or fitted
     precheck.before_data(ws, config, workers)  # another run's checkpoints: before converting
-    done = rerun.finished_unchanged(ws, config, source_key(sources(config)), workers)
+    found = sources(config)
+    key = source_key(found)
+    done = rerun.finished_unchanged(ws, config, key, workers)
     if done is not None:  # the same sources, unchanged: the cache is not needed to know
         return done
-    data = load_data(config, ws.cache, plan, stop, below=ws.cache_top)
+    data = load_data(config, ws.cache, plan, stop, below=ws.cache_top, found=found, key=key)
     done = rerun.finished(ws, config, data, workers)
     if done is not None:
         return done
@@ -157,9 +159,8 @@ def _unchanged_in_place(config: TrainConfig, data: DataCache) -> None:
     places = {str(path) for path, _ in data.in_place.values()}
     try:  # name the files that changed: the fingerprints the cache was keyed by
         was = json.loads((data.path / "manifest.json").read_text())["fingerprints"]
-        changed = {
-            str(found.path(r).resolve()) for r in ROLES if fingerprint(found.path(r)) != was[r]
-        }
+        now = found.fingerprints()
+        changed = {str(found.path(r).resolve()) for r in ROLES if now[r] != was[r]}
     except (OSError, ValueError, KeyError, TypeError):
         changed = places
     raise DataError(

@@ -47,7 +47,7 @@ from app.data.cache.store import (
     read_npz,
 )
 from app.data.formats.base import Array, Io, Place, Shape, add_sums
-from app.data.formats.sources import ROLES, Sources, fingerprint
+from app.data.formats.sources import ROLES, Sources
 from app.errors import DataError, Preempted
 
 #: Seconds between two ``cache_progress`` events while a file converts.
@@ -267,7 +267,7 @@ def convert(run: Run) -> dict[str, Any]:
         "test_size": n_test,
         "baseline_rmse": baseline,
         "sources": {role: sources.label(role) for role in ROLES},
-        "fingerprints": {role: fingerprint(sources.path(role)) for role in ROLES},
+        "fingerprints": sources.fingerprints(),
         "checksum": CHECKSUM,
         "checksums": checksums,
         "in_place": in_place,

@@ -45,7 +45,7 @@ from app.data.cache.store import (
     load,
 )
 from app.data.cache.workdir import OWNER, PARTIAL, claim, leave, remove_stale, swap_in
-from app.data.formats.sources import ROLES, Sources, fingerprint
+from app.data.formats.sources import ROLES, Sources
 from app.errors import Preempted, StorageError
 
 __all__ = ["OWNER", "PARTIAL", "DataCache", "Keep", "prepare", "source_key"]
@@ -59,8 +59,10 @@ def prepare(
     below: Path | None = None,
     max_bytes: int | None = None,
     keep: Keep | None = None,
+    key: str | None = None,
 ) -> DataCache:
     """Return the cache of ``sources`` in ``cache_dir``, converting the data if needed.
+    ``key``: their :func:`source_key`, when the caller has it already.
 
     ``threads``: threads that parse a large plain-text file, each a byte range of it at
     a time (:mod:`app.data.formats.textfile.parallel`); the caller sizes it from the CPU budget. 1
@@ -86,7 +88,7 @@ def prepare(
     the second works in a private directory, and its rename finds the first one's complete
     cache.
     """
-    key = source_key(sources)
+    key = key or source_key(sources)
     with open_dir(Path(cache_dir), "cache directory", below=below) as root:
         cache = _reuse(root, key)
         if cache is None:
@@ -235,7 +237,8 @@ def source_key(sources: Sources) -> str:
     """Hash of what the sources are (:func:`app.data.formats.sources.fingerprint` of each file)
     and the parse settings. Raises DataError naming a missing or unreadable file."""
     parts: list[object] = [FORMAT_VERSION, sources.height, sources.width, sources.allow_nonfinite]
-    parts += [fingerprint(sources.path(role)) for role in ROLES]
+    found = sources.fingerprints()
+    parts += [found[role] for role in ROLES]
     if sources.members:  # the arrays of a container (a text data set's key is unchanged)
         parts.append([sources.members.get(role) for role in ROLES])
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]

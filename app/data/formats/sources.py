@@ -59,6 +59,15 @@ class Sources:
         member = self.members.get(role)
         return f"{self.path(role)}:{member}" if member else str(self.path(role))
 
+    def fingerprints(self) -> dict[str, dict[str, object]]:
+        """:func:`fingerprint` of each role's file, by role; a file of several roles (a
+        container holds all four) read once. Raises DataError (missing or unreadable)."""
+        of: dict[Path, dict[str, object]] = {}
+        for role in ROLES:
+            if self.path(role) not in of:
+                of[self.path(role)] = fingerprint(self.path(role))
+        return {role: of[self.path(role)] for role in ROLES}
+
     def array(self, role: str) -> Array:
         """``role``'s data through the format seam (app/data/formats/base.py). Raises
         DataError (missing, unreadable, not the format its content says)."""

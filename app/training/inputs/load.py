@@ -74,20 +74,23 @@ def load_data(
     plan: ThreadPlan,
     stop: Callable[[], bool],
     below: Path | None = None,
+    found: Sources | None = None,
+    key: str | None = None,
 ) -> cache_lib.DataCache:
     """Parse the text files once into the binary cache (or reuse it) and check it.
 
     Large files are parsed in as many threads as TensorFlow gets intra-op threads.
     ``below``: the directory the operator named that ``cache_dir`` lies in (the
-    workspace's ``cache_top``). Raises DataError for bad input (InputTooLarge past the
-    cache's bound: app/data/cache/bounds.py), and when NaN/Inf values (let in by
-    --allow-nonfinite) make the standardisation statistics non-finite.
+    workspace's ``cache_top``). ``found`` and ``key``: :func:`sources` of ``config`` and
+    their cache key, when the caller has them already. Raises DataError for bad input
+    (InputTooLarge past the cache's bound: app/data/cache/bounds.py), and when NaN/Inf
+    values (let in by --allow-nonfinite) make the standardisation statistics non-finite.
     """
-    found = sources(config)
+    found = found or sources(config)
     data = cache_lib.prepare(
         found, cache_dir, stop=stop, threads=plan.intra_op_threads, below=below,
         max_bytes=config.cache.max_cache_bytes,
-        keep=cache_lib.Keep(config.cache.cache_keep, config.cache.cache_keep_bytes),
+        keep=cache_lib.Keep(config.cache.cache_keep, config.cache.cache_keep_bytes), key=key,
     )  # fmt: skip
     if config.data.standardize:
         for role, stats in (
