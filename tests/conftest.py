@@ -28,6 +28,20 @@ SEED_RECIPE_ARGS = [
     "--optimizer", "sgd", "--learning-rate", "0.1", "--lr-schedule", "exponential",
     "--keep-prob", "0.5", "--validation-fraction", "0",
 ]  # fmt: skip
+#: The smallest H×W the CNN takes (app/geometry.py): the options of runs on data made only
+#: to reach a check of the data, whose feature lines :func:`widen` pads to its H·W values.
+SMALLEST = ["--height", "8", "--width", "55"]
+SMALLEST_VALUES = 8 * 55
+
+
+def widen(text: bytes, fields: int = 6) -> bytes:
+    """Feature lines of ``fields`` values as lines of :data:`SMALLEST_VALUES`: each line
+    that is not blank gets ``0`` fields appended (a line short of ``fields`` stays as short,
+    a bad field keeps its number)."""
+    pad = b" 0" * (SMALLEST_VALUES - fields)
+    return b"\n".join(line + pad if line.strip() else line for line in text.split(b"\n"))
+
+
 # Runs a test compares must compute the same way: without this, --formulation auto and
 # --precision auto would pick by timing, which the machine's load can change.
 PINNED = {"CORETRAIN_FORMULATION": "fast", "CORETRAIN_PRECISION": "float32"}

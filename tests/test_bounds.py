@@ -29,11 +29,11 @@ from app.data.formats.textfile import opener, reader
 from app.errors import DataError, InputTooLarge
 from app.training.inputs import peak_memory as memory_rule
 from benchmarks.cgroup_run import MEMORY_MOUNT, MemoryCgroup, memory_cgroup, unavailable_reason
-from tests.conftest import REPO, TINY_TRAIN_ARGS, events, json_lines, run_cli
+from tests.conftest import REPO, SMALLEST, TINY_TRAIN_ARGS, events, json_lines, run_cli, widen
 from tests.runs import mount_tmpfs, umount
 
-LINE = b"0.5 -1.25 3 4.0 -0 100\n"  # six fields: features of --height 2 --width 3
-SMALL = ["--height", "2", "--width", "3"]
+LINE = b"0.5 -1.25 3 4.0 -0 100\n"  # six fields
+ROW = widen(LINE)  # features of --height 8 --width 55 (SMALLEST), for the runs below
 MEMORY_REASON = unavailable_reason(MEMORY_MOUNT, "memory")
 
 
@@ -45,7 +45,7 @@ def _labels(path: Path) -> Sources:
 def _small_data(directory: Path, lines: int = 4) -> Path:
     directory.mkdir(parents=True)
     for split in ("train", "test"):
-        (directory / f"{split}_features.txt").write_bytes(LINE * lines)
+        (directory / f"{split}_features.txt").write_bytes(ROW * lines)
         (directory / f"{split}_labels.txt").write_bytes(b"1 2 3\n" * lines)
     return directory
 
@@ -94,17 +94,17 @@ def test_a_2_gib_gzip_is_refused_before_converting_on_a_small_file_system(
         data = _small_data(tmp_path / "data")
         (data / "train_features.txt").unlink()
         packed = data / "train_features.txt.gz"
-        _gzip_of_repeats(packed, LINE * (1 << 16), (2 << 30) // (len(LINE) << 16))
-        assert packed.stat().st_size < 20 << 20  # a 2 GiB text in a few MB
+        _gzip_of_repeats(packed, ROW * (1 << 10), (2 << 30) // (len(ROW) << 10))
+        assert packed.stat().st_size < 20 << 20  # a 2 GiB text (3.9 GiB as float32) in a few MB
         out = volume / "out"
-        proc = run_cli("train", "--data", str(data), "--output", str(out), *SMALL)
+        proc = run_cli("train", "--data", str(data), "--output", str(out), *SMALLEST)
         written = _arrays(out)
     finally:
         umount(volume)
     assert proc.returncode == 3, proc.stderr
     line = _one_line(proc)
     assert re.match(
-        rf"coretrain: {re.escape(str(packed))}: the data cache would take about 2\.\d GiB", line
+        rf"coretrain: {re.escape(str(packed))}: the data cache would take about [34]\.\d GiB", line
     )
     assert f"free on the file system {volume} (tmpfs)" in line
     assert written == []  # refused before converting
@@ -114,7 +114,7 @@ def test_a_2_gib_gzip_is_refused_before_converting_on_a_small_file_system(
 def test_max_cache_bytes_refuses_before_converting(tmp_path: Path) -> None:
     data = _small_data(tmp_path / "data", lines=100)
     out = tmp_path / "out"
-    args = ["--data", str(data), "--output", str(out), *SMALL, "--max-cache-bytes", "1000"]
+    args = ["--data", str(data), "--output", str(out), *SMALLEST, "--max-cache-bytes", "1000"]
     proc = run_cli("train", *args)
     assert proc.returncode == 3, proc.stderr
     assert "more than --max-cache-bytes 1000" in _one_line(proc)
@@ -127,12 +127,11 @@ def test_a_gzip_whose_trailer_understates_is_stopped_while_converting(tmp_path: 
     data = _small_data(tmp_path / "data", lines=10)
     (data / "train_features.txt").unlink()
     packed = data / "train_features.txt.gz"
-    packed.write_bytes(gzip.compress(LINE * 400_000) + gzip.compress(LINE))
+    packed.write_bytes(gzip.compress(ROW * 4_000) + gzip.compress(ROW))
     out = tmp_path / "out"
-    limit = 3_000_000  # above the estimate (the first MiB read), below the 9.6 MB written
-    proc = run_cli(
-        "train", "--data", str(data), "--output", str(out), *SMALL, "--max-cache-bytes", str(limit)
-    )
+    limit = 3_000_000  # above the estimate (the first MiB read), below the 7 MB written
+    args = ["--data", str(data), "--output", str(out), *SMALLEST, "--max-cache-bytes", str(limit)]
+    proc = run_cli("train", *args)
     assert proc.returncode == 3, proc.stderr
     line = _one_line(proc)
     assert line.startswith(f"coretrain: {packed}: the data cache passed ")
@@ -147,7 +146,7 @@ def test_a_labels_file_with_an_absurd_column_count_is_refused_on_its_first_line(
     labels = data / "train_labels.txt"
     labels.write_bytes(b"1 " * 30_000_000 + b"\n")  # 30 million columns, 60 MB
     out = tmp_path / "out"
-    proc = run_cli("train", "--data", str(data), "--output", str(out), *SMALL)
+    proc = run_cli("train", "--data", str(data), "--output", str(out), *SMALLEST)
     assert proc.returncode == 3, proc.stderr
     assert _one_line(proc) == (
         f"coretrain: {labels}:1: more than {bounds.MAX_OUTPUTS} label columns (the limit, "
@@ -278,13 +277,14 @@ def test_label_columns_are_counted_on_the_first_line_up_to_the_limit(tmp_path: P
 def test_a_run_that_cannot_fit_the_memory_limit_ends_with_exit_8_not_137(
     tiny_data: Path, tmp_path: Path
 ) -> None:
-    # Between what TensorFlow alone takes (BASE + margin) and the estimate with this data
-    # and batch: refused only because the data's and the batches' parts are counted.
+    # Between what any run of this shape takes (the floor, checked before converting) and
+    # the estimate with this data: refused only because the data's part is counted.
     tiny = memory_rule.peak(
         rows=240, height=20, width=195, outputs=3, batch_size=40, memory_limit=1 << 30
     )
-    limit = (tiny.total - (4 << 20)) // 4096 * 4096  # the kernel keeps whole pages
-    assert limit > memory_rule.BASE * (1 + memory_rule.MARGIN)
+    least = memory_rule.floor(height=20, width=195, outputs=3, batch_size=40)
+    limit = (least.total + tiny.total) // 2 // 4096 * 4096  # the kernel keeps whole pages
+    assert least.total < limit < tiny.total
     mib = MIB
     out = tmp_path / "out"
     with memory_cgroup(limit, prefix="coretrain-test-memory") as group:
@@ -382,6 +382,6 @@ def test_a_first_label_line_longer_than_the_line_limit_is_refused(tmp_path: Path
 def test_an_empty_labels_file_is_exit_3_in_one_line(tmp_path: Path) -> None:
     data = _small_data(tmp_path / "data")
     (data / "train_labels.txt").write_bytes(b"")
-    proc = run_cli("train", "--data", str(data), "--output", str(tmp_path / "out"), *SMALL)
+    proc = run_cli("train", "--data", str(data), "--output", str(tmp_path / "out"), *SMALLEST)
     assert proc.returncode == 3, proc.stderr
     assert _one_line(proc) == f"coretrain: {data / 'train_labels.txt'}: empty file (no data lines)"

@@ -28,7 +28,7 @@ from app.config import TrainConfig
 from app.data.cache import marker as cache_marker
 from app.errors import DataError
 from tests import kill_harness
-from tests.conftest import REPO, events, prepare_cache, run_cli
+from tests.conftest import REPO, SMALLEST, SMALLEST_VALUES, events, prepare_cache, run_cli, widen
 from tests.runs import IS_ROOT, WAIT, Done, no_partial_cache, start_in_background
 
 pytestmark = pytest.mark.slow
@@ -49,7 +49,7 @@ def _start_in_background(request: pytest.FixtureRequest) -> None:
 
 # case -> (role the corpus file plays, location after the path, what the line says)
 BAD_CORPUS: dict[str, tuple[str, str, str]] = {
-    "wrong_width": ("train_features", ":3: ", "expected 6 fields (H×W = 2×3), found 5"),
+    "wrong_width": ("train_features", ":3: ", "expected 440 fields (H×W = 8×55), found 439"),
     "too_many_fields": ("train_labels", ":2: ", "expected 6 fields (K = 6 labels), found 7"),
     "one_field_on_a_line": ("test_labels", ":2: ", "expected 6 fields (K = 6 labels), found 1"),
     "not_a_number": ("test_features", ":2: ", "field 4: not a number: 'abc'"),
@@ -65,15 +65,20 @@ BAD_CORPUS: dict[str, tuple[str, str, str]] = {
     "not_utf8": ("test_labels", ":2: ", "field 6: not a number"),
     "long_field": ("train_features", ":2: ", "field 6: not a number"),
 }
-GOOD_LINES = {"train": 4, "test": 2}  # 6 fields each: features 2×3, labels K = 6
+GOOD_LINES = {"train": 4, "test": 2}  # labels K = 6, features 6 fields widened to 8×55
 
 
 def _good_data(directory: Path) -> Path:
+    """The data the bad cases spoil: features of --height 8 --width 55 (:data:`SMALLEST`:
+    the corpus's 6 fields a line, :func:`widen`), 6 labels a line."""
     directory.mkdir(parents=True)
     for split, n in GOOD_LINES.items():
         for kind in ("features", "labels"):
             lines = [" ".join(f"{i + j / 8:g}" for j in range(6)) for i in range(n)]
-            (directory / f"{split}_{kind}.txt").write_text("\n".join(lines) + "\n")
+            text = ("\n".join(lines) + "\n").encode()
+            (directory / f"{split}_{kind}.txt").write_bytes(
+                widen(text) if kind == "features" else text
+            )
     return directory
 
 
@@ -82,14 +87,15 @@ def _bad_case(name: str, data: Path) -> tuple[Path, list[str], str, str]:
     if name in BAD_CORPUS:
         role, where, what = BAD_CORPUS[name]
         path = data / f"{role}.txt"
-        shutil.copyfile(CORPUS / "bad" / f"{name}.txt", path)
+        text = (CORPUS / "bad" / f"{name}.txt").read_bytes()
+        path.write_bytes(widen(text) if "features" in role else text)
         return path, [], where, what
     if name == "line_count_mismatch":
         path = data / "train_labels.txt"
         path.write_text("\n".join(path.read_text().splitlines()[:-1]) + "\n")
         return path, [], ": ", f"3 label rows but {data / 'train_features.txt'} has 4 feature"
     if name == "width_not_h_times_w":
-        return data / "train_features.txt", ["--width", "4"], ":1: ", "expected 8 fields (H×W"
+        return data / "train_features.txt", ["--width", "56"], ":1: ", "expected 448 fields (H×W"
     if name == "missing_file":
         (data / "test_labels.txt").unlink()
         return data / "test_labels.txt", [], ": ", "missing data file (test labels; also looked"
@@ -103,7 +109,7 @@ def _bad_case(name: str, data: Path) -> tuple[Path, list[str], str, str]:
         return path, [], ": ", "cannot read: Permission denied"
     if name == "truncated_gzip":
         path = data / "test_features.txt.gz"
-        packed = gzip.compress(b"1 2 3 4 5 6\n" * 3000)
+        packed = gzip.compress(widen(b"1 2 3 4 5 6\n") * 3000)
         path.write_bytes(packed[: len(packed) // 2])
         (data / "test_features.txt").unlink()
         return path, ["--test-features", path.name], ": ", "truncated gzip data"
@@ -135,8 +141,7 @@ def bad_runs(
         workdir = tmp_path_factory.mktemp(f"bad-{name}")
         blamed, extra, where, what = _bad_case(name, _good_data(workdir / "data"))
         out = workdir / "out"
-        args = ["--data", str(workdir / "data"), "--output", str(out), "--height", "2"]
-        args += ["--width", "3", *extra]
+        args = ["--data", str(workdir / "data"), "--output", str(out), *SMALLEST, *extra]
 
         def job(
             args: list[str] = args, out: Path = out, b: tuple = (blamed, where, what)
@@ -166,14 +171,15 @@ def test_bad_data_exits_3_with_one_line_and_leaves_no_cache(
 
 
 def test_allow_nonfinite_accepts_what_the_default_rejects(tmp_path: Path) -> None:
-    """The option reaches the converter (in process: the 2×3 data can't train the CNN)."""
+    """The option reaches the converter (in process, on the bad cases' data)."""
     data = _good_data(tmp_path / "data")
-    shutil.copyfile(CORPUS / "good" / "nonfinite.txt", data / "test_features.txt")
-    config = TrainConfig.of(data_dir=data, output_dir=tmp_path / "out", height=2, width=3)
+    nonfinite = (CORPUS / "good" / "nonfinite.txt").read_bytes()
+    (data / "test_features.txt").write_bytes(widen(nonfinite))
+    config = TrainConfig.of(data_dir=data, output_dir=tmp_path / "out", height=8, width=55)
     with pytest.raises(DataError, match=r"test_features\.txt:2: field 2: non-finite"):
         prepare_cache(config)
     loaded = prepare_cache(config.with_options(allow_nonfinite=True))
-    x = np.asarray(loaded.features("test")).reshape(2, 6)
+    x = np.asarray(loaded.features("test")).reshape(2, SMALLEST_VALUES)
     assert np.isnan(x[1, 1]) and x[1, 2] == -np.inf and x[1, 3] == np.inf
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from app.data import synthetic
+from app.errors import NotPublished
 from app.release import gate
 from app.release.gate import judge
 from app.release.layout import listing, newest, versions
@@ -198,8 +199,49 @@ def test_a_changed_signature_is_refused_before_training(nights: dict, tmp_path: 
     (line,) = stderr.splitlines()
     assert line.startswith("coretrain: model not published: the serving signature changes: ")
     assert "version 2 takes (n, 3900) → (n, 3), this model (n, 3900) → (n, 4)" in line
+    assert not events(records, "cache")  # refused before its data were converted
     assert not events(records, "progress") and not events(records, "choice")
     assert versions(nights["models"]) == [1, 2]
+
+
+@pytest.mark.slow
+def test_the_signature_is_refused_early_only_when_the_model_itself_differs(
+    nights: dict, tmp_path: Path
+) -> None:
+    """The version's record is a hint: a record that says K = 4 over a model of K = 3 (the
+    data's) refuses nothing; a record without K (an earlier export) defers to the check
+    once TensorFlow is up."""
+    from app.budget import PlanOptions, detect_plan
+    from app.config import TrainConfig
+    from app.release.layout import INPUT_FILE, recorded_signature
+    from app.training.inputs import load, shape_checks
+
+    served = newest(nights["models"])
+    assert json.loads((served / INPUT_FILE).read_text()) == {
+        "height": 20, "width": 195, "outputs": 3,
+    }  # fmt: skip
+    models = tmp_path / "models"
+    shutil.copytree(nights["models"], models)
+    record = models / served.name / INPUT_FILE
+    record.write_text(json.dumps({"height": 20, "width": 195, "outputs": 4}))
+    assert str(recorded_signature(models / served.name)) == "(n, 3900) → (n, 4)"
+    plan = detect_plan("/", PlanOptions())
+
+    def check(data: Path) -> None:
+        config = TrainConfig.of(data_dir=data, output_dir=tmp_path / "out", publish_dir=models)
+        shape_checks.check(config, load.sources(config), plan)
+
+    check(nights["data"])  # the model's own signature is the data's: (n, 3)
+    wider = tmp_path / "wider"  # K = 4
+    shutil.copytree(nights["data"], wider)
+    path = wider / "train_labels.txt"
+    path.write_text("".join(f"{line} 0.5\n" for line in path.read_text().splitlines()))
+    record.write_text(json.dumps({"height": 20, "width": 195}))
+    assert recorded_signature(models / served.name) is None
+    check(wider)  # no K recorded: left to the check once TensorFlow is up
+    record.write_text(json.dumps({"height": 20, "width": 195, "outputs": 3}))
+    with pytest.raises(NotPublished, match=r"takes \(n, 3900\) → \(n, 3\), this model"):
+        check(wider)
 
 
 @pytest.mark.slow

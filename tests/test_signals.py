@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import events, json_lines
+from tests.conftest import SMALLEST, events, json_lines, widen
 from tests.runs import (
     FAR_STEPS,
     LOSS_TOLERANCE,
@@ -135,18 +135,18 @@ def conversion_stopped(
 ) -> Future[Signalled]:
     """SIGINT as soon as the ``cache`` event says the conversion started.
 
-    train_features.txt has 1,000,000 lines of 6 fields (2×3): about a second of parsing
-    on this machine, polled for the stop request every 512 lines.
+    train_features.txt has 15,000 lines of 440 fields (8×55, 25 MB): about a second of
+    parsing on this machine, polled for the stop request every 512 lines.
     """
     workdir = tmp_path_factory.mktemp("conversion")
     data = workdir / "data"
     data.mkdir()
-    (data / "train_features.txt").write_bytes(b"0.5 -1.25 3 4.0 -0 100\n" * 1_000_000)
-    (data / "train_labels.txt").write_bytes(b"1 2 3\n" * 1_000_000)
-    (data / "test_features.txt").write_bytes(b"1 2 3 4 5 6\n" * 10)
+    (data / "train_features.txt").write_bytes(widen(b"0.5 -1.25 3 4.0 -0 100\n") * 15_000)
+    (data / "train_labels.txt").write_bytes(b"1 2 3\n" * 15_000)
+    (data / "test_features.txt").write_bytes(widen(b"1 2 3 4 5 6\n") * 10)
     (data / "test_labels.txt").write_bytes(b"1 2 3\n" * 10)
     out = workdir / "out"
-    args = ["--data", str(data), "--output", str(out), "--height", "2", "--width", "3"]
+    args = ["--data", str(data), "--output", str(out), *SMALLEST]
 
     def job() -> Signalled:
         stopped, seconds = run_and_signal(

@@ -21,11 +21,15 @@ PAGE_CACHE_SHARE = 0.75
 HELD_VALIDATION_SHARE = 0.25
 
 
+def physical_memory() -> int:
+    """Bytes of this machine's memory (``sysconf``), as the kernel reports it inside a
+    container too: what a run without a memory limit is OOM-killed past."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def _total(memory_limit: int | None) -> int:
-    """``memory_limit``, or physical memory (``sysconf``) when there is none."""
-    if memory_limit is None:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return memory_limit
+    """``memory_limit``, or physical memory when there is none."""
+    return physical_memory() if memory_limit is None else memory_limit
 
 
 def resident_limit(memory_limit: int | None) -> int:

@@ -21,16 +21,16 @@ layers and variables under the same names (``conv1/kernel`` (3, 30, 1, 5),
 ``dense1/kernel`` (160, 20), ...), so a checkpoint or ``.keras`` file written by
 one restores into the other.
 
-Modules: :mod:`app.model.geometry` (sizes), :mod:`app.model.fast_formulation` (the fast
+Modules: :mod:`app.geometry` (sizes, no TensorFlow), :mod:`app.model.fast_formulation` (the fast
 formulation), :mod:`app.model.cnn` (the Keras model), :mod:`app.model.loss` (dropout and the loss).
 Importing the package registers the model with Keras (``.keras`` files load).
 """
 
 from __future__ import annotations
 
+from app.geometry import Geometry, geometry
 from app.model.cnn import FORMULATIONS, PRECISIONS, SeedCNN, build_model, stock
 from app.model.fast_formulation import PHASES, fast_tables, matmul_maxpool
-from app.model.geometry import Geometry, geometry
 from app.model.loss import dropout, forward, regularized_loss, weight_decay
 
 __all__ = [

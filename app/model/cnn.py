@@ -13,8 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from app.errors import ConfigError
-from app.model.fast_formulation import fast_features
-from app.model.geometry import (
+from app.geometry import (
     CONV1_KERNEL,
     CONV1_STRIDE,
     CONV2_BIAS_INIT,
@@ -23,6 +22,7 @@ from app.model.geometry import (
     FILTERS,
     geometry,
 )
+from app.model.fast_formulation import fast_features
 
 FORMULATIONS = ("plain", "fast")
 #: Compute precisions: float32, or bfloat16 products with float32 variables, loss and

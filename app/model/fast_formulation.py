@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import tensorflow as tf
 
-from app.model.geometry import CONV1_KERNEL, CONV1_STRIDE, FILTERS, geometry
+from app.geometry import CONV1_KERNEL, CONV1_STRIDE, FILTERS, geometry
 
 if TYPE_CHECKING:
     from app.model.cnn import SeedCNN

@@ -115,7 +115,7 @@ def export(model: keras.Model, cache: DataCache, standardize: bool, directory: P
         with tmp:
             try:
                 _write_export(served, wrap(stock(model), cache, standardize), tmp)
-                _record_input(tmp, cache.height, cache.width)
+                _record_input(tmp, cache.height, cache.width, cache.num_outputs)
                 files = files_digest(Path(tmp.via))
                 _swap_in(parent, tmp, final.name)
             except OSError as exc:
@@ -134,13 +134,16 @@ def _write_export(served: keras.Model, portable: keras.Model, tmp: Dir) -> None:
     served.export(f"{tmp.via}/{SAVED_MODEL_DIR}", format="tf_saved_model", verbose=False)
 
 
-def _record_input(tmp: Dir, height: int, width: int) -> None:
-    """The H×W of the SavedModel's flat input (:data:`app.release.layout.INPUT_FILE`), so
-    ``predict`` takes (n, H, W) arrays only in this order (a (n, W, H) array has as many
-    values a row, and gave other predictions, silently)."""
+def _record_input(tmp: Dir, height: int, width: int, outputs: int) -> None:
+    """The H×W of the SavedModel's flat input and its K outputs
+    (:data:`app.release.layout.INPUT_FILE`), so ``predict`` takes (n, H, W) arrays only in
+    this order (a (n, W, H) array has as many values a row, and gave other predictions,
+    silently), and a later run sees a signature change before it converts its data
+    (app/training/inputs/shape_checks.py)."""
     where = Path(tmp.via) / SAVED_MODEL_DIR / INPUT_FILE
     where.parent.mkdir(exist_ok=True)
-    where.write_text(json.dumps({"height": height, "width": width}) + "\n")
+    record = {"height": height, "width": width, "outputs": outputs}
+    where.write_text(json.dumps(record) + "\n")
 
 
 def _swap_in(parent: Dir, tmp: Dir, name: str) -> None:

@@ -28,7 +28,8 @@ META_FILE = "coretrain.json"
 KERAS_FILE = "model.keras"
 SAVED_MODEL_DIR = "saved_model"
 SAVED_MODEL_FILE = "saved_model.pb"
-#: In a SavedModel directory: the H×W its flat (n, H·W) input is, ``{"height", "width"}``;
+#: In a SavedModel directory: the H×W its flat (n, H·W) input is and its K outputs,
+#: ``{"height", "width", "outputs"}`` (``outputs`` since this release);
 #: ``assets.extra/`` is where a SavedModel keeps files its graph does not use (TF Serving
 #: reads its warm-up requests there and ignores the rest).
 INPUT_FILE = "assets.extra/coretrain_input.json"
@@ -223,16 +224,42 @@ def listing(directory: Path) -> list[Listed]:
     ]
 
 
+@dataclass(frozen=True)
+class Signature:
+    """A served model's interface: float32 (n, ``inputs``) → (n, ``outputs``)."""
+
+    inputs: int
+    outputs: int
+
+    def __str__(self) -> str:
+        return f"(n, {self.inputs}) → (n, {self.outputs})"
+
+
 def input_hw(saved_model: Path) -> tuple[int, int] | None:
     """The (H, W) the SavedModel ``saved_model`` was trained on (:data:`INPUT_FILE`); None
     for an export that does not record it (an earlier coretrain's) or an unreadable one."""
+    hw = _recorded(saved_model, "height", "width")
+    return (hw[0], hw[1]) if hw is not None else None
+
+
+def recorded_signature(saved_model: Path) -> Signature | None:
+    """The signature :data:`INPUT_FILE` records for the SavedModel ``saved_model``; None
+    when it records no K (an earlier coretrain's export), is unreadable or missing (another
+    program's model). A hint only: the signature is the model's own (app/release/publish.py
+    ``load``)."""
+    found = _recorded(saved_model, "height", "width", "outputs")
+    return Signature(found[0] * found[1], found[2]) if found is not None else None
+
+
+def _recorded(saved_model: Path, *names: str) -> tuple[int, ...] | None:
+    """The positive integers ``names`` of :data:`INPUT_FILE`; None unless all are there."""
     try:
         record = json.loads((saved_model / INPUT_FILE).read_text())
-        hw = (record["height"], record["width"])
+        values = tuple(record[name] for name in names)
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    ok = all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in hw)
-    return (int(hw[0]), int(hw[1])) if ok else None
+    ok = all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in values)
+    return tuple(int(n) for n in values) if ok else None
 
 
 def resolve_model(directory: Path) -> Path:

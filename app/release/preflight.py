@@ -1,7 +1,9 @@
 """The publish directory checked before a run converts, fits or trains anything (no
 TensorFlow): it can be written, and its entries are named as TF Serving will see them.
-The champion's signature is checked once TensorFlow is up, still before the first step
-(app/release/publish.py ``signature_change``)."""
+The champion's signature is checked before the data are converted when the newest
+version's record says it differs (app/training/inputs/shape_checks.py), and on the champion
+itself once TensorFlow is up, still before the first step (app/release/publish.py
+``signature_change``)."""
 
 from __future__ import annotations
 

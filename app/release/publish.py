@@ -49,7 +49,7 @@ from app.errors import Preempted, StorageError
 from app.release import gate, layout
 from app.release.export import Exported
 from app.release.gate import Decision
-from app.release.layout import KERAS_FILE, META_FILE, SAVED_MODEL_DIR
+from app.release.layout import KERAS_FILE, META_FILE, SAVED_MODEL_DIR, Signature
 
 LOCK_NAME = ".lock"
 #: Written first into a version being built, removed just before it is renamed into place:
@@ -59,17 +59,6 @@ BUILDING = ".coretrain-building"
 PRUNING = ".pruned."
 #: How long a run waits for another run's publishing to finish (seconds).
 LOCK_WAIT_S = 600.0
-
-
-@dataclass(frozen=True)
-class Signature:
-    """A served model's interface: float32 (n, ``inputs``) → (n, ``outputs``)."""
-
-    inputs: int
-    outputs: int
-
-    def __str__(self) -> str:
-        return f"(n, {self.inputs}) → (n, {self.outputs})"
 
 
 @dataclass(frozen=True)
@@ -141,10 +130,9 @@ def signature_of(data: DataCache) -> Signature:
     return Signature(data.height * data.width, data.num_outputs)
 
 
-def signature_change(served: Loaded | None, data: DataCache) -> str | None:
-    """Why a model trained on ``data`` can't replace ``served`` (the signatures differ);
+def signature_change(served: Loaded | None, mine: Signature) -> str | None:
+    """Why a model of signature ``mine`` can't replace ``served`` (the signatures differ);
     None when they are the same or there is no champion."""
-    mine = signature_of(data)
     if served is None or served.signature == mine:
         return None
     return (
@@ -196,7 +184,7 @@ def _judge(
 ) -> Decision:  # fmt: skip
     """The gate on the candidate's per-row errors against ``champ`` (the signature first)."""
     number = champ.number if champ else None
-    change = signature_change(champ, data)
+    change = signature_change(champ, signature_of(data))
     if change is not None and not allow_signature_change:
         rmse = gate.rmse(errors)
         return Decision(False, change, rmse, None, number, *gate.rule_of(tolerance))

@@ -2,9 +2,12 @@
 
 1. **open**: the JSON log file in the workspace (app/training/state/workspace.py) and the
    ``start`` event (versions, config, plan, cluster).
-2. **inputs**, before TensorFlow: the binary cache, the memory check, the validation split
-   and the baselines (app/training/inputs/load.py), so bad input fails in a fraction of a
-   second with one line.
+2. **inputs**, before TensorFlow: first what can refuse the run from the options, the
+   output and publish directories and the data's shape alone (app/release/preflight.py,
+   app/training/state/precheck.py, app/training/inputs/shape_checks.py) or end it as
+   finished already (app/training/state/rerun.py); then the binary cache, the memory check,
+   the validation split and the baselines (app/training/inputs/load.py), so bad input fails
+   in a fraction of a second with one line.
 3. **session**, TensorFlow from here on: the replicas (one process, or a worker of N:
    app/training/loop/replicas.py), the run's identity, the formulation and precision, the
    trainer, the restored checkpoint, the input pipeline (app/training/session.py).
@@ -41,6 +44,7 @@ from app.errors import DataError, Preempted
 from app.release import preflight
 from app.signals import StopRequest
 from app.training import phases
+from app.training.inputs import shape_checks
 from app.training.inputs.load import complete, load_data, sources
 from app.training.loop.outcome import FINISHED, STARTED_AT_ENV, Outcome, Replan, Result
 from app.training.state import precheck, rerun, workspace
@@ -85,6 +89,7 @@ def train(
     done = rerun.finished_unchanged(ws, config, key, workers)
     if done is not None:  # the same sources, unchanged: the cache is not needed to know
         return done
+    shape_checks.check(config, found, plan, chief=ws.is_chief)  # H×W, memory, signature
     data = load_data(config, ws.cache, plan, stop, below=ws.cache_top, found=found, key=key)
     done = rerun.finished(ws, config, data, workers)
     if done is not None:

@@ -209,7 +209,7 @@ def _check_signature(target: Path, data: Any, allowed: bool) -> None:
     ``allowed``."""
     from app.release import publish
 
-    change = publish.signature_change(publish.champion(target), data)
+    change = publish.signature_change(publish.champion(target), publish.signature_of(data))
     if change is not None and not allowed:
         raise NotPublished(f"model not published: {change}")
     if change is not None:

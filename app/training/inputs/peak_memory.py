@@ -5,7 +5,10 @@ A process over its cgroup's memory limit is killed by the kernel: exit 137, no m
 no ``end`` event, and a Job retries it into the same wall. So the training recipe
 (app/training/run.py, app/training/inputs/load.py) estimates the peak from what is known once
 the data are converted, before TensorFlow is imported, and a run that can't fit ends with exit
-8 and one line (:class:`app.errors.MemoryBudgetExceeded`). No TensorFlow here.
+8 and one line (:class:`app.errors.MemoryBudgetExceeded`). Without a memory limit the
+machine's memory is the limit: past it the kernel's OOM killer ends the run the same way.
+What no rows can lower (:func:`floor`) is checked before the conversion
+(app/training/inputs/shape_checks.py). No TensorFlow here.
 
 The rule, bytes (constants measured on this project's model with TensorFlow 2.21 on 2
 CPUs, peak RSS of whole ``coretrain train`` runs: docs/security.md, "Memory")::
@@ -32,8 +35,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from app.budget.memory import MIB, resident_limit, split_bytes, validation_held
+from app.budget.memory import MIB, physical_memory, resident_limit, split_bytes, validation_held
 from app.errors import MemoryBudgetExceeded
+from app.geometry import DENSE_UNITS  # the hidden layer feeding the K outputs
 
 #: Python, TensorFlow, Keras, the model's graphs and their working set at a batch of ~0:
 #: their heap, and TensorFlow's shared libraries as the kernel maps them, which is more when
@@ -56,7 +60,6 @@ STREAMED_BATCHES = 3 * 8 + 3
 #: gradients and the fast formulation's patch matrices (app/model/fast_formulation.py).
 PER_FEATURE = 44
 PER_OUTPUT = 40
-DENSE_UNITS = 20  # app/model/geometry.py's hidden layer feeding the K outputs
 #: Room for what the rule does not see (allocator slack, page cache of written files).
 MARGIN = 0.10
 
@@ -68,6 +71,7 @@ class Estimate:
     total: int
     parts: dict[str, int]
     resident: bool
+    at_least: bool = False  # :func:`floor`: the least, before the rows are counted
 
     def to_json(self) -> dict[str, Any]:
         return {"peak_bytes": self.total, "resident": self.resident, **self.parts}
@@ -102,21 +106,40 @@ def peak(
     return Estimate(total, parts, resident)
 
 
+def floor(*, height: int, width: int, outputs: int, batch_size: int) -> Estimate:
+    """The least any run of this shape needs, whatever its rows: :func:`peak` of no rows
+    (TensorFlow, the model and a batch's working set), known before the rows are counted."""
+    found = peak(
+        rows=0, height=height, width=width, outputs=outputs, batch_size=batch_size,
+        memory_limit=None,
+    )  # fmt: skip
+    return Estimate(found.total, found.parts, found.resident, at_least=True)
+
+
 def check(found: Estimate, memory_limit: int | None, batch_size: int) -> None:
-    """Raise MemoryBudgetExceeded (exit 8) when ``found`` is more than ``memory_limit``
-    (None: no limit, nothing to check)."""
-    if memory_limit is None or found.total <= memory_limit:
+    """Raise MemoryBudgetExceeded (exit 8) when ``found`` is more than ``memory_limit``,
+    or, without one (None), more than the machine's memory: the kernel's OOM killer ends
+    such a run as surely (exit 137, no message)."""
+    bound = memory_limit if memory_limit is not None else physical_memory()
+    if found.total <= bound:
         return
+    where = (
+        f"the memory limit of {bound / MIB:,.0f} MiB"
+        if memory_limit is not None
+        else f"this machine's {bound / MIB:,.0f} MiB of memory (no memory limit)"
+    )
     held = "held in memory" if found.resident else "read batch by batch"
+    split = f"training split {held}, " if not found.at_least else "whatever its rows, "
     fixed = int((BASE + found.parts["model_bytes"]) * (1 + MARGIN))  # whatever the batch
+    more = "raise the limit" if memory_limit is not None else "run it with more memory"
     advice = (
-        "raise the limit: TensorFlow alone needs about that much"
-        if fixed > memory_limit
-        else "lower --batch-size or raise the limit"
+        f"{more}: TensorFlow alone needs about that much"
+        if fixed > bound
+        else "lower --batch-size" + (" or raise the limit" if memory_limit is not None else "")
     )
     raise MemoryBudgetExceeded(
-        f"the run would need about {found.total / MIB:,.0f} MiB of memory at its peak "
-        f"(TensorFlow {BASE / MIB:.0f} MiB, training split {held}, batches of "
-        f"{batch_size}), more than the memory limit of {memory_limit / MIB:,.0f} MiB; "
-        f"{advice}"
+        f"the run would need {'at least' if found.at_least else 'about'} "
+        f"{found.total / MIB:,.0f} MiB of memory at its peak "
+        f"(TensorFlow {BASE / MIB:.0f} MiB, {split}batches of "
+        f"{batch_size}), more than {where}; {advice}"
     )

@@ -1,4 +1,10 @@
-"""The seed CNN's layer sizes and the spatial size of every stage for an H×W input."""
+"""The seed CNN's layer sizes and the spatial size of every stage for an H×W input.
+
+The architecture is app/model/__init__.py's docstring; the model (app/model/) builds its
+layers from these sizes. No TensorFlow here: the options are checked against them before a
+run converts, fits or times anything (app/training/state/precheck.py), so a run whose
+``--height``/``--width`` the CNN can't take ends in a second, not after its conversion.
+"""
 
 from __future__ import annotations
 

@@ -1,0 +1,83 @@
+"""What the data's shape alone can refuse, checked before the data are converted.
+
+A run's shape is known long before its rows are: H×W from the options, K from the first
+line (or the header) of the training labels (app/data/cache/bounds.py ``label_width``).
+Three refusals need nothing more, so they come before a conversion that can take minutes,
+the baselines and the timing (app/training/run.py):
+
+- an H×W the CNN can't take (app/geometry.py): ConfigError, exit 2;
+- a memory limit below what a run of this shape needs whatever its rows
+  (app/training/inputs/peak_memory.py ``floor``: TensorFlow, the model and a batch):
+  MemoryBudgetExceeded, exit 8; the rows' share is checked once they are counted
+  (app/training/inputs/load.py ``check_memory``);
+- a serving signature that is not the champion's in ``--publish-dir`` (without
+  ``--publish-allow-signature-change``): NotPublished, exit 7. The newest version's record
+  (app/release/layout.py ``recorded_signature``) says when it may differ; only then is
+  TensorFlow started, the champion loaded and its own signature compared
+  (app/release/publish.py). Without a record (another program's model, an earlier
+  coretrain's), or when the record agrees, the same check runs once TensorFlow is up,
+  still before the first step (app/training/session.py).
+
+No TensorFlow here, but for that confirmation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.budget.plan import ThreadPlan
+from app.config import TrainConfig
+from app.data.cache import bounds
+from app.data.formats.sources import Sources
+from app.errors import ConfigError, NotPublished
+from app.geometry import geometry
+from app.release import layout
+from app.training.inputs import peak_memory
+
+
+def check(config: TrainConfig, found: Sources, plan: ThreadPlan, chief: bool = True) -> None:
+    """The three refusals of the module docstring, in its order, for ``config`` on the data
+    ``found``; the signature on the ``chief`` only (the one that publishes). Raises
+    ConfigError (exit 2), DataError (the training labels' first line: exit 3),
+    MemoryBudgetExceeded (exit 8), NotPublished (exit 7)."""
+    height, width = config.data.height, config.data.width
+    try:
+        geometry(height, width)
+    except ConfigError as exc:
+        raise ConfigError(f"--height {height} --width {width}: {exc}") from None
+    k = bounds.label_width(found)
+    least = peak_memory.floor(
+        height=height, width=width, outputs=k, batch_size=config.recipe.batch_size
+    )
+    peak_memory.check(least, plan.memory_limit, config.recipe.batch_size)
+    if chief:
+        _signature(config, layout.Signature(height * width, k))
+
+
+def _signature(config: TrainConfig, mine: layout.Signature) -> None:
+    """NotPublished (exit 7) when the champion's signature is not ``mine``: confirmed on
+    the model itself, and only when the newest version's record says it differs."""
+    publishing = config.publishing
+    if publishing.publish_dir is None or publishing.publish_allow_signature_change:
+        return
+    newest = layout.newest(publishing.publish_dir)
+    if newest is None or not _may_differ(newest, mine):
+        return  # checked on the champion itself once TensorFlow is up
+    from app.budget.apply import import_tensorflow
+
+    import_tensorflow()
+    from app.release import publish
+
+    change = publish.signature_change(publish.champion(publishing.publish_dir), mine)
+    if change is not None:
+        raise NotPublished(f"model not published: {change}")
+
+
+def _may_differ(version: Path, mine: layout.Signature) -> bool:
+    """Whether ``version``'s record says its signature is not ``mine``: its K and H×W, or
+    its H×W alone (an earlier coretrain's record); False without a record."""
+    recorded = layout.recorded_signature(version)
+    if recorded is not None:
+        return recorded != mine
+    hw = layout.input_hw(version)
+    return hw is not None and hw[0] * hw[1] != mine.inputs
