@@ -31,6 +31,7 @@ import ctypes
 import errno
 import json
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -142,6 +143,14 @@ class Dir:
         """A path that reaches this very directory (``/proc/self/fd/N``), for libraries that
         take paths (TensorFlow, Keras); the plain path where /proc is not mounted."""
         return f"{_PROC_FD}/{self.fd}" if os.path.isdir(_PROC_FD) else str(self.path)
+
+    def named(self, text: str) -> str:
+        """``text``, a library's message about a file reached through :attr:`via`, with the
+        directory's path in its place: the message names a file a person can find."""
+        via = self.via
+        if via == str(self.path):
+            return text
+        return re.sub(re.escape(via) + r"(?![0-9])", lambda _: str(self.path), text)
 
     def still_at(self, path: Path) -> bool:
         """Whether ``path`` (followed, as a library would) still reaches this directory and

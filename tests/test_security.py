@@ -162,6 +162,18 @@ def test_a_replaced_file_is_renamed_over_a_planted_symlink_never_written_through
     assert not (tmp_path / "d" / "metrics.json").is_symlink()
 
 
+def test_a_message_about_a_file_reached_through_proc_names_its_real_path(tmp_path: Path) -> None:
+    """TensorFlow's errors name the ``/proc/self/fd/N`` path it was given; the job's
+    messages name the directory instead (and not ``/proc/self/fd/N0``'s)."""
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("no /proc here: the writers get the plain path")
+    with open_dir(tmp_path / "checkpoints") as held:
+        text = f"{held.via}/ckpt-3_temp/part-0; No space left on device; {held.via}0/x"
+        assert held.named(text) == (
+            f"{tmp_path}/checkpoints/ckpt-3_temp/part-0; No space left on device; {held.via}0/x"
+        )
+
+
 def test_a_directory_swapped_after_it_was_opened_is_noticed(tmp_path: Path) -> None:
     path = tmp_path / "checkpoints"
     with open_dir(path) as held:

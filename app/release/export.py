@@ -121,7 +121,9 @@ def export(model: keras.Model, cache: DataCache, standardize: bool, directory: P
             except OSError as exc:
                 raise StorageError(f"{final}: cannot write the export: {exc.strerror}") from exc
             except tf.errors.OpError as exc:  # SavedModel writing, e.g. no space left on device
-                raise StorageError(f"{final}: cannot write the export: {exc.message}") from exc
+                raise StorageError(
+                    f"{final}: cannot write the export: {tmp.named(exc.message)}"
+                ) from exc
             finally:
                 parent.remove(tmp.path.name)
     return Exported(final, weights_digest(served), files)

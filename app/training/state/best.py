@@ -85,7 +85,8 @@ class Best:
                 self.checkpoint.write(f"{self.held.via}/{PREFIX}-{step}")
         except (OSError, tf.errors.OpError) as exc:
             raise StorageError(
-                f"{self.held.path}: cannot save the best checkpoint {step}: {short_message(exc)}"
+                f"{self.held.path}: cannot save the best checkpoint {step}: "
+                f"{self.held.named(short_message(exc))}"
             ) from exc
         for older in self.steps():
             if older != step:
@@ -105,7 +106,7 @@ class Best:
             except Exception as exc:  # as checkpointer.restore: OpError, ValueError, ...
                 raise StorageError(
                     f"{self.held.path}/{PREFIX}-{step}: cannot read the best checkpoint: "
-                    f"{type(exc).__name__}: {short_message(exc)}"
+                    f"{type(exc).__name__}: {self.held.named(short_message(exc))}"
                 ) from exc
         kept = self.replicas.sum([float(step or 0)], "best step")[0]
         if kept > 0 and self.replicas.count > 1:
