@@ -17,7 +17,7 @@ from app.data.formats import textfile
 from app.data.formats.base import Shape
 from app.data.formats.detect import features_array, kind, open_array
 from app.data.formats.sources import ROLES
-from app.errors import DataError
+from app.errors import ConfigError, DataError
 from tests.conftest import TINY_TRAIN_ARGS, events, json_lines, prepare_cache, run_cli
 
 
@@ -225,6 +225,69 @@ def test_a_change_to_an_hdf5_dataset_kept_in_another_file_changes_the_cache_key(
     assert source_key(sources) != before
 
 
+def _grouped(path: Path, arrays: dict, groups: tuple[str, ...] = ("data",)) -> Path:
+    """An HDF5 file with the four arrays in each of ``groups`` (as another program writes
+    them: ``data/train_features``, …)."""
+    with h5py.File(path, "w") as f:
+        for group in groups:
+            for role, a in arrays.items():
+                f.create_dataset(f"{group}/{role}", data=a)
+    return path
+
+
+def test_hdf5_datasets_in_a_group_are_found_by_their_names_or_paths(
+    tmp_path: Path, arrays: dict
+) -> None:
+    path = _grouped(tmp_path / "g.h5", arrays)
+    cache = prepare_cache(TrainConfig.of(data_dir=path, output_dir=tmp_path / "o"))
+    np.testing.assert_array_equal(cache.labels("train"), arrays["train_labels"])
+    manifest = json.loads((cache.path / "manifest.json").read_text())
+    assert "train_x.f32" in manifest["in_place"]  # contiguous float32 in a group: in place
+    named = TrainConfig.of(
+        data_dir=path, output_dir=tmp_path / "o2", train_labels="/data/train_labels",
+        test_labels="data/test_labels",
+    )  # fmt: skip
+    np.testing.assert_array_equal(prepare_cache(named).labels("test"), arrays["test_labels"])
+    got = features_array(path).chunks(Shape(3900), False)
+    np.testing.assert_array_equal(np.concatenate(list(got)), arrays["test_features"])
+
+
+def test_a_bare_name_two_hdf5_datasets_end_in_is_exit_2_naming_both(
+    tmp_path: Path, arrays: dict
+) -> None:
+    path = _grouped(tmp_path / "g.h5", arrays, groups=("a", "b"))
+    with pytest.raises(ConfigError) as caught:
+        open_array(path, "train_labels")
+    assert str(caught.value) == (
+        f"{path}: 2 datasets are named train_labels (a/train_labels, b/train_labels): name "
+        "the one to read by its path in the file"
+    )
+    assert open_array(path, "b/train_labels").label == f"{path}:b/train_labels"
+    with pytest.raises(DataError, match=r"g\.h5:c/train_labels: no such dataset in the HDF5 "
+                       r"file \(it holds: a/test_features, "):  # fmt: skip
+        open_array(path, "c/train_labels")
+
+
+def test_a_grouped_hdf5_dataset_kept_in_another_file_is_in_the_cache_key(
+    tmp_path: Path, arrays: dict
+) -> None:
+    from app.data.cache.entry import source_key
+    from app.data.formats.sources import Sources
+
+    labels = arrays["train_labels"]
+    labels.tofile(tmp_path / "labels.raw")
+    path = tmp_path / "d.h5"
+    with h5py.File(path, "w") as f:
+        for role in ("test_features", "test_labels", "train_features"):
+            f.create_dataset(f"data/{role}", data=arrays[role])
+        raw = [(str(tmp_path / "labels.raw"), 0, labels.nbytes)]
+        f.create_dataset("data/train_labels", shape=labels.shape, dtype="<f4", external=raw)
+    sources = Sources({role: path for role in ROLES}, 20, 195, members={r: r for r in ROLES})
+    before = source_key(sources)
+    (labels * 10).astype("<f4").tofile(tmp_path / "labels.raw")
+    assert source_key(sources) != before
+
+
 def test_predict_picks_a_containers_features_array(tmp_path: Path, arrays: dict) -> None:
     a = arrays["test_features"]
     np.savez(tmp_path / "one.npz", anything=a)
@@ -387,7 +450,7 @@ def test_text_npy_npz_and_hdf5_train_to_the_same_test_rmse_bit_for_bit(
         np.testing.assert_array_equal(got, predicted[0])
     # The export records its H×W: (n, W, H) has as many values a row but is refused.
     record = json.loads((model / "saved_model/assets.extra/coretrain_input.json").read_text())
-    assert record == {"height": 20, "width": 195}
+    assert record == {"height": 20, "width": 195, "outputs": 3}
     wh = tmp_path / "wh.npy"
     np.save(wh, arrays["test_features"].reshape(-1, 20, 195).transpose(0, 2, 1))
     proc = run_cli("predict", "--model", str(model), "--features", str(wh), "--out", str(out))

@@ -156,6 +156,16 @@ def reading(problem: str, errors: tuple[type[BaseException], ...]) -> Iterator[N
         raise DataError(f"{problem}: {exc}") from None
 
 
+def named(names: list[str], name: str) -> list[str]:
+    """The arrays of a container (``names``: paths in it, ``data/train_features`` in an
+    HDF5 group) that ``name`` means: the one of that path (a leading ``/`` aside), else each
+    whose last part is ``name`` (a bare name finds a dataset in a group)."""
+    path = name.strip("/")
+    if path in names:
+        return [path]
+    return [n for n in names if n.rsplit("/", 1)[-1] == path] if "/" not in path else []
+
+
 class ArrayFile:
     """What a .npy file, a .npz member and an HDF5 dataset share through the format seam
     (app/data/formats/base.py): set ``path``, ``label``, ``header``, and ``offset`` (the

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from app.data.formats import hdf5, npy, npz
+from app.data.formats.arrays import named
 from app.data.formats.base import Array, missing
 from app.data.formats.text import TextArray
 from app.errors import DataError
@@ -67,14 +68,18 @@ def open_array(path: Path, member: str | None = None) -> Array:
 
 def features_array(path: Path) -> Array:
     """The features of ``path`` for ``predict``: the file itself, or of a container its
-    array ``features``, else ``test_features``, else its only array. Raises DataError."""
+    array ``features``, else ``test_features`` (in an HDF5 group too, when only one dataset
+    has that name), else its only array. Raises DataError."""
     found = kind(path)
     if found not in CONTAINERS:
         return open_array(path)
     names = _members(found, path)
-    for name in ("features", "test_features", *(names if len(names) == 1 else ())):
-        if name in names:
-            return open_array(path, name)
+    for name in ("features", "test_features"):
+        meant = named(names, name)
+        if len(meant) == 1:
+            return open_array(path, meant[0])
+    if len(names) == 1:
+        return open_array(path, names[0])
     raise DataError(
         f"{path}: no array named features or test_features, and more than one array "
         f"({', '.join(names)})"

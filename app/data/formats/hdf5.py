@@ -23,8 +23,9 @@ from typing import Any
 import h5py
 import numpy as np
 
-from app.data.formats.arrays import ArrayFile, Header, float_rows, reading
+from app.data.formats.arrays import ArrayFile, Header, float_rows, named, reading
 from app.data.formats.base import CHUNK_BYTES, CHUNK_ROWS, Shape
+from app.errors import ConfigError
 
 MAGIC = b"\x89HDF\r\n\x1a\n"
 #: What h5py raises for a damaged, cut or unexpected file.
@@ -54,15 +55,16 @@ def _elsewhere(ds: h5py.Dataset, path: Path) -> bool:
 
 
 def stored_elsewhere(path: Path) -> dict[str, str]:
-    """The datasets at the root of the HDF5 file ``path`` whose values lie in other files
+    """The datasets of the HDF5 file ``path`` (:func:`members`) whose values lie in other files
     (:func:`_elsewhere`), each with a SHA-256 of its values read through h5py: the files
     they lie in are named by rules of HDF5's (prefixes, the working directory), so what
     identifies them is their content, read in full at every run
     (app/data/formats/sources.py ``fingerprint``). Raises DataError (unreadable)."""
     out: dict[str, str] = {}
     with reading(f"{path}: not a readable HDF5 file", _BROKEN), h5py.File(path, "r") as f:
-        for name, ds in f.items():
-            if not isinstance(ds, h5py.Dataset) or not _elsewhere(ds, path):
+        for name in _datasets(f):
+            ds = f[name]
+            if not _elsewhere(ds, path):
                 continue
             digest = hashlib.sha256(f"{ds.dtype.str}{ds.shape}".encode())
             rows = max(1, CHUNK_BYTES // max(ds.dtype.itemsize * int(np.prod(ds.shape[1:])), 1))
@@ -73,19 +75,41 @@ def stored_elsewhere(path: Path) -> dict[str, str]:
 
 
 def members(path: Path) -> list[str]:
-    """The datasets at the root of the HDF5 file ``path``, by name."""
+    """The datasets of the HDF5 file ``path`` by their path in it (:func:`_datasets`)."""
     with reading(f"{path}: not a readable HDF5 file", _BROKEN), h5py.File(path, "r") as f:
-        return [n for n, v in f.items() if isinstance(v, h5py.Dataset)]
+        return _datasets(f)
+
+
+def _datasets(f: h5py.File) -> list[str]:
+    """The paths of ``f``'s datasets: those in groups (``data/train_features``: what h5py's
+    ``visititems`` reaches by hard links) and those a link at the root names (a soft or an
+    external link, which ``visititems`` does not follow)."""
+    found: list[str] = []
+
+    def visit(name: str, obj: object) -> None:
+        if isinstance(obj, h5py.Dataset):
+            found.append(name)
+
+    f.visititems(visit)
+    return found + [n for n, v in f.items() if isinstance(v, h5py.Dataset) and n not in found]
 
 
 class HdfArray(ArrayFile):
-    """The dataset ``name`` of an HDF5 file, through the format seam."""
+    """The dataset ``name`` of an HDF5 file, through the format seam: its path in the
+    file, or a bare name that only one dataset's path ends in (:func:`arrays.named`)."""
 
     def __init__(self, path: Path, name: str) -> None:
-        self.name = name
-        self.name_member(path, name, members(path), "dataset in the HDF5 file")
+        found = members(path)
+        meant = named(found, name)
+        if len(meant) > 1:
+            raise ConfigError(
+                f"{path}: {len(meant)} datasets are named {name} ({', '.join(meant)}): name "
+                "the one to read by its path in the file"
+            )
+        self.name = meant[0] if meant else name
+        self.name_member(path, self.name, found, "dataset in the HDF5 file")
         with reading(f"{self.label}: cannot read", _BROKEN), h5py.File(path, "r") as f:
-            ds = f[name]
+            ds = f[self.name]
             self.header = Header(self.label, tuple(int(n) for n in ds.shape), ds.dtype)
             self.chunk_rows = ds.chunks[0] if ds.chunks else None
             # In place: contiguous (filters need chunks in HDF5), and in this very file (an
