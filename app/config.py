@@ -55,8 +55,11 @@ class DataConfig(Options):
     test_labels: str | None = option(
         None, FILE_HELP, metavar="NAME", shown_default="test_labels.txt[.gz] or .npy"
     )
-    height: int = option(20, "Feature rows H (a line holds H×W floats).", minimum=1, identity=True)
-    width: int = option(195, "Feature columns W.", minimum=1, identity=True)
+    height: int = option(
+        20, "Feature rows H (a line holds H×W floats); the CNN takes H ≥ 8.", minimum=1,
+        identity=True,
+    )  # fmt: skip
+    width: int = option(195, "Feature columns W; the CNN takes W ≥ 55.", minimum=1, identity=True)
     validation_fraction: float = option(
         0.1,
         "Fraction of the training rows held out (chosen by --seed) to evaluate during "

@@ -186,14 +186,19 @@ def test_a_finished_run_rerun_is_a_no_op(nights: dict) -> None:
     assert versions(nights["models"]) == [1, 2]
 
 
+def _wider(data: Path, to: Path) -> Path:
+    """A copy of ``data`` with one more label column (K = 4) upstream."""
+    shutil.copytree(data, to)
+    for role in ("train_labels", "test_labels"):
+        path = to / f"{role}.txt"
+        path.write_text("".join(f"{line} 0.5\n" for line in path.read_text().splitlines()))
+    return to
+
+
 @pytest.mark.slow
 def test_a_changed_signature_is_refused_before_training(nights: dict, tmp_path: Path) -> None:
     """One more label column upstream: the served version has 3 outputs, this run's data 4."""
-    wider = tmp_path / "wider"
-    shutil.copytree(nights["data"], wider)
-    for role in ("train_labels", "test_labels"):
-        path = wider / f"{role}.txt"
-        path.write_text("".join(f"{line} 0.5\n" for line in path.read_text().splitlines()))
+    wider = _wider(nights["data"], tmp_path / "wider")
     code, records, stderr = _train(wider, tmp_path / "out", nights["models"], 150)
     assert code == 7, stderr[-2000:]
     (line,) = stderr.splitlines()
@@ -232,10 +237,7 @@ def test_the_signature_is_refused_early_only_when_the_model_itself_differs(
         shape_checks.check(config, load.sources(config), plan)
 
     check(nights["data"])  # the model's own signature is the data's: (n, 3)
-    wider = tmp_path / "wider"  # K = 4
-    shutil.copytree(nights["data"], wider)
-    path = wider / "train_labels.txt"
-    path.write_text("".join(f"{line} 0.5\n" for line in path.read_text().splitlines()))
+    wider = _wider(nights["data"], tmp_path / "wider")
     record.write_text(json.dumps({"height": 20, "width": 195}))
     assert recorded_signature(models / served.name) is None
     check(wider)  # no K recorded: left to the check once TensorFlow is up
@@ -348,3 +350,31 @@ def test_pruning_keeps_the_newest_versions(tmp_path: Path) -> None:
         _prune(directory, keep=0)
     assert versions(tmp_path) == [0, 1, 4, 5]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0", "1", "4", "5"]  # no leftovers
+
+
+@pytest.mark.slow
+def test_a_finished_run_rerun_on_copied_data_is_a_no_op_under_a_new_signature(
+    nights: dict, tmp_path: Path
+) -> None:
+    """Night 2 finished and published version 2; a model of 4 outputs was published above
+    it since (its clients moved on); night 2's Job is retried on a fresh copy of its data
+    (another cache key: its finish is known only from the data's fingerprints). Nothing to
+    do: not the signature's exit 7."""
+    models, out = tmp_path / "models", tmp_path / "night2"
+    shutil.copytree(nights["models"], models)
+    shutil.copytree(nights["root"] / "night2", out)
+    wider = _wider(nights["data"], tmp_path / "wider")
+    proc = run_cli(
+        "train", "--data", str(wider), "--output", str(tmp_path / "other"), "--max-steps", "150",
+        "--publish-dir", str(models), "--publish-allow-signature-change", *ARGS,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert versions(models) == [1, 2, 3]
+    data = tmp_path / "data"
+    shutil.copytree(nights["data"], data)
+    code, records, stderr = _train(data, out, models, 150)
+    assert (code, stderr.strip()) == (0, ""), stderr[-2000:]
+    (done,) = events(records, "already_finished")
+    assert "published as version 2" in done["message"]
+    assert events(records, "cache")  # known from the data, converted again
+    assert versions(models) == [1, 2, 3]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -45,9 +46,8 @@ def test_an_input_the_cnn_cannot_take_is_exit_2_before_the_data_are_read(
         f"coretrain: --height {height} --width {width}: input {height}×{width} is too small "
         "for the seed CNN (needs height ≥ 8 and width ≥ 55 to leave one position after pool2)"
     ]
-    records = json_lines(proc.stdout)
-    assert not events(records, "cache") and _cache_files(out) == []
-    assert events(records, "end")[-1]["exit_code"] == 2
+    assert not out.exists()  # refused before the output directory is made
+    assert events(json_lines(proc.stdout), "end")[-1]["exit_code"] == 2
 
 
 def test_the_smallest_input_is_the_geometry_s_own_bound() -> None:
@@ -145,4 +145,59 @@ def test_without_a_memory_limit_a_batch_past_the_machine_s_memory_is_exit_8_at_o
         f"{batch}), more than this machine's {residency.physical_memory() / MIB:,.0f} MiB of "
         "memory (no memory limit); lower --batch-size"
     )
+    assert not events(json_lines(proc.stdout), "cache") and _cache_files(out) == []
+
+
+@pytest.mark.parametrize("what", ["fifo", "device", "huge", "directory"])
+def test_a_record_that_is_not_a_small_regular_file_is_no_record(tmp_path: Path, what: str) -> None:
+    """A version's record sits where others may write: a FIFO would block its open until a
+    writer came (and a stop request with it), /dev/zero would fill the memory."""
+    record = tmp_path / layout.INPUT_FILE
+    record.parent.mkdir()
+    if what == "fifo":
+        os.mkfifo(record)
+    elif what == "device":
+        record.symlink_to("/dev/zero")
+    elif what == "huge":
+        padding = " " * layout.RECORD_BYTES
+        record.write_text(f'{{"height": 20, "width": 195, "outputs": 3}}{padding}')
+    else:
+        record.mkdir()
+    assert layout.recorded_signature(tmp_path) is None and layout.input_hw(tmp_path) is None
+    assert layout.read_meta(record.parent) == {}
+
+
+def _copy(tiny_data: Path, to: Path) -> Path:
+    shutil.copytree(tiny_data, to)
+    return to
+
+
+@pytest.mark.parametrize(
+    ("case", "blamed", "what"),
+    [
+        ("header", "train_labels.txt:1: ", "field 1: not a number: 'y1'"),
+        ("csv", "train_labels.txt:1: ", "comma-separated"),
+        ("width", "train_features.txt:1: ", "expected 3900000 fields (H×W = 20×195000)"),
+    ],
+)
+def test_a_first_row_the_conversion_would_refuse_is_exit_3_before_the_memory_check(
+    tiny_data: Path, tmp_path: Path, case: str, blamed: str, what: str
+) -> None:
+    """The label count comes from a row of numbers: a header line or a comma-separated file
+    is the conversion's exit 3 (not a memory or signature refusal from a wrong K), and so is
+    a --width the lines don't have (a batch of that width would not fit either)."""
+    data = _copy(tiny_data, tmp_path / "data")
+    labels = data / "train_labels.txt"
+    extra: list[str] = []
+    if case == "header":
+        labels.write_text("y1 y2 y3\n" + labels.read_text())
+    elif case == "csv":
+        labels.write_text(labels.read_text().replace(" ", ","))
+    else:
+        extra = ["--width", "195000"]
+    out = tmp_path / "out"
+    proc = run_cli("train", "--data", str(data), "--output", str(out), *extra)
+    assert proc.returncode == 3, proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(f"coretrain: {data}/{blamed}") and what in line, line
     assert not events(json_lines(proc.stdout), "cache") and _cache_files(out) == []

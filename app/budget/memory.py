@@ -28,8 +28,10 @@ def physical_memory() -> int:
 
 
 def _total(memory_limit: int | None) -> int:
-    """``memory_limit``, or physical memory when there is none."""
-    return physical_memory() if memory_limit is None else memory_limit
+    """``memory_limit`` or physical memory, the smaller (a limit above the machine's
+    memory does not make more of it)."""
+    machine = physical_memory()
+    return machine if memory_limit is None else min(memory_limit, machine)
 
 
 def resident_limit(memory_limit: int | None) -> int:

@@ -1,6 +1,7 @@
 """``coretrain train``: one run of the job, and the one place its outcome becomes an exit.
 
-In order: the JSON log on stdout, the umask, the stop request (SIGTERM/SIGINT), the
+In order: the JSON log on stdout, the checks of --data and of --height/--width (nothing
+written yet), the umask, the stop request (SIGTERM/SIGINT), the
 cluster (a multi-worker run, if any), the workspace and its output lock, the thread plan
 (detected and applied before TensorFlow starts), then :func:`app.training.run.train`.
 Its outcome (app/training/loop/outcome.py) is mapped here, by :func:`conclude`, to the exit
@@ -30,6 +31,7 @@ from app.errors import ConfigError, NotPublished, Preempted, exit_code_of
 from app.release import preflight
 from app.report import ReportOptions, push
 from app.signals import StopRequest
+from app.training.inputs import shape_checks
 from app.training.loop.outcome import REPLAN_AT_ENV, STARTED_AT_ENV, Replan, Result, Stopped
 from app.training.state import workspace
 
@@ -48,6 +50,7 @@ def run(
     text = report is not None and report.text(sys.stdout)
     logs.setup(text=text)
     _check_data_dir(config.data.data_dir)  # a mistyped --data writes nothing into --output
+    shape_checks.check_geometry(config)  # nor an --height/--width the CNN can't take
     restrict_umask()
     stop = StopRequest().install()
     cluster = spec.resolve(os.environ, cluster_options)

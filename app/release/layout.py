@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,10 +149,7 @@ def newest(directory: Path) -> Path | None:
 def read_meta(version: Path) -> dict[str, Any]:
     """What coretrain recorded in a version it published (:data:`META_FILE`); {} for a
     version it did not publish or whose record can't be read."""
-    try:
-        meta = json.loads((version / META_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
+    meta = _small_json(version / META_FILE)
     return meta if isinstance(meta, dict) else {}
 
 
@@ -253,10 +252,10 @@ def recorded_signature(saved_model: Path) -> Signature | None:
 
 def _recorded(saved_model: Path, *names: str) -> tuple[int, ...] | None:
     """The positive integers ``names`` of :data:`INPUT_FILE`; None unless all are there."""
+    record = _small_json(saved_model / INPUT_FILE)
     try:
-        record = json.loads((saved_model / INPUT_FILE).read_text())
         values = tuple(record[name] for name in names)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         return None
     ok = all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in values)
     return tuple(int(n) for n in values) if ok else None
@@ -278,3 +277,36 @@ def resolve_model(directory: Path) -> Path:
         f"{directory}: no model here (a run's model/ directory, a version directory with "
         "saved_model.pb, or a publish directory of numbered versions)"
     )
+
+
+#: The most bytes a record coretrain keeps beside a model may have (it writes a few KB).
+RECORD_BYTES = 1 << 20
+
+
+def _small_json(path: Path) -> Any:
+    """The JSON value in the regular file ``path``; None when it is not one (missing, a
+    FIFO, whose open would wait for a writer, or a device: opened without blocking and
+    refused after ``fstat``), is over :data:`RECORD_BYTES` or is not JSON. A record sits in
+    a directory others may write to: it must not stop or swamp the run that reads it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    parts: list[bytes] = []
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        size = 0
+        while size <= RECORD_BYTES and (part := os.read(fd, RECORD_BYTES + 1 - size)):
+            parts.append(part)
+            size += len(part)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if size > RECORD_BYTES:
+        return None
+    try:
+        return json.loads(b"".join(parts))
+    except ValueError:
+        return None

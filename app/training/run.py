@@ -89,7 +89,8 @@ def train(
     done = rerun.finished_unchanged(ws, config, key, workers)
     if done is not None:  # the same sources, unchanged: the cache is not needed to know
         return done
-    shape_checks.check(config, found, plan, chief=ws.is_chief)  # H×W, memory, signature
+    if not rerun.looks_finished(ws, config, workers):  # else its rerun decides first
+        shape_checks.check(config, found, plan, chief=ws.is_chief)  # rows, memory, signature
     data = load_data(config, ws.cache, plan, stop, below=ws.cache_top, found=found, key=key)
     done = rerun.finished(ws, config, data, workers)
     if done is not None:

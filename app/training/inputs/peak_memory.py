@@ -117,29 +117,41 @@ def floor(*, height: int, width: int, outputs: int, batch_size: int) -> Estimate
 
 
 def check(found: Estimate, memory_limit: int | None, batch_size: int) -> None:
-    """Raise MemoryBudgetExceeded (exit 8) when ``found`` is more than ``memory_limit``,
-    or, without one (None), more than the machine's memory: the kernel's OOM killer ends
-    such a run as surely (exit 137, no message)."""
-    bound = memory_limit if memory_limit is not None else physical_memory()
+    """Raise MemoryBudgetExceeded (exit 8) when ``found`` is more than the memory the run
+    may use: ``memory_limit`` or the machine's memory, the smaller (None: no limit, the
+    machine's): past either the kernel's OOM killer ends the run (exit 137, no message)."""
+    machine = physical_memory()
+    limited = memory_limit is not None and memory_limit <= machine
+    bound = memory_limit if memory_limit is not None and limited else machine
     if found.total <= bound:
         return
     where = (
         f"the memory limit of {bound / MIB:,.0f} MiB"
-        if memory_limit is not None
-        else f"this machine's {bound / MIB:,.0f} MiB of memory (no memory limit)"
+        if limited
+        else f"this machine's {bound / MIB:,.0f} MiB of memory"
+        + (" (no memory limit)" if memory_limit is None else " (below its memory limit)")
     )
     held = "held in memory" if found.resident else "read batch by batch"
     split = f"training split {held}, " if not found.at_least else "whatever its rows, "
-    fixed = int((BASE + found.parts["model_bytes"]) * (1 + MARGIN))  # whatever the batch
-    more = "raise the limit" if memory_limit is not None else "run it with more memory"
-    advice = (
-        f"{more}: TensorFlow alone needs about that much"
-        if fixed > bound
-        else "lower --batch-size" + (" or raise the limit" if memory_limit is not None else "")
-    )
     raise MemoryBudgetExceeded(
         f"the run would need {'at least' if found.at_least else 'about'} "
         f"{found.total / MIB:,.0f} MiB of memory at its peak "
         f"(TensorFlow {BASE / MIB:.0f} MiB, {split}batches of "
-        f"{batch_size}), more than {where}; {advice}"
+        f"{batch_size}), more than {where}; {_advice(found, bound, batch_size, limited)}"
     )
+
+
+def _advice(found: Estimate, bound: int, batch_size: int, limited: bool) -> str:
+    """What to change: the limit when TensorFlow alone passes it, the row's size when one
+    sample does (--height/--width), else the batch."""
+    fixed = int((BASE + found.parts["model_bytes"]) * (1 + MARGIN))  # whatever the batch
+    sample = found.parts["batch_bytes"] // max(batch_size, 1)
+    more = "raise the limit" if limited else "run it with more memory"
+    if fixed > bound:
+        return f"{more}: TensorFlow alone needs about that much"
+    if fixed + int(sample * (1 + MARGIN)) > bound:
+        return (
+            f"one sample alone needs {sample / MIB:,.0f} MiB ({PER_FEATURE} bytes a feature "
+            "value): check --height and --width"
+        )
+    return "lower --batch-size" + (" or raise the limit" if limited else "")

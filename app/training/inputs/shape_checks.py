@@ -2,14 +2,18 @@
 
 A run's shape is known long before its rows are: H×W from the options, K from the first
 line (or the header) of the training labels (app/data/cache/bounds.py ``label_width``).
-Three refusals need nothing more, so they come before a conversion that can take minutes,
-the baselines and the timing (app/training/run.py):
+The refusals that need nothing more come before a conversion that can take minutes, the
+baselines and the timing (app/training/run.py), in this order:
 
-- an H×W the CNN can't take (app/geometry.py): ConfigError, exit 2;
-- a memory limit below what a run of this shape needs whatever its rows
-  (app/training/inputs/peak_memory.py ``floor``: TensorFlow, the model and a batch):
-  MemoryBudgetExceeded, exit 8; the rows' share is checked once they are counted
-  (app/training/inputs/load.py ``check_memory``);
+- an H×W the CNN can't take (app/geometry.py): ConfigError, exit 2, checked by the command
+  before the output directory is touched (:func:`check_geometry`);
+- the first row of the training labels and features, parsed as the conversion will parse
+  it: a header line, a comma-separated file or a ``--width`` the lines don't have is the
+  conversion's own one line (DataError, exit 3), and K is a count of numbers;
+- a memory limit (without one, the machine's memory) below what a run of this shape needs
+  whatever its rows (app/training/inputs/peak_memory.py ``floor``: TensorFlow, the model
+  and a batch): MemoryBudgetExceeded, exit 8; the rows' share is checked once they are
+  counted (app/training/inputs/load.py ``check_memory``);
 - a serving signature that is not the champion's in ``--publish-dir`` (without
   ``--publish-allow-signature-change``): NotPublished, exit 7. The newest version's record
   (app/release/layout.py ``recorded_signature``) says when it may differ; only then is
@@ -18,7 +22,9 @@ the baselines and the timing (app/training/run.py):
   coretrain's), or when the record agrees, the same check runs once TensorFlow is up,
   still before the first step (app/training/session.py).
 
-No TensorFlow here, but for that confirmation.
+An output directory holding this run finished already skips them: whether its rerun has
+anything to do is known only from its data (app/training/state/rerun.py), and each check
+comes again later. No TensorFlow here, but for the signature's confirmation.
 """
 
 from __future__ import annotations
@@ -35,23 +41,41 @@ from app.release import layout
 from app.training.inputs import peak_memory
 
 
-def check(config: TrainConfig, found: Sources, plan: ThreadPlan, chief: bool = True) -> None:
-    """The three refusals of the module docstring, in its order, for ``config`` on the data
-    ``found``; the signature on the ``chief`` only (the one that publishes). Raises
-    ConfigError (exit 2), DataError (the training labels' first line: exit 3),
-    MemoryBudgetExceeded (exit 8), NotPublished (exit 7)."""
+def check_geometry(config: TrainConfig) -> None:
+    """Raise ConfigError (exit 2) naming the options when the CNN can't take H×W."""
     height, width = config.data.height, config.data.width
     try:
         geometry(height, width)
     except ConfigError as exc:
         raise ConfigError(f"--height {height} --width {width}: {exc}") from None
+
+
+def check(config: TrainConfig, found: Sources, plan: ThreadPlan, chief: bool = True) -> None:
+    """The refusals of the module docstring after the geometry, for ``config`` on the data
+    ``found``; the signature on the ``chief`` only (the one that publishes). Raises
+    DataError (exit 3), MemoryBudgetExceeded (exit 8), NotPublished (exit 7)."""
     k = bounds.label_width(found)
+    for role in ("train_labels", "train_features"):
+        _first_row(found, role, k, config.data.allow_nonfinite)
+    height, width = config.data.height, config.data.width
     least = peak_memory.floor(
         height=height, width=width, outputs=k, batch_size=config.recipe.batch_size
     )
     peak_memory.check(least, plan.memory_limit, config.recipe.batch_size)
     if chief:
         _signature(config, layout.Signature(height * width, k))
+
+
+def _first_row(found: Sources, role: str, k: int, allow_nonfinite: bool) -> None:
+    """Parse ``role``'s first row as the conversion will (its reader's first read only).
+    Raises DataError naming the file (and line, field): the conversion's message."""
+    rows = found.array(role).chunks(bounds.shape(found, role, k), allow_nonfinite, 1)
+    try:
+        next(rows, None)
+    finally:
+        close = getattr(rows, "close", None)
+        if close is not None:
+            close()
 
 
 def _signature(config: TrainConfig, mine: layout.Signature) -> None:

@@ -76,6 +76,13 @@ def finished_unchanged(
     return _nothing_to_do(ws, config, summary)
 
 
+def looks_finished(ws: Workspace, config: TrainConfig, workers: int) -> bool:
+    """Whether ``ws`` holds a run finished where this one would end, its export in place:
+    only its data's fingerprints (:func:`finished`, once the cache is there) can still make
+    it something to do. A check that could refuse this run waits until they are known."""
+    return _over(ws, config, workers) is not None
+
+
 def _over(ws: Workspace, config: TrainConfig, workers: int) -> dict[str, Any] | None:
     """The summary of a run finished where this one would end, its export in place; None
     otherwise, and for a multi-worker run (its workers would wait for a chief that ended:
