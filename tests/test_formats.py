@@ -268,6 +268,76 @@ def test_a_bare_name_two_hdf5_datasets_end_in_is_exit_2_naming_both(
         open_array(path, "c/train_labels")
 
 
+def test_hdf5_links_in_groups_and_hard_links_are_datasets_by_each_name(
+    tmp_path: Path, arrays: dict
+) -> None:
+    """As other programs lay files out: a group of soft links to the raw datasets, a group
+    of external links into another file, the same dataset under a second name."""
+    _grouped(tmp_path / "raw.h5", arrays, groups=("store",))
+    path = tmp_path / "linked.h5"
+    with h5py.File(path, "w") as f:
+        for role, a in arrays.items():
+            f.create_dataset(f"raw/{role}_x", data=a)
+            f[f"soft/{role}"] = h5py.SoftLink(f"/raw/{role}_x")
+            f[f"ext/{role}"] = h5py.ExternalLink("raw.h5", f"/store/{role}")
+        f["backup/labels_copy"] = f["raw/train_labels_x"]  # a hard link
+        f["soft/dangling"] = h5py.SoftLink("/nowhere")
+    for name in ("soft/train_labels", "ext/train_labels", "backup/labels_copy"):
+        got = np.concatenate(list(open_array(path, name).chunks(Shape(3), False)))
+        np.testing.assert_array_equal(got, arrays["train_labels"])
+    with pytest.raises(ConfigError, match=r"2 datasets are named test_labels \(ext/test_labels,"
+                       r" soft/test_labels\)"):  # fmt: skip
+        open_array(path, "test_labels")
+
+
+def test_a_broken_hdf5_dataset_the_run_does_not_read_is_not_read(
+    tmp_path: Path, arrays: dict
+) -> None:
+    """An unused dataset kept in an external raw file that is gone: the run reads the four
+    it names (their key included), never that one."""
+    path = _grouped(tmp_path / "d.h5", arrays)
+    with h5py.File(path, "a") as f:
+        raw = [(str(tmp_path / "gone.raw"), 0, 12)]
+        f.create_dataset("aux/calib", shape=(3,), dtype="<f4", external=raw)
+    cache = prepare_cache(TrainConfig.of(data_dir=path, output_dir=tmp_path / "o"))
+    np.testing.assert_array_equal(cache.labels("train"), arrays["train_labels"])
+
+
+def test_a_virtual_hdf5_dataset_whose_source_is_gone_is_exit_3_not_fill_values(
+    tmp_path: Path, arrays: dict
+) -> None:
+    labels = arrays["train_labels"]
+    with h5py.File(tmp_path / "src.h5", "w") as src:
+        src["y"] = labels
+    path = tmp_path / "d.h5"
+    with h5py.File(path, "w") as f:
+        layout = h5py.VirtualLayout(shape=labels.shape, dtype="<f4")
+        layout[:] = h5py.VirtualSource("src.h5", "y", shape=labels.shape)
+        f.create_virtual_dataset("data/train_labels", layout)
+    got = np.concatenate(list(open_array(path, "train_labels").chunks(Shape(3), False)))
+    np.testing.assert_array_equal(got, labels)  # found beside the file
+    (tmp_path / "src.h5").rename(tmp_path / "moved.h5")
+    with pytest.raises(DataError) as caught:
+        open_array(path, "train_labels")
+    assert str(caught.value) == (
+        f"{path}:data/train_labels: a virtual dataset whose source file src.h5 is not there "
+        "(HDF5 would read its fill value in its place)"
+    )
+
+
+def test_a_container_of_many_arrays_is_named_in_a_bounded_message(tmp_path: Path) -> None:
+    path = tmp_path / "many.h5"
+    with h5py.File(path, "w") as f:
+        for i in range(30):
+            f.create_dataset(f"g/a{i:02d}", data=np.zeros(2, np.float32))
+    with pytest.raises(DataError) as caught:
+        open_array(path, "nothere")
+    shown = ", ".join(f"g/a{i:02d}" for i in range(20))
+    assert str(caught.value) == (
+        f"{path}:nothere: no such dataset in the HDF5 file (it holds: {shown}, … (10 more))"
+    )
+
+
 def test_a_grouped_hdf5_dataset_kept_in_another_file_is_in_the_cache_key(
     tmp_path: Path, arrays: dict
 ) -> None:
@@ -286,6 +356,17 @@ def test_a_grouped_hdf5_dataset_kept_in_another_file_is_in_the_cache_key(
     before = source_key(sources)
     (labels * 10).astype("<f4").tofile(tmp_path / "labels.raw")
     assert source_key(sources) != before
+
+
+def test_predict_refuses_to_guess_between_two_features_arrays(tmp_path: Path, arrays: dict) -> None:
+    a = arrays["test_features"]
+    path = _grouped(tmp_path / "two.h5", {"features": a, "test_features": a}, ("a", "b"))
+    with pytest.raises(ConfigError, match=r"2 arrays are named features \(a/features, b/feat"):
+        features_array(path)
+    with h5py.File(tmp_path / "none.h5", "w") as f:
+        f.create_group("empty")
+    with pytest.raises(DataError, match="no array named features or test_features, and no arr"):
+        features_array(tmp_path / "none.h5")
 
 
 def test_predict_picks_a_containers_features_array(tmp_path: Path, arrays: dict) -> None:

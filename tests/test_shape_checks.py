@@ -4,6 +4,7 @@ signature's early refusal on real published models: tests/test_publish.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -15,10 +16,11 @@ import pytest
 
 from app.budget import detect_plan
 from app.budget import memory as residency
-from app.errors import ConfigError
+from app.config import TrainConfig
+from app.errors import ConfigError, DataError
 from app.geometry import geometry
 from app.release import layout
-from app.training.inputs import peak_memory
+from app.training.inputs import load, peak_memory, shape_checks
 from benchmarks.cgroup_run import MEMORY_MOUNT, memory_cgroup, unavailable_reason
 from tests.conftest import REPO, events, json_lines, run_cli
 
@@ -201,3 +203,57 @@ def test_a_first_row_the_conversion_would_refuse_is_exit_3_before_the_memory_che
     (line,) = proc.stderr.splitlines()
     assert line.startswith(f"coretrain: {data}/{blamed}") and what in line, line
     assert not events(json_lines(proc.stdout), "cache") and _cache_files(out) == []
+
+
+def _served(models: Path, outputs: int) -> Path:
+    """A publish directory whose version 1 records a signature of 3900 inputs and
+    ``outputs`` outputs (no model needed for what is refused before TensorFlow)."""
+    version = models / "1"
+    (version / "assets.extra").mkdir(parents=True)
+    (version / layout.SAVED_MODEL_FILE).write_bytes(b"pb")
+    (version / layout.INPUT_FILE).write_text(
+        json.dumps({"height": 20, "width": 195, "outputs": outputs})
+    )
+    return models
+
+
+@pytest.mark.parametrize(
+    ("case", "blamed", "what"),
+    [
+        ("first line wider", "train_labels.txt:2: ", "expected 4 fields (K = 4 labels), found 3"),
+        ("test labels narrower", "test_labels.txt:1: ", "expected 2 fields (K = 2 labels)"),
+    ],
+)
+def test_a_signature_is_refused_only_for_labels_that_parse_whole(
+    tiny_data: Path, tmp_path: Path, case: str, blamed: str, what: str
+) -> None:
+    """K from the first line decides nothing alone: before a signature refusal the labels
+    are parsed whole, and a line that differs is the conversion's exit 3."""
+    data = _copy(tiny_data, tmp_path / "data")
+    labels = data / "train_labels.txt"
+    lines = labels.read_text().splitlines()
+    if case == "first line wider":
+        labels.write_text("\n".join([lines[0] + " 0.5", *lines[1:]]) + "\n")
+    else:
+        labels.write_text("".join(" ".join(ln.split()[:2]) + "\n" for ln in lines))
+    config = TrainConfig.of(
+        data_dir=data, output_dir=tmp_path / "out", publish_dir=_served(tmp_path / "m", 3)
+    )
+    with pytest.raises(DataError) as caught:
+        shape_checks.check(config, load.sources(config), detect_plan("/"))
+    assert str(caught.value).startswith(f"{data}/{blamed}") and what in str(caught.value)
+
+
+def test_every_file_s_first_row_comes_before_the_memory_floor(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    data = _copy(tiny_data, tmp_path / "data")
+    features = data / "test_features.txt"
+    features.write_text("x\n" + features.read_text())
+    config = TrainConfig.of(data_dir=data, output_dir=tmp_path / "out")
+    small = dataclasses.replace(detect_plan("/"), memory_limit=100 * MIB)
+    with pytest.raises(DataError, match=r"test_features\.txt:1: expected 3900 fields"):
+        shape_checks.check(config, load.sources(config), small)
+    features.write_text(features.read_text().split("\n", 1)[1])
+    with pytest.raises(peak_memory.MemoryBudgetExceeded):
+        shape_checks.check(config, load.sources(config), small)

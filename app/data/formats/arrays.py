@@ -156,6 +156,16 @@ def reading(problem: str, errors: tuple[type[BaseException], ...]) -> Iterator[N
         raise DataError(f"{problem}: {exc}") from None
 
 
+#: The most names a message lists (a container may hold thousands).
+LISTED = 20
+
+
+def listing(names: list[str]) -> str:
+    """``names`` for a message: the first :data:`LISTED`, then how many more."""
+    shown = ", ".join(names[:LISTED])
+    return shown + (f", … ({len(names) - LISTED} more)" if len(names) > LISTED else "")
+
+
 def named(names: list[str], name: str) -> list[str]:
     """The arrays of a container (``names``: paths in it, ``data/train_features`` in an
     HDF5 group) that ``name`` means: the one of that path (a leading ``/`` aside), else each
@@ -189,9 +199,7 @@ class ArrayFile:
         in the .npz", "dataset in the HDF5 file")."""
         self.path, self.label = path, f"{path}:{name}"
         if name not in found:
-            raise DataError(
-                f"{self.label}: no such {what} (it holds: {', '.join(found) or 'none'})"
-            )
+            raise DataError(f"{self.label}: no such {what} (it holds: {listing(found) or 'none'})")
 
     def columns(self, limit: int) -> int:
         return self.header.columns(limit)

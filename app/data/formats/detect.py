@@ -13,10 +13,10 @@ import os
 from pathlib import Path
 
 from app.data.formats import hdf5, npy, npz
-from app.data.formats.arrays import named
+from app.data.formats.arrays import listing, named
 from app.data.formats.base import Array, missing
 from app.data.formats.text import TextArray
-from app.errors import DataError
+from app.errors import ConfigError, DataError
 
 #: The container formats.
 CONTAINERS = ("npz", "hdf5")
@@ -76,11 +76,14 @@ def features_array(path: Path) -> Array:
     names = _members(found, path)
     for name in ("features", "test_features"):
         meant = named(names, name)
-        if len(meant) == 1:
+        if len(meant) > 1:
+            raise ConfigError(
+                f"{path}: {len(meant)} arrays are named {name} ({listing(meant)}): save "
+                "the one to predict on as its own .npy file"
+            )
+        if meant:
             return open_array(path, meant[0])
     if len(names) == 1:
         return open_array(path, names[0])
-    raise DataError(
-        f"{path}: no array named features or test_features, and more than one array "
-        f"({', '.join(names)})"
-    )
+    held = f"more than one array ({listing(names)})" if names else "no arrays at all"
+    raise DataError(f"{path}: no array named features or test_features, and {held}")

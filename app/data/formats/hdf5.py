@@ -14,18 +14,19 @@ here.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
 
-from app.data.formats.arrays import ArrayFile, Header, float_rows, named, reading
+from app.data.formats.arrays import ArrayFile, Header, float_rows, listing, named, reading
 from app.data.formats.base import CHUNK_BYTES, CHUNK_ROWS, Shape
-from app.errors import ConfigError
+from app.errors import ConfigError, DataError
 
 MAGIC = b"\x89HDF\r\n\x1a\n"
 #: What h5py raises for a damaged, cut or unexpected file.
@@ -54,44 +55,86 @@ def _elsewhere(ds: h5py.Dataset, path: Path) -> bool:
         return True
 
 
-def stored_elsewhere(path: Path) -> dict[str, str]:
-    """The datasets of the HDF5 file ``path`` (:func:`members`) whose values lie in other files
-    (:func:`_elsewhere`), each with a SHA-256 of its values read through h5py: the files
-    they lie in are named by rules of HDF5's (prefixes, the working directory), so what
-    identifies them is their content, read in full at every run
-    (app/data/formats/sources.py ``fingerprint``). Raises DataError (unreadable)."""
+def stored_elsewhere(path: Path, names: Iterable[str]) -> dict[str, str]:
+    """Of the datasets ``names`` of the HDF5 file ``path`` (as a role names them:
+    :func:`arrays.named`), those whose values lie in other files (:func:`_elsewhere`), each
+    with a SHA-256 of its values read through h5py: the files they lie in are named by
+    rules of HDF5's (prefixes, the working directory), so what identifies them is their
+    content, read in full at every run (app/data/formats/sources.py ``fingerprint``).
+    Datasets the run does not read are not read. Raises DataError (unreadable)."""
+    found = members(path)
     out: dict[str, str] = {}
     with reading(f"{path}: not a readable HDF5 file", _BROKEN), h5py.File(path, "r") as f:
-        for name in _datasets(f):
-            ds = f[name]
-            if not _elsewhere(ds, path):
-                continue
-            digest = hashlib.sha256(f"{ds.dtype.str}{ds.shape}".encode())
-            rows = max(1, CHUNK_BYTES // max(ds.dtype.itemsize * int(np.prod(ds.shape[1:])), 1))
-            for a in range(0, ds.shape[0] if ds.shape else 0, rows):
-                digest.update(np.ascontiguousarray(ds[a : a + rows]).tobytes())
+        for name in sorted({n for wanted in names for n in named(found, wanted)[:1]}):
+            with reading(f"{path}:{name}: cannot read", _BROKEN):
+                ds = f[name]
+                if not _elsewhere(ds, path):
+                    continue
+                digest = hashlib.sha256(f"{ds.dtype.str}{ds.shape}".encode())
+                row = ds.dtype.itemsize * int(np.prod(ds.shape[1:]))
+                rows = max(1, CHUNK_BYTES // max(row, 1))
+                for a in range(0, ds.shape[0] if ds.shape else 0, rows):
+                    digest.update(np.ascontiguousarray(ds[a : a + rows]).tobytes())
             out[name] = digest.hexdigest()
     return out
 
 
 def members(path: Path) -> list[str]:
-    """The datasets of the HDF5 file ``path`` by their path in it (:func:`_datasets`)."""
+    """The datasets of the HDF5 file ``path`` by their path in it (:func:`_datasets`), kept
+    for the process while the file's status (inode, size, times) is the same."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        st = None
+    if st is None:
+        return list(_listed(str(path), None))
+    return list(_listed(str(path), (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)))
+
+
+@functools.lru_cache(maxsize=8)
+def _listed(path: str, status: tuple[int, ...] | None) -> tuple[str, ...]:
     with reading(f"{path}: not a readable HDF5 file", _BROKEN), h5py.File(path, "r") as f:
-        return _datasets(f)
+        return tuple(_datasets(f))
 
 
 def _datasets(f: h5py.File) -> list[str]:
-    """The paths of ``f``'s datasets: those in groups (``data/train_features``: what h5py's
-    ``visititems`` reaches by hard links) and those a link at the root names (a soft or an
-    external link, which ``visititems`` does not follow)."""
+    """The paths of ``f``'s datasets: every link's name, in groups too (hard, soft and
+    external links: h5py's ``visititems_links``), that leads to a dataset; a dataset under
+    two names (hard links) is listed under both. A link that leads nowhere (a dangling soft
+    link, an external link to a missing file) is not listed."""
     found: list[str] = []
 
-    def visit(name: str, obj: object) -> None:
-        if isinstance(obj, h5py.Dataset):
+    def visit(name: str, link: object) -> None:
+        try:
+            kind = f.get(name, getclass=True)
+        except _BROKEN:
+            return
+        if kind is h5py.Dataset:
             found.append(name)
 
-    f.visititems(visit)
-    return found + [n for n, v in f.items() if isinstance(v, h5py.Dataset) and n not in found]
+    f.visititems_links(visit)
+    return found
+
+
+def _missing_source(ds: h5py.Dataset, path: Path) -> str | None:
+    """For a virtual dataset, the first source file HDF5 would not find (it reads the fill
+    value there, silently), looked for as HDF5 does: as named when absolute, else under
+    ``HDF5_VDS_PREFIX``, beside ``path``, in the working directory; None when all are found
+    (``.`` is ``path`` itself)."""
+    if not ds.is_virtual:
+        return None
+    for source in ds.virtual_sources():
+        name = source.file_name
+        if name == ".":
+            continue
+        places = [Path(name)] if os.path.isabs(name) else [
+            *(Path(p) / name for p in os.environ.get("HDF5_VDS_PREFIX", "").split(":") if p),
+            path.parent / name,
+            Path(name),
+        ]  # fmt: skip
+        if not any(p.is_file() for p in places):
+            return name
+    return None
 
 
 class HdfArray(ArrayFile):
@@ -103,13 +146,19 @@ class HdfArray(ArrayFile):
         meant = named(found, name)
         if len(meant) > 1:
             raise ConfigError(
-                f"{path}: {len(meant)} datasets are named {name} ({', '.join(meant)}): name "
+                f"{path}: {len(meant)} datasets are named {name} ({listing(meant)}): name "
                 "the one to read by its path in the file"
             )
         self.name = meant[0] if meant else name
         self.name_member(path, self.name, found, "dataset in the HDF5 file")
         with reading(f"{self.label}: cannot read", _BROKEN), h5py.File(path, "r") as f:
             ds = f[self.name]
+            lost = _missing_source(ds, path)
+            if lost is not None:
+                raise DataError(
+                    f"{self.label}: a virtual dataset whose source file {lost} is not there "
+                    "(HDF5 would read its fill value in its place)"
+                )
             self.header = Header(self.label, tuple(int(n) for n in ds.shape), ds.dtype)
             self.chunk_rows = ds.chunks[0] if ds.chunks else None
             # In place: contiguous (filters need chunks in HDF5), and in this very file (an

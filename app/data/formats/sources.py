@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,8 +64,12 @@ class Sources:
         container holds all four) read once. Raises DataError (missing or unreadable)."""
         of: dict[Path, dict[str, object]] = {}
         for role in ROLES:
-            if self.path(role) not in of:
-                of[self.path(role)] = fingerprint(self.path(role))
+            path = self.path(role)
+            if path not in of:
+                read = [
+                    self.members[r] for r in ROLES if self.path(r) == path and r in self.members
+                ]
+                of[path] = fingerprint(path, read)
         return {role: of[self.path(role)] for role in ROLES}
 
     def array(self, role: str) -> Array:
@@ -138,17 +142,17 @@ def regular(path: Path) -> Path:
     return path
 
 
-def fingerprint(path: Path) -> dict[str, object]:
+def fingerprint(path: Path, members: Iterable[str] = ()) -> dict[str, object]:
     """What identifies ``path``'s content: size (bytes), modification time and status
     change time (ns) and a SHA-256 of its first and last :data:`SAMPLE_BYTES` and
     :data:`SAMPLES` evenly spaced samples between. The status change time is set by the
     kernel at every write and every change of the modification time, and no call sets it
     back: an edit between the samples whose modification time was put back (``touch -r``,
     ``os.utime``, a tool restoring timestamps) still changes the fingerprint; a copy is a
-    new file (converted again), a mount of the same file is not. For an HDF5 file whose
-    datasets lie in other files, a SHA-256 of each such dataset's values too
-    (``elsewhere``: app/data/formats/hdf5.py ``stored_elsewhere``). Raises DataError
-    (missing or unreadable)."""
+    new file (converted again), a mount of the same file is not. For an HDF5 file, a
+    SHA-256 of the values of each of ``members`` (the datasets the run reads in it) that
+    lies in another file too (``elsewhere``: app/data/formats/hdf5.py
+    ``stored_elsewhere``). Raises DataError (missing or unreadable)."""
     try:
         with open(path, "rb") as f:
             st = os.fstat(f.fileno())
@@ -167,6 +171,6 @@ def fingerprint(path: Path) -> dict[str, object]:
         "ctime_ns": st.st_ctime_ns,
         "sample_sha256": digest.hexdigest(),
     }
-    if hdf5.is_hdf5(path, size) and (elsewhere := hdf5.stored_elsewhere(path)):
+    if hdf5.is_hdf5(path, size) and (elsewhere := hdf5.stored_elsewhere(path, members)):
         out["elsewhere"] = elsewhere
     return out

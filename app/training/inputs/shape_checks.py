@@ -7,9 +7,10 @@ baselines and the timing (app/training/run.py), in this order:
 
 - an H×W the CNN can't take (app/geometry.py): ConfigError, exit 2, checked by the command
   before the output directory is touched (:func:`check_geometry`);
-- the first row of the training labels and features, parsed as the conversion will parse
-  it: a header line, a comma-separated file or a ``--width`` the lines don't have is the
-  conversion's own one line (DataError, exit 3), and K is a count of numbers;
+- the first row of each file (training and test, labels and features), parsed as the
+  conversion will parse it: a header line, a comma-separated file or a ``--width`` the
+  lines don't have is the conversion's own one line (DataError, exit 3), and K is a count
+  of numbers;
 - a memory limit (without one, the machine's memory) below what a run of this shape needs
   whatever its rows (app/training/inputs/peak_memory.py ``floor``: TensorFlow, the model
   and a batch): MemoryBudgetExceeded, exit 8; the rows' share is checked once they are
@@ -34,7 +35,7 @@ from pathlib import Path
 from app.budget.plan import ThreadPlan
 from app.config import TrainConfig
 from app.data.cache import bounds
-from app.data.formats.sources import Sources
+from app.data.formats.sources import ROLES, Sources
 from app.errors import ConfigError, NotPublished
 from app.geometry import geometry
 from app.release import layout
@@ -55,38 +56,46 @@ def check(config: TrainConfig, found: Sources, plan: ThreadPlan, chief: bool = T
     ``found``; the signature on the ``chief`` only (the one that publishes). Raises
     DataError (exit 3), MemoryBudgetExceeded (exit 8), NotPublished (exit 7)."""
     k = bounds.label_width(found)
-    for role in ("train_labels", "train_features"):
-        _first_row(found, role, k, config.data.allow_nonfinite)
+    for role in ROLES:
+        _rows(found, role, k, config.data.allow_nonfinite, first_only=True)
     height, width = config.data.height, config.data.width
     least = peak_memory.floor(
         height=height, width=width, outputs=k, batch_size=config.recipe.batch_size
     )
     peak_memory.check(least, plan.memory_limit, config.recipe.batch_size)
     if chief:
-        _signature(config, layout.Signature(height * width, k))
+        _signature(config, layout.Signature(height * width, k), found)
 
 
-def _first_row(found: Sources, role: str, k: int, allow_nonfinite: bool) -> None:
-    """Parse ``role``'s first row as the conversion will (its reader's first read only).
-    Raises DataError naming the file (and line, field): the conversion's message."""
-    rows = found.array(role).chunks(bounds.shape(found, role, k), allow_nonfinite, 1)
+def _rows(found: Sources, role: str, k: int, allow_nonfinite: bool, first_only: bool) -> None:
+    """Parse ``role``'s first row (``first_only``: its reader's first read) or all of its
+    rows, as the conversion will. Raises DataError naming the file (and line, field): the
+    conversion's message."""
+    rows = found.array(role).chunks(bounds.shape(found, role, k), allow_nonfinite)
     try:
-        next(rows, None)
+        for _ in rows:
+            if first_only:
+                break
     finally:
         close = getattr(rows, "close", None)
         if close is not None:
             close()
 
 
-def _signature(config: TrainConfig, mine: layout.Signature) -> None:
+def _signature(config: TrainConfig, mine: layout.Signature, found: Sources) -> None:
     """NotPublished (exit 7) when the champion's signature is not ``mine``: confirmed on
-    the model itself, and only when the newest version's record says it differs."""
+    the model itself, and only when the newest version's record says it differs; the
+    labels (K values a row: a small share of the data) are parsed whole first, so a K of
+    the first line alone is not refused for the signature but for the line that differs
+    (DataError, exit 3, as the conversion would)."""
     publishing = config.publishing
     if publishing.publish_dir is None or publishing.publish_allow_signature_change:
         return
     newest = layout.newest(publishing.publish_dir)
     if newest is None or not _may_differ(newest, mine):
         return  # checked on the champion itself once TensorFlow is up
+    for role in ("train_labels", "test_labels"):
+        _rows(found, role, mine.outputs, config.data.allow_nonfinite, first_only=False)
     from app.budget.apply import import_tensorflow
 
     import_tensorflow()
