@@ -230,12 +230,12 @@ def test_a_signature_is_refused_only_for_labels_that_parse_whole(
     """K from the first line decides nothing alone: before a signature refusal the labels
     are parsed whole, and a line that differs is the conversion's exit 3."""
     data = _copy(tiny_data, tmp_path / "data")
-    labels = data / "train_labels.txt"
-    lines = labels.read_text().splitlines()
-    if case == "first line wider":
-        labels.write_text("\n".join([lines[0] + " 0.5", *lines[1:]]) + "\n")
-    else:
-        labels.write_text("".join(" ".join(ln.split()[:2]) + "\n" for ln in lines))
+    for labels in (data / "train_labels.txt", data / "test_labels.txt"):
+        lines = labels.read_text().splitlines()
+        if case == "first line wider":  # each file's first row passes: K = 4 there
+            labels.write_text("\n".join([lines[0] + " 0.5", *lines[1:]]) + "\n")
+        elif labels.name == "train_labels.txt":
+            labels.write_text("".join(" ".join(ln.split()[:2]) + "\n" for ln in lines))
     config = TrainConfig.of(
         data_dir=data, output_dir=tmp_path / "out", publish_dir=_served(tmp_path / "m", 3)
     )

@@ -71,7 +71,8 @@ def _rows(found: Sources, role: str, k: int, allow_nonfinite: bool, first_only: 
     """Parse ``role``'s first row (``first_only``: its reader's first read) or all of its
     rows, as the conversion will. Raises DataError naming the file (and line, field): the
     conversion's message."""
-    rows = found.array(role).chunks(bounds.shape(found, role, k), allow_nonfinite)
+    shape = bounds.shape(found, role, k)
+    rows = found.array(role).chunks(shape, allow_nonfinite, *((1,) if first_only else ()))
     try:
         for _ in rows:
             if first_only:
