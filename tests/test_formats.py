@@ -316,11 +316,19 @@ def test_a_virtual_hdf5_dataset_whose_source_is_gone_is_exit_3_not_fill_values(
         f.create_virtual_dataset("data/train_labels", layout)
     got = np.concatenate(list(open_array(path, "train_labels").chunks(Shape(3), False)))
     np.testing.assert_array_equal(got, labels)  # found beside the file
+    with h5py.File(tmp_path / "src.h5", "a") as src:
+        src.move("y", "y_renamed")
+    with pytest.raises(DataError) as caught:
+        open_array(path, "train_labels")
+    assert str(caught.value) == (
+        f"{path}:data/train_labels: a virtual dataset whose source src.h5:y is not there "
+        "(HDF5 would read its fill value in its place)"
+    )
     (tmp_path / "src.h5").rename(tmp_path / "moved.h5")
     with pytest.raises(DataError) as caught:
         open_array(path, "train_labels")
     assert str(caught.value) == (
-        f"{path}:data/train_labels: a virtual dataset whose source file src.h5 is not there "
+        f"{path}:data/train_labels: a virtual dataset whose source src.h5 is not there "
         "(HDF5 would read its fill value in its place)"
     )
 

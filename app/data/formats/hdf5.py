@@ -117,23 +117,25 @@ def _datasets(f: h5py.File) -> list[str]:
 
 
 def _missing_source(ds: h5py.Dataset, path: Path) -> str | None:
-    """For a virtual dataset, the first source file HDF5 would not find (it reads the fill
-    value there, silently), looked for as HDF5 does: as named when absolute, else under
-    ``HDF5_VDS_PREFIX``, beside ``path``, in the working directory; None when all are found
-    (``.`` is ``path`` itself)."""
+    """For a virtual dataset, the first source HDF5 would not find (it reads the fill value
+    there, silently): its file, looked for as HDF5 does (as named when absolute, else under
+    ``HDF5_VDS_PREFIX``, beside ``path``, in the working directory; ``.`` is ``path``
+    itself), or ``FILE:DATASET`` when the file lacks the dataset; None when all are there."""
     if not ds.is_virtual:
         return None
     for source in ds.virtual_sources():
         name = source.file_name
-        if name == ".":
-            continue
-        places = [Path(name)] if os.path.isabs(name) else [
+        places = [path] if name == "." else [Path(name)] if os.path.isabs(name) else [
             *(Path(p) / name for p in os.environ.get("HDF5_VDS_PREFIX", "").split(":") if p),
             path.parent / name,
             Path(name),
         ]  # fmt: skip
-        if not any(p.is_file() for p in places):
+        found = next((p for p in places if p.is_file()), None)
+        if found is None:
             return name
+        with h5py.File(found, "r") as src:
+            if not isinstance(src.get(source.dset_name), h5py.Dataset):
+                return f"{name}:{source.dset_name}"
     return None
 
 
@@ -156,7 +158,7 @@ class HdfArray(ArrayFile):
             lost = _missing_source(ds, path)
             if lost is not None:
                 raise DataError(
-                    f"{self.label}: a virtual dataset whose source file {lost} is not there "
+                    f"{self.label}: a virtual dataset whose source {lost} is not there "
                     "(HDF5 would read its fill value in its place)"
                 )
             self.header = Header(self.label, tuple(int(n) for n in ds.shape), ds.dtype)
