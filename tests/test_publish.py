@@ -378,3 +378,21 @@ def test_a_finished_run_rerun_on_copied_data_is_a_no_op_under_a_new_signature(
     assert "published as version 2" in done["message"]
     assert events(records, "cache")  # known from the data, converted again
     assert versions(models) == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_predict_says_which_version_it_used_when_the_newest_is_no_model(
+    nights: dict, tmp_path: Path
+) -> None:
+    models = tmp_path / "models"
+    shutil.copytree(nights["models"], models)
+    (models / "9").mkdir()  # TF Serving counts it; it can't serve it
+    out = tmp_path / "pred.npy"
+    proc = run_cli(
+        "predict", "--model", str(models), "--features",
+        str(nights["data"] / "test_features.txt"), "--out", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (passed,) = events(json_lines(proc.stdout), "version_passed_over")
+    assert passed["version"] == 9 and passed["used"] == str(models / "2")
+    assert passed["level"] == "WARNING"

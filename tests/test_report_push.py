@@ -139,6 +139,23 @@ def test_a_failed_run_pushes_its_status_and_exit_code(gateway: str, tmp_path: Pa
     assert got["coretrain_wall_seconds"][()] > 0
 
 
+def test_a_night_refused_before_its_output_is_made_is_pushed_too(
+    gateway: str, tmp_path: Path, tiny_data: Path
+) -> None:
+    """An --height the CNN can't take (a bad CORETRAIN_HEIGHT in the CronJob): exit 2,
+    nothing written, and the dashboard still sees the failed night."""
+    out = tmp_path / "too-small"
+    proc = run_cli(
+        "train", "--data", str(tiny_data), "--output", str(out),
+        env={"CORETRAIN_METRICS_PUSH": gateway, "CORETRAIN_HEIGHT": "4"},
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert not out.exists()
+    got = pushed(gateway, "too-small")
+    assert got["coretrain_run_status"] == {(("status", "failed"),): 1.0}
+    assert got["coretrain_run_exit_code"] == {(): 2.0}
+
+
 def test_a_failed_push_is_a_warning_not_a_failed_run(tmp_path: Path) -> None:
     empty = tmp_path / "data"
     empty.mkdir()

@@ -1,8 +1,9 @@
 """``coretrain train``: one run of the job, and the one place its outcome becomes an exit.
 
-In order: the JSON log on stdout, the checks of --data and of --height/--width (nothing
-written yet), the umask, the stop request (SIGTERM/SIGINT), the
-cluster (a multi-worker run, if any), the workspace and its output lock, the thread plan
+In order: the JSON log on stdout, the umask, the stop request (SIGTERM/SIGINT), the
+cluster (a multi-worker run, if any), the workspace; then, with the outcome pushed to the
+Pushgateway when one is named, the checks of --data, --height/--width and --publish-dir
+(nothing written yet), the output lock, the thread plan
 (detected and applied before TensorFlow starts), then :func:`app.training.run.train`.
 Its outcome (app/training/loop/outcome.py) is mapped here, by :func:`conclude`, to the exit
 code: 0, 7 when the gate kept the model out of ``--publish-dir``, 143 after a stop, or to
@@ -49,19 +50,19 @@ def run(
     AppError for every expected failure (its exit code: README, "Exit codes")."""
     text = report is not None and report.text(sys.stdout)
     logs.setup(text=text)
-    _check_data_dir(config.data.data_dir)  # a mistyped --data writes nothing into --output
-    shape_checks.check_geometry(config)  # nor an --height/--width the CNN can't take
     restrict_umask()
     stop = StopRequest().install()
     cluster = spec.resolve(os.environ, cluster_options)
     if cluster is not None:
         logs.setup(worker=cluster.index, text=text)  # every record carries the worker index
     ws = workspace.for_run(config, cluster)
-    if ws.is_chief and config.publishing.publish_dir is not None:
-        preflight.exists(config.publishing.publish_dir)  # a mistyped one writes nothing
-    held = lock.acquire(ws.own, below=ws.output)
 
-    def body() -> Exit:
+    def body() -> Exit:  # its refusals are pushed too (a night that never started)
+        _check_data_dir(config.data.data_dir)  # a mistyped --data writes nothing into --output
+        shape_checks.check_geometry(config)  # nor an --height/--width the CNN can't take
+        if ws.is_chief and config.publishing.publish_dir is not None:
+            preflight.exists(config.publishing.publish_dir)  # nor a mistyped --publish-dir
+        held = lock.acquire(ws.own, below=ws.output)
         bfloat16 = "bfloat16" in config.compute.precisions(native_bf16=True)
         plan = detect_plan("/", options, bfloat16=bfloat16)
         apply.apply(plan)

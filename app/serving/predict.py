@@ -12,6 +12,7 @@ renamed when complete. Import it after :func:`app.budget.apply.apply` (it import
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import time
@@ -26,7 +27,7 @@ from app.config import PredictConfig
 from app.data.formats.base import Shape
 from app.data.formats.detect import features_array
 from app.errors import StorageError
-from app.release.layout import input_hw, resolve_model
+from app.release.layout import entries, input_hw, resolve_model
 
 
 def predict(config: PredictConfig) -> dict[str, Any]:
@@ -36,6 +37,7 @@ def predict(config: PredictConfig) -> dict[str, Any]:
     (the output can't be written).
     """
     path = resolve_model(config.model)
+    _passed_over(config.model, path)
     t0 = time.perf_counter()
     served = tf.saved_model.load(str(path)).signatures["serve"]
     width = int(next(iter(served.structured_input_signature[1].values())).shape[-1])
@@ -85,3 +87,21 @@ def _raw_to_npy(raw: Path, rows: int, outputs: int) -> None:
     data = np.fromfile(raw, np.float32).reshape(rows, outputs)
     np.save(raw, data, allow_pickle=False)
     raw.with_name(raw.name + ".npy").replace(raw)  # np.save appends .npy to a name without it
+
+
+def _passed_over(directory: Path, used: Path) -> None:
+    """A ``version_passed_over`` warning when ``directory`` is a publish directory whose
+    newest entry (the one TF Serving tries first) is not the model ``used``: not a model,
+    so the newest that is one serves the predictions."""
+    found = entries(directory)
+    if not found or found[-1].path == used or found[-1].is_model:
+        return
+    newest = found[-1]
+    logs.event(
+        "version_passed_over",
+        f"{newest.path} is version {newest.number} to TF Serving but not a model "
+        f"({newest.what}): predicting with {used}",
+        level=logging.WARNING,
+        version=newest.number,
+        used=str(used),
+    )
