@@ -77,23 +77,20 @@ def train(
     stop = stop or StopRequest()
     t_start = time.perf_counter()
     t_first = t_start - _since_first_start()  # a run restarted for a new plan: its first start
-    workspace.open_log(ws)
-    write_json(ws.plan_file, plan.to_json(), "output directory")
-    _log_start(config, plan, cluster, ws.plan_file)
+    _open(ws, config, plan, cluster)
     workers = cluster.count if cluster else 1
     if config.publishing.publish_dir is not None and ws.is_chief:
         preflight.check(config.publishing.publish_dir)  # before anything is converted or fitted
     precheck.before_data(ws, config, workers)  # another run's checkpoints: before converting
     found = sources(config)
     key = source_key(found)
-    done = rerun.finished_unchanged(ws, config, key, workers)
-    if done is not None:  # the same sources, unchanged: the cache is not needed to know
-        return done
-    if not rerun.looks_finished(ws, config, workers):  # else its rerun decides first
+    over = rerun.over(ws, config, workers)  # this run, finished here: its data decide
+    if over is None:
         shape_checks.check(config, found, plan, chief=ws.is_chief)  # rows, memory, signature
+    elif done := rerun.finished_unchanged(ws, config, key, workers, over):
+        return done  # the same sources, unchanged: the cache is not needed to know
     data = load_data(config, ws.cache, plan, stop, below=ws.cache_top, found=found, key=key)
-    done = rerun.finished(ws, config, data, workers)
-    if done is not None:
+    if over is not None and (done := rerun.finished(ws, config, data, workers, over)):
         return done
     precheck.with_data(ws, config, data, workers)  # before the baselines and TensorFlow
     inputs = complete(config, plan, data, measured.Store(ws.cache, ws.cache_top))
@@ -115,6 +112,14 @@ def train(
     except Exception as exc:
         reps.report_failure(exc)  # the other workers stop instead of waiting for this one
         raise
+
+
+def _open(ws: workspace.Workspace, config: TrainConfig, plan: ThreadPlan,
+          cluster: Cluster | None) -> None:  # fmt: skip
+    """The JSON log file in ``ws``, the plan in ``logs/plan.json`` and the ``start`` event."""
+    workspace.open_log(ws)
+    write_json(ws.plan_file, plan.to_json(), "output directory")
+    _log_start(config, plan, cluster, ws.plan_file)
 
 
 def _log_start(

@@ -42,10 +42,14 @@ _OUTCOMES = {"completed": Completed, "target_reached": TargetReached}
 WITHDRAWN = "withdrawn from the publish directory since: not published again"
 
 
-def finished(ws: Workspace, config: TrainConfig, data: DataCache, workers: int) -> Result | None:
+def finished(
+    ws: Workspace, config: TrainConfig, data: DataCache, workers: int,
+    summary: dict[str, Any] | None = None,
+) -> Result | None:  # fmt: skip
     """The recorded result when this run (``config`` on ``data``) is already finished in
-    ``ws`` (module docstring), after logging ``already_finished`` and ``end``; else None."""
-    summary = _over(ws, config, workers)
+    ``ws`` (module docstring), after logging ``already_finished`` and ``end``; else None.
+    ``summary``: what :func:`over` gave, when the caller read it already."""
+    summary = summary or over(ws, config, workers)
     if summary is None:
         return None
     record = identity.read(ws.checkpoints) or {}
@@ -56,15 +60,17 @@ def finished(ws: Workspace, config: TrainConfig, data: DataCache, workers: int) 
 
 
 def finished_unchanged(
-    ws: Workspace, config: TrainConfig, key: str, workers: int
+    ws: Workspace, config: TrainConfig, key: str, workers: int,
+    summary: dict[str, Any] | None = None,
 ) -> Result | None:  # fmt: skip
     """:func:`finished`, before the data are converted or read: when ``metrics.json``
     records the data's key (app/data/cache/entry.py ``source_key``) and it is ``key``, the
     sources the run finished on, unchanged, so the record's data fingerprints hold; the
     options and worker count are compared with the record. A cache evicted, or never kept
     (a temporary cache directory), is then not converted again to learn that there is
-    nothing to do. None otherwise (an older ``metrics.json``: :func:`finished` decides)."""
-    summary = _over(ws, config, workers)
+    nothing to do. None otherwise (an older ``metrics.json``: :func:`finished` decides).
+    ``summary``: what :func:`over` gave, when the caller read it already."""
+    summary = summary or over(ws, config, workers)
     if summary is None or summary.get("data_key") != key:
         return None
     record = identity.read(ws.checkpoints) or {}
@@ -76,17 +82,12 @@ def finished_unchanged(
     return _nothing_to_do(ws, config, summary)
 
 
-def looks_finished(ws: Workspace, config: TrainConfig, workers: int) -> bool:
-    """Whether ``ws`` holds a run finished where this one would end, its export in place:
-    only its data's fingerprints (:func:`finished`, once the cache is there) can still make
-    it something to do. A check that could refuse this run waits until they are known."""
-    return _over(ws, config, workers) is not None
-
-
-def _over(ws: Workspace, config: TrainConfig, workers: int) -> dict[str, Any] | None:
+def over(ws: Workspace, config: TrainConfig, workers: int) -> dict[str, Any] | None:
     """The summary of a run finished where this one would end, its export in place; None
     otherwise, and for a multi-worker run (its workers would wait for a chief that ended:
-    resume and dedupe instead)."""
+    resume and dedupe instead). With one, only the data (:func:`finished_unchanged`,
+    :func:`finished`) can still make this run something to do: a check that could refuse
+    it waits until they are known."""
     if workers > 1:
         return None
     summary = _summary(ws.metrics)
