@@ -27,9 +27,9 @@ def physical_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def _total(memory_limit: int | None) -> int:
-    """``memory_limit`` or physical memory, the smaller (a limit above the machine's
-    memory does not make more of it)."""
+def memory_bound(memory_limit: int | None) -> int:
+    """Bytes a run may use: ``memory_limit`` or physical memory, the smaller (a limit above
+    the machine's memory does not make more of it)."""
     machine = physical_memory()
     return machine if memory_limit is None else min(memory_limit, machine)
 
@@ -37,14 +37,14 @@ def _total(memory_limit: int | None) -> int:
 def resident_limit(memory_limit: int | None) -> int:
     """Bytes of training split (features + labels) held in memory rather than streamed:
     :data:`RESIDENT_SHARE` of ``memory_limit``, or of physical memory when there is none."""
-    return int(_total(memory_limit) * RESIDENT_SHARE)
+    return int(memory_bound(memory_limit) * RESIDENT_SHARE)
 
 
 def page_cache_limit(memory_limit: int | None) -> int:
     """Bytes of a training split's features file held (from the page cache) though over
     :func:`resident_limit`: :data:`PAGE_CACHE_SHARE` of ``memory_limit`` (or physical
     memory)."""
-    return int(_total(memory_limit) * PAGE_CACHE_SHARE)
+    return int(memory_bound(memory_limit) * PAGE_CACHE_SHARE)
 
 
 def validation_held(nbytes: int, memory_limit: int | None) -> bool:

@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from app.budget.memory import MIB, physical_memory, resident_limit, split_bytes, validation_held
+from app.budget.memory import MIB, memory_bound, resident_limit, split_bytes, validation_held
 from app.errors import MemoryBudgetExceeded
 from app.geometry import DENSE_UNITS  # the hidden layer feeding the K outputs
 
@@ -120,9 +120,8 @@ def check(found: Estimate, memory_limit: int | None, batch_size: int) -> None:
     """Raise MemoryBudgetExceeded (exit 8) when ``found`` is more than the memory the run
     may use: ``memory_limit`` or the machine's memory, the smaller (None: no limit, the
     machine's): past either the kernel's OOM killer ends the run (exit 137, no message)."""
-    machine = physical_memory()
-    limited = memory_limit is not None and memory_limit <= machine
-    bound = memory_limit if memory_limit is not None and limited else machine
+    bound = memory_bound(memory_limit)
+    limited = bound == memory_limit  # else the machine's memory is the smaller
     if found.total <= bound:
         return
     where = (
