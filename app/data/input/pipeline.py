@@ -272,7 +272,7 @@ def train_input(
                     index=index)  # fmt: skip
     if resident:
         split = load_resident(cache, rows, stats, source)
-        ahead = stream.Ahead(cache, rows, **order_of)
+        ahead = stream.Ahead(cache, rows, source, **order_of)
 
         def indices(step: tf.Tensor) -> tf.Tensor:
             idx = tf.numpy_function(lambda s: ahead.ids(int(s)), [step], tf.int64, stateful=False)

@@ -290,12 +290,21 @@ class Reader(_Steps):
 class Ahead(_Steps):
     """The row ids of each step of a split held in memory (app/data/input/mapped.py: the
     page cache's pages, mapped), which the step gathers from. When a chunk's steps begin, a
-    background thread announces the next chunk's rows (:func:`announce`): a page that left
-    the page cache since the split was mapped (memory pressure) is read back before the
-    step needs it, not by the step, one page fault at a time."""
+    background thread announces the next chunk's rows (:func:`announce`) in the file the
+    split holds (``source``, default the cache's float32 rows): a page that left the page
+    cache since the split was mapped (memory pressure) is read back before the step needs
+    it, not by the step, one page fault at a time. Announcing another file than the one
+    held reads rows nothing gathers: 125 MB a chunk of the seed's float32 rows, from the
+    disk, for a split held as its bfloat16 rows (docs/performance.md, "The held split's
+    announcements")."""
 
-    def __init__(self, cache: DataCache, rows: np.ndarray | None, **order_of: int) -> None:
+    def __init__(
+        self, cache: DataCache, rows: np.ndarray | None, source: Source | None = None,
+        **order_of: int,
+    ) -> None:  # fmt: skip
         super().__init__(cache, rows, **order_of)
+        #: The file the held split is mapped from, whose rows are announced.
+        self.source = source or Source.raw(cache)
         self._announced: set[int] = set()
 
     def ids(self, step: int) -> np.ndarray:
@@ -309,4 +318,4 @@ class Ahead(_Steps):
         return at if self.rows is None else self.rows[at]
 
     def _announce(self, j: int) -> None:
-        announce(self.cache, self._chunk(j)[0])
+        announce(self.cache, self._chunk(j)[0], self.source)
