@@ -122,6 +122,38 @@ def test_a_held_splits_row_ids_are_the_orders_rows(cache: DataCache) -> None:
     assert max(ahead._announced) == 49 // order.WINDOW_STEPS  # the next chunk, announced
 
 
+def test_a_held_split_announces_the_rows_of_the_file_it_holds(
+    cache: DataCache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A split held as other rows than the cache's float32 ones (the bfloat16 rows) has
+    those rows announced, at their offsets: announcing the float32 file read rows nothing
+    gathers."""
+    import os
+
+    held = tmp_path / "rows.bf16"
+    row = 2 * cache.height * cache.width
+    held.write_bytes(bytes(row * cache.train_size))
+    source = stream.Source((held, 0), np.dtype(np.uint16), standardized=True)
+    advised: list[tuple[str, int, int]] = []
+    real = os.posix_fadvise
+
+    def spy(fd: int, offset: int, length: int, advice: int) -> None:
+        if advice == os.POSIX_FADV_WILLNEED:
+            advised.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", spy)
+    ahead = stream.Ahead(cache, None, source, seed=6, batch_size=10, end_step=50)
+    ahead.ids(0)
+    ahead.close()
+    ahead._pool.shutdown(wait=True)
+    ids, _ = ahead._chunk(1)  # the next chunk's rows, announced
+    starts, ends = stream.runs(ids)
+    runs = zip(starts.tolist(), ends.tolist(), strict=True)
+    expected = [(str(held), int(ids[a]) * row, (b - a) * row) for a, b in runs]
+    assert advised == expected
+
+
 def test_the_share_the_page_cache_holds_is_read_from_the_kernel(tmp_path: Path) -> None:
     import os
 
