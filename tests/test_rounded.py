@@ -202,6 +202,17 @@ SCRIPT = textwrap.dedent(
             same &= bool(np.array_equal(ya.numpy(), yb.numpy()))
     out["stream_same"] = same
     out["kept"] = pipeline.rounded_source(c, "bfloat16", True, False) is not None
+    # Held or streamed is judged on the file that would be held: a limit whose page-cache
+    # share (3/4) is below the float32 features file and above the kept bfloat16 rows.
+    kept = pipeline.kept_rounded(c, "bfloat16", True)
+    limit = 4 * n * c.height * c.width
+    out["choices"] = [
+        [got.resident, got.why] for got in (
+            pipeline.choose_input(c, limit, 100, 10_000, held=kept),
+            pipeline.choose_input(c, limit, 100, 10_000),
+        )
+    ]  # fmt: skip
+    out["kept_float32"] = pipeline.kept_rounded(c, "float32", True)
     print(json.dumps(out))
     """
 )
@@ -230,6 +241,10 @@ def test_the_rows_are_the_bits_tensorflow_computes_and_a_bfloat16_step_trains_on
     assert r["held_rounded"] is True  # held as the rounded rows, mapped
     assert r["stream_same"] is True  # streamed or held, the bits of the float32 rows' cast
     assert r["kept"] is True  # once made, used without making
+    (on_kept, why_kept), (on_float32, why_float32) = r["choices"]
+    assert on_kept is True and "page cache holds" in why_kept  # half the bytes: held
+    assert on_float32 is False and "more than the page cache may hold" in why_float32
+    assert r["kept_float32"] is None  # a float32 step keeps to the float32 rows
 
 
 def test_rows_that_would_pass_max_cache_bytes_are_not_made(cache: DataCache) -> None:

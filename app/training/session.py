@@ -221,8 +221,9 @@ def _train_input(
     start: int, precision: str, validation_rows: int = 0,
 ) -> tuple[Any, bool]:  # fmt: skip
     """The batches of the training rows from ``start`` on, resident or streamed as measured
-    (app/data/input/pipeline.py ``choose_input``; from the rows a step computing in
-    ``precision`` computes on when the cache has them or that pays: ``rounded_source``),
+    (app/data/input/pipeline.py ``choose_input``, judged on the rows that would be held);
+    from the rows a step computing in ``precision`` computes on when the cache keeps them
+    (``kept_rounded``) or making them pays (``makes_rounded``),
     and whether the ``validation_rows`` evaluated rows are read once and held in memory
     where they can't be gathered from a held split (``holds_validation``): the ``input``
     event."""
@@ -230,12 +231,13 @@ def _train_input(
 
     data, rows = inputs.data, inputs.rows.train
     steps = config.schedule.max_steps - start
+    kept = pipeline.kept_rounded(data, precision, config.data.standardize)
     choice = pipeline.choose_input(
-        data, plan.memory_limit, config.recipe.batch_size, steps, rows=rows
+        data, plan.memory_limit, config.recipe.batch_size, steps, rows=rows, held=kept
     )
     reads = steps * config.recipe.batch_size
     make = pipeline.makes_rounded(data, choice.resident, plan.memory_limit, reads)
-    source = pipeline.rounded_source(
+    source = kept or pipeline.made_rounded(
         data, precision, config.data.standardize, make, config.cache.max_cache_bytes,
         plan.intra_op_threads,
     )  # fmt: skip

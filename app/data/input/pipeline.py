@@ -119,15 +119,17 @@ class InputChoice:
 
 def choose_input(
     cache: DataCache, memory_limit: int | None, batch_size: int, steps: int,
-    rows: np.ndarray | None = None,
+    rows: np.ndarray | None = None, held: stream.Source | None = None,
 ) -> InputChoice:  # fmt: skip
     """Resident or streamed for a run of ``steps`` more steps of ``batch_size`` rows under a
     memory limit of ``memory_limit`` bytes (None: none), and why.
 
     Resident needs the split (the training ``rows``) to fit in :func:`resident_limit`, or,
-    larger, its features file to fit in :func:`app.budget.memory.page_cache_limit`: a held
-    split is the page cache's pages, nothing is copied, and loading reads what the page
-    cache lacks (``cached``, the share it holds, is logged); in a memory group a third of
+    larger, the features file it would be held from (``held``: the rows a bfloat16 step
+    computes on, when the cache keeps them, :func:`kept_rounded`; default the cache's
+    float32 rows) to fit in :func:`app.budget.memory.page_cache_limit`: a held split is the
+    page cache's pages, nothing is copied, and loading reads what the page cache lacks
+    (``cached``, the share of that file it holds, is logged); in a memory group a third of
     its size a mapped split's pages were evicted and read back one page fault at a time,
     at 1 % of the rate (docs/performance.md). And it pays when the run reads more rows than
     loading the split costs: loading maps the n rows once in order, streaming reads
@@ -136,9 +138,10 @@ def choose_input(
     (mapped and populated, as a load does; read in random blocks, as a stream does), so the
     page cache, the disk, page faults and the machine's load all count.
     """
+    held = held or stream.Source.raw(cache)
     size, limit, cached = split_bytes(cache, rows=rows), resident_limit(memory_limit), None
     if size > limit:
-        cached, against = _cached(cache, memory_limit)
+        cached, against = _cached(cache, memory_limit, held)
         why = f"the split ({size / 1e6:,.0f} MB) is larger than {limit / 1e6:,.0f} MB"
         if against:
             return InputChoice(False, f"{why}, and {against}", cached=cached)
@@ -150,8 +153,8 @@ def choose_input(
     picked = rng.choice(blocks, min(blocks, -(-b // order.BLOCK_ROWS)), replace=False)
     positions = np.sort(picked)[:, None] * order.BLOCK_ROWS + np.arange(order.BLOCK_ROWS)
     at_random = ids[positions.reshape(-1)[positions.reshape(-1) < n][:b]]
-    seq = min(_timed_load(cache, ids[:b]) for _ in range(2))
-    rnd = min(_timed_read(cache, at_random) for _ in range(2))
+    seq = min(_timed_load(cache, ids[:b], held) for _ in range(2))
+    rnd = min(_timed_read(cache, at_random, held) for _ in range(2))
     load_s, stream_s = seq * n / b, rnd * steps
     why = f"loading {n} rows ≈ {load_s:.2f} s, streaming {steps} batches ≈ {stream_s:.2f} s"
     if cached is not None:
@@ -159,14 +162,17 @@ def choose_input(
     return InputChoice(load_s <= stream_s, why, round(load_s, 6), round(stream_s, 6), cached)
 
 
-def _cached(cache: DataCache, memory_limit: int | None) -> tuple[float, str]:
-    """The share of the training features file the page cache holds now (``mincore``,
-    rounded to 0.001), and what stops a split over the resident limit from being held: ""
-    when the file takes at most :func:`app.budget.memory.page_cache_limit` and its rows are
-    aligned for TensorFlow (else holding would copy them: app/data/input/mapped.py)."""
-    nbytes = _features_bytes(cache)
+def _cached(
+    cache: DataCache, memory_limit: int | None, held: stream.Source
+) -> tuple[float, str]:  # fmt: skip
+    """The share of the training features file ``held`` names that the page cache holds now
+    (``mincore``, rounded to 0.001), and what stops a split over the resident limit from
+    being held from it: "" when the file takes at most
+    :func:`app.budget.memory.page_cache_limit` and its rows are aligned for TensorFlow
+    (else holding would copy them: app/data/input/mapped.py)."""
+    nbytes = held.row_bytes(cache) * cache.train_size
     room = memory.page_cache_limit(memory_limit)
-    where = cache.where("train_x.f32")
+    where = held.where
     cached = round(stream.cached_share(where, nbytes), 3)
     if nbytes > room:
         return (
@@ -178,28 +184,29 @@ def _cached(cache: DataCache, memory_limit: int | None) -> tuple[float, str]:
     return cached, ""
 
 
-def _timed_load(cache: DataCache, rows: np.ndarray) -> float:
+def _timed_load(cache: DataCache, rows: np.ndarray, held: stream.Source) -> float:
     """Seconds to load ``rows`` (sorted) as :func:`load_resident` does: the bytes from the
-    first to the last row of the features and labels files mapped and populated for
-    reading (app/data/input/mapped.py ``populate``: what the page cache lacks is read)."""
+    first to the last row of the features file ``held`` names and of the labels file mapped
+    and populated for reading (app/data/input/mapped.py ``populate``: what the page cache
+    lacks is read)."""
     t0 = time.perf_counter()
-    for name, width in (
-        ("train_x.f32", cache.height * cache.width),
-        ("train_y.f32", cache.num_outputs),
+    for (path, base), row in (
+        (held.where, held.row_bytes(cache)),
+        (cache.where("train_y.f32"), 4 * cache.num_outputs),
     ):
-        path, base = cache.where(name)
-        start, end = base + int(rows[0]) * 4 * width, base + (int(rows[-1]) + 1) * 4 * width
+        start, end = base + int(rows[0]) * row, base + (int(rows[-1]) + 1) * row
         area, _ = mapped.map_private(path, start, end)
         area.close()
     return time.perf_counter() - t0
 
 
-def _timed_read(cache: DataCache, rows: np.ndarray) -> float:
-    """Seconds to stream ``rows`` as :class:`app.data.input.stream.Reader` does (blocks read
-    into a chunk; the step's gather from it is the same as from a resident split)."""
+def _timed_read(cache: DataCache, rows: np.ndarray, source: stream.Source) -> float:
+    """Seconds to stream ``rows`` of the features file ``source`` names as
+    :class:`app.data.input.stream.Reader` does (blocks read into a chunk; the step's gather
+    from it is the same as from a resident split)."""
     t0 = time.perf_counter()
-    x = np.empty((len(rows), cache.height, cache.width, 1), np.float32)
-    stream.read_features(cache, rows, x)
+    x = np.empty((len(rows), cache.height, cache.width, 1), source.dtype)
+    stream.read_features(cache, rows, x, source)
     np.take(cache.labels("train"), rows, axis=0)
     return time.perf_counter() - t0
 
@@ -330,30 +337,43 @@ def _features_bytes(cache: DataCache) -> int:
     return 4 * cache.train_size * cache.height * cache.width
 
 
+def kept_rounded(cache: DataCache, precision: str, standardize: bool) -> stream.Source | None:
+    """For a step computing in "bfloat16", the rows as it computes on them when the cache
+    keeps them, valid (app/data/cache/rounded.py ``find``: half the bytes, standardised
+    already with ``standardize``); else None."""
+    if precision != "bfloat16":
+        return None
+    path = rounded.find(cache, standardize)
+    return None if path is None else stream.Source((path, 0), rounded.DTYPE, standardize)
+
+
 def rounded_source(
     cache: DataCache, precision: str, standardize: bool, make: bool,
     max_bytes: int | None = None, threads: int = 1,
 ) -> stream.Source | None:  # fmt: skip
-    """The rows a step computing in ``precision`` gathers its batches from: for
-    "bfloat16", the rows as it computes on them (app/data/cache/rounded.py: half the bytes,
-    standardised already with ``standardize``) when the cache keeps them, or made once when
-    ``make`` (:func:`makes_rounded`); else None, the float32 rows. Rows that would pass the
-    free space or ``max_bytes`` (``--max-cache-bytes``), or a cache directory that can't be
-    written, are an ``input_not_rounded`` warning and the float32 rows. ``threads`` make
-    them (the plan's intra-op threads: nothing else runs yet)."""
-    if precision != "bfloat16":
+    """The rows a step computing in ``precision`` gathers its batches from: the rows the
+    cache keeps for it (:func:`kept_rounded`), or else :func:`made_rounded`."""
+    kept = kept_rounded(cache, precision, standardize)
+    return kept or made_rounded(cache, precision, standardize, make, max_bytes, threads)
+
+
+def made_rounded(
+    cache: DataCache, precision: str, standardize: bool, make: bool,
+    max_bytes: int | None = None, threads: int = 1,
+) -> stream.Source | None:  # fmt: skip
+    """For a step computing in "bfloat16", its rows made now when ``make``
+    (:func:`makes_rounded`; the cache does not keep them); else None, the float32 rows.
+    Rows that would pass the free space or ``max_bytes`` (``--max-cache-bytes``), or a
+    cache directory that can't be written, are an ``input_not_rounded`` warning and the
+    float32 rows. ``threads`` make them (the plan's intra-op threads: nothing else runs
+    yet)."""
+    if precision != "bfloat16" or not make:
         return None
-    path = rounded.find(cache, standardize)
-    if path is None and make:
-        try:
-            path = rounded.make(cache, standardize, max_bytes, threads)
-        except StorageError as exc:
-            logs.event(
-                "input_not_rounded",
-                f"training from the float32 rows: {exc}",
-                level=logging.WARNING,
-            )
-    if path is None:
+    try:
+        path = rounded.make(cache, standardize, max_bytes, threads)
+    except StorageError as exc:
+        logs.event("input_not_rounded", f"training from the float32 rows: {exc}",
+                   level=logging.WARNING)  # fmt: skip
         return None
     return stream.Source((path, 0), rounded.DTYPE, standardized=standardize)
 
