@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import logging
 import os
+import re
 import sys
 import traceback
 import typing
@@ -232,7 +233,7 @@ def _fail(exc: BaseException) -> typing.NoReturn:
     ``failed`` (an unexpected error also logs its ``traceback``, exit 1)."""
     code = exit_code_of(exc)
     if isinstance(exc, AppError):
-        message = str(exc)
+        message = str(exc) + _set_by_variables(str(exc))
     else:
         message = f"unexpected error: {type(exc).__name__}: {exc}"
         logs.event("traceback", "".join(traceback.format_exception(exc)), level=logging.ERROR)
@@ -241,6 +242,31 @@ def _fail(exc: BaseException) -> typing.NoReturn:
     else:
         logs.event("end", message, level=logging.ERROR, status="failed", exit_code=code)
     _exit(Exit(code, message))
+
+
+def _set_by_variables(message: str) -> str:
+    """For each option ``message`` names (``--batch-size``) whose value came from an
+    environment variable, the variable: `` (--batch-size: from CORETRAIN_BATCH_SIZE)``, so
+    that a refusal in a deployment that sets its options as variables points at what to
+    change; "" when none did (or outside a command)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return ""
+    notes = []
+    for param in ctx.command.params:
+        if param.name is None or not isinstance(param, click.Option):
+            continue
+        if ctx.get_parameter_source(param.name) is not click.core.ParameterSource.ENVIRONMENT:
+            continue
+        flag = next((o for o in param.opts if o.startswith("--")), None)
+        if flag is None or not re.search(rf"{re.escape(flag)}(?![\w-])", message):
+            continue
+        envvar = param.envvar
+        names = [envvar] if isinstance(envvar, str) else list(envvar or [])
+        used = next((n for n in names if os.environ.get(n)), None)  # click's order
+        if used:
+            notes.append(f"{flag}: from {used}")
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def _exit(result: Exit) -> typing.NoReturn:

@@ -216,6 +216,20 @@ def test_train_s_own_variable_wins_over_the_short_one(tmp_path: Path) -> None:
     assert proc.returncode == 2
     (line,) = proc.stderr.splitlines()
     assert f"--data {tmp_path / 'own'}: no such file or directory" in line
+    assert line.endswith(" (--data: from CORETRAIN_TRAIN_DATA)")  # what to change
+
+
+def test_a_refusal_names_the_variable_an_option_came_from_and_only_then(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    args = ("train", "--data", str(data), "--output", str(tmp_path / "o"))
+    by_variable = run_cli(*args, env={"CORETRAIN_HEIGHT": "7"})
+    by_flag = run_cli(*args, "--height", "7")
+    assert by_variable.returncode == by_flag.returncode == 2
+    (line,) = by_variable.stderr.splitlines()
+    assert line.startswith("coretrain: --height 7 --width 195: input 7×195 is too small")
+    assert line.endswith(" (--height: from CORETRAIN_HEIGHT)")  # --width is the default
+    assert by_flag.stderr.strip() == line.removesuffix(" (--height: from CORETRAIN_HEIGHT)")
 
 
 @dataclass(frozen=True)
