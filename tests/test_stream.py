@@ -145,8 +145,7 @@ def test_a_held_split_announces_the_rows_of_the_file_it_holds(
     monkeypatch.setattr(os, "posix_fadvise", spy)
     ahead = stream.Ahead(cache, None, source, seed=6, batch_size=10, end_step=50)
     ahead.ids(0)
-    ahead.close()
-    ahead._pool.shutdown(wait=True)
+    ahead._pool.shutdown(wait=True)  # the announcement made (close() would cancel it)
     ids, _ = ahead._chunk(1)  # the next chunk's rows, announced
     starts, ends = stream.runs(ids)
     runs = zip(starts.tolist(), ends.tolist(), strict=True)
