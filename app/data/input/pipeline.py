@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
@@ -170,7 +171,7 @@ def _cached(
     being held from it: "" when the file takes at most
     :func:`app.budget.memory.page_cache_limit` and its rows are aligned for TensorFlow
     (else holding would copy them: app/data/input/mapped.py)."""
-    nbytes = held.row_bytes(cache) * cache.train_size
+    nbytes = _features_bytes(cache, held)
     room = memory.page_cache_limit(memory_limit)
     where = held.where
     cached = round(stream.cached_share(where, nbytes), 3)
@@ -332,9 +333,16 @@ def makes_rounded(
     return _features_bytes(cache) > memory.page_cache_limit(memory_limit)
 
 
-def _features_bytes(cache: DataCache) -> int:
-    """Bytes of the training split's float32 features file."""
-    return 4 * cache.train_size * cache.height * cache.width
+def _features_bytes(cache: DataCache, source: stream.Source | None = None) -> int:
+    """Bytes of the training split's features in ``source``'s file (default the cache's
+    float32 rows)."""
+    return (source or stream.Source.raw(cache)).row_bytes(cache) * cache.train_size
+
+
+def _rounded_rows(path: Path, standardize: bool) -> stream.Source:
+    """The bfloat16 rows at ``path`` (app/data/cache/rounded.py), standardised already with
+    ``standardize``."""
+    return stream.Source((path, 0), rounded.DTYPE, standardized=standardize)
 
 
 def kept_rounded(cache: DataCache, precision: str, standardize: bool) -> stream.Source | None:
@@ -344,7 +352,7 @@ def kept_rounded(cache: DataCache, precision: str, standardize: bool) -> stream.
     if precision != "bfloat16":
         return None
     path = rounded.find(cache, standardize)
-    return None if path is None else stream.Source((path, 0), rounded.DTYPE, standardize)
+    return None if path is None else _rounded_rows(path, standardize)
 
 
 def rounded_source(
@@ -375,7 +383,7 @@ def made_rounded(
         logs.event("input_not_rounded", f"training from the float32 rows: {exc}",
                    level=logging.WARNING)  # fmt: skip
         return None
-    return stream.Source((path, 0), rounded.DTYPE, standardized=standardize)
+    return _rounded_rows(path, standardize)
 
 
 def eval_dataset(
