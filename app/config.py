@@ -33,8 +33,8 @@ BFLOAT16_IN_AUTO = True
 
 @dataclass(frozen=True)
 class DataConfig(Options):
-    """The data files, their shape and how they are read, split and standardised (the
-    inputs: app/training/inputs/, app/data/)."""
+    """The data files, their shape and how they are read and split (the inputs:
+    app/training/admit/sources.py, app/training/inputs/, app/data/)."""
 
     data_dir: Path = option(
         help="Directory with train/test feature and label files (read only), or one .npz "
@@ -67,12 +67,6 @@ class DataConfig(Options):
         "test set is evaluated and the last step exported).",
         minimum=0,
         below=0.5,
-        identity=True,
-    )
-    standardize: bool = option(
-        True,
-        "Standardise features and labels with training-set statistics.",
-        flag="--standardize/--no-standardize",
         identity=True,
     )
     allow_nonfinite: bool = option(
@@ -124,7 +118,8 @@ class CacheConfig(Options):
 @dataclass(frozen=True)
 class RecipeConfig(Options):
     """How the weights are trained: the batch, the optimizer, its learning-rate schedule,
-    dropout and the seed (the step and its recipe: app/training/loop/step.py, recipe.py)."""
+    dropout, the seed and whether the data are standardised (the step and its recipe:
+    app/training/loop/step.py, recipe.py)."""
 
     batch_size: int = option(
         1000, "Samples per step (per worker in a multi-worker run).", minimum=1, identity=True
@@ -180,6 +175,12 @@ class RecipeConfig(Options):
         0,
         "Seed for initialisation, data order, dropout and the validation split.",
         minimum=0,
+        identity=True,
+    )
+    standardize: bool = option(
+        True,
+        "Standardise features and labels with training-set statistics.",
+        flag="--standardize/--no-standardize",
         identity=True,
     )
 

@@ -37,7 +37,7 @@ class InputTooLarge(DataError):
 class MemoryBudgetExceeded(AppError):
     """The run's estimated peak memory is more than the memory limit (the cgroup's), so it
     would be OOM-killed (exit 137, no message); refused before training instead
-    (app/training/inputs/peak_memory.py). Exit 8: final, a retry with the same limit ends the
+    (app/training/admit/memory.py). Exit 8: final, a retry with the same limit ends the
     same."""
 
     exit_code = 8

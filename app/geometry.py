@@ -2,7 +2,7 @@
 
 The architecture is app/model/__init__.py's docstring; the model (app/model/) builds its
 layers from these sizes. No TensorFlow here: the options are checked against them before a
-run converts, fits or times anything (app/training/state/precheck.py), so a run whose
+run converts, fits or times anything (app/training/admit/shape.py), so a run whose
 ``--height``/``--width`` the CNN can't take ends in a second, not after its conversion.
 """
 

@@ -137,7 +137,7 @@ def _worker_step(spec: dict[str, Any]) -> dict[str, Any]:
         zero = tf.constant(0.0)
         fn = tf.function(lambda: step.update(x, y, zero)[0], jit_compile=True)
     else:
-        fn = train_step(formulation, precision, x, y, config)
+        fn = train_step(formulation, precision, x, y, config.recipe, config.schedule.max_steps)
     r = _timed(fn, lambda t: t.numpy(), spec["warmup"], spec["steps"])
     r["samples_per_s"] = batch / r["wall_s"]
     return r

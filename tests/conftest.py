@@ -115,9 +115,9 @@ def reference(
 def prepare_cache(config: Any, **kwargs: Any) -> Any:
     """``cache.prepare`` for a TrainConfig, as a training run calls it (one place for tests)."""
     from app.data import cache
-    from app.training.inputs.load import sources
+    from app.training.admit.sources import find
 
-    return cache.prepare(sources(config), config.resolved_cache_dir, **kwargs)
+    return cache.prepare(find(config.data), config.resolved_cache_dir, **kwargs)
 
 
 class _Records(logging.Handler):

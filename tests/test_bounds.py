@@ -27,7 +27,7 @@ from app.data.formats.sources import ROLES, Sources
 from app.data.formats.text import TextArray
 from app.data.formats.textfile import opener, reader
 from app.errors import DataError, InputTooLarge
-from app.training.inputs import peak_memory as memory_rule
+from app.training.admit import memory as memory_rule
 from benchmarks.cgroup_run import MEMORY_MOUNT, MemoryCgroup, memory_cgroup, unavailable_reason
 from tests.conftest import REPO, SMALLEST, TINY_TRAIN_ARGS, events, json_lines, run_cli, widen
 from tests.runs import mount_tmpfs, umount

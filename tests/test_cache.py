@@ -22,7 +22,7 @@ from app.data.cache import convert as cache_convert
 from app.data.cache import marker as cache_marker
 from app.data.cache import store as cache_store
 from app.errors import DataError, Preempted
-from app.training.inputs.load import sources
+from app.training.admit.sources import find
 from tests.conftest import prepare_cache
 
 
@@ -81,7 +81,7 @@ def test_a_stopped_conversion_keeps_its_finished_files_and_the_rerun_does_the_re
 ) -> None:
     config = _config(tiny_data, tmp_path)
     root = config.resolved_cache_dir
-    work = root / f"{cache.PARTIAL}{cache.source_key(sources(config))}"
+    work = root / f"{cache.PARTIAL}{cache.source_key(find(config.data))}"
     # Stop as soon as the first file is done (its record is the last thing written).
     with pytest.raises(Preempted):
         prepare_cache(config, stop=lambda: (work / "train_features.json").exists())
@@ -253,7 +253,7 @@ def test_a_swapped_finished_file_of_a_stopped_conversion_is_converted_again(
     done = prepare_cache(config)
     reference = (done.path / "train_x.f32").read_bytes()
     # What a conversion stopped after its first file leaves, with that file swapped.
-    key = cache.source_key(sources(config))
+    key = cache.source_key(find(config.data))
     partial = config.resolved_cache_dir / f"{cache.PARTIAL}{key}"
     shutil.copytree(done.path, partial)
     shutil.rmtree(done.path)
@@ -274,7 +274,7 @@ def test_a_temporary_file_a_killed_conversion_left_does_not_reach_the_cache(
     tiny_data: Path, tmp_path: Path
 ) -> None:
     config = TrainConfig.of(data_dir=tiny_data, output_dir=tmp_path / "out")
-    key = cache.source_key(sources(config))
+    key = cache.source_key(find(config.data))
     partial = config.resolved_cache_dir / f"{cache.PARTIAL}{key}"
     partial.mkdir(parents=True)
     stale = partial / ".train_features.npz.69a40875690a.tmp"  # killed mid atomic write

@@ -16,7 +16,7 @@ from app.config import TrainConfig
 from app.data import cache, synthetic
 from app.data.cache import marker as cache_marker
 from app.errors import StorageError
-from app.training.inputs.load import sources
+from app.training.admit.sources import find
 from tests.conftest import prepare_cache
 
 KEY = "0123456789abcdef"
@@ -205,7 +205,7 @@ def test_an_empty_directory_under_the_cache_s_name_is_replaced_by_the_cache(
     nothing to lose, so the conversion's rename replaces it."""
     shared = tmp_path / "shared"
     config = _config(_data(tmp_path, 1), shared)
-    key = cache.source_key(sources(config))
+    key = cache.source_key(find(config.data))
     (shared / key).mkdir(parents=True)
     made = prepare_cache(config)
     assert made.path == shared / key and made.train_size == 40

@@ -24,30 +24,52 @@ def _train(data: Path, out: Path, steps: int, *extra: str) -> tuple[int, list[di
 def test_explicit_choices_and_recorded_ones(tmp_path: Path) -> None:
     from app.config import TrainConfig
     from app.errors import ConfigError
-    from app.training.state import choose
 
     config = TrainConfig.of(
         data_dir=tmp_path, output_dir=tmp_path, formulation="plain", precision="float32"
     )
     ckpt = tmp_path / "checkpoints"
     plan, _ = _stand_ins(native_bf16=True)
-    picked = choose._decide(config, plan, None, None, ckpt)  # type: ignore[arg-type]
+    picked = _decide(config, plan, None, None, ckpt)
     assert (picked.formulation, picked.precision) == ("plain", "float32")
     ckpt.mkdir()
     (ckpt / "run.json").write_text('{"formulation": "fast", "precision": "bfloat16"}')
     auto = TrainConfig.of(data_dir=tmp_path, output_dir=tmp_path)
-    kept = choose._decide(auto, plan, None, None, ckpt)  # type: ignore[arg-type]
+    kept = _decide(auto, plan, None, None, ckpt)
     assert (kept.formulation, kept.precision) == ("fast", "bfloat16")
     with pytest.raises(ConfigError, match="trained in bfloat16"):
-        choose._decide(config, plan, None, None, ckpt)  # type: ignore[arg-type]
+        _decide(config, plan, None, None, ckpt)
 
 
 def test_checkpoints_without_a_record_are_float32(tmp_path: Path) -> None:
-    from app.training.state import choose
 
     (tmp_path / "ckpt-3.index").write_bytes(b"")
-    assert choose.recorded(tmp_path) == {"formulation": "fast", "precision": "float32"}
-    assert choose.recorded(tmp_path / "none") is None
+    assert _kept(tmp_path) == {"formulation": "fast", "precision": "float32"}
+    assert _kept(tmp_path / "none") is None
+
+
+def _kept(ckpt: Path) -> dict | None:
+    """The choice a run resuming the checkpoints in ``ckpt`` keeps (None: a fresh start)."""
+    from app.training.admit.facts import Previous
+    from app.training.state import identity
+
+    return Previous(identity.read(ckpt), identity.has_checkpoints(ckpt)).kept_choice()
+
+
+def _decide(config, plan, data, store, ckpt: Path):  # type: ignore[no-untyped-def]
+    """The choice of a run of ``config`` whose checkpoints would be in ``ckpt``: admitted
+    first (an explicit --precision against theirs), then decided."""
+    from app.training.admit import identity as admission
+    from app.training.admit.facts import Previous
+    from app.training.state import choose, identity
+
+    previous = Previous(identity.read(ckpt), identity.has_checkpoints(ckpt))
+    options = identity.options_of(config)
+    admission.before_data(ckpt, previous, config.compute.precision, options, 1)
+    return choose._decide(
+        config.compute, config.recipe, config.schedule.max_steps, plan, data, store,
+        previous.kept_choice(),
+    )  # fmt: skip
 
 
 def _stand_ins(native_bf16: bool) -> tuple[SimpleNamespace, SimpleNamespace]:
@@ -74,7 +96,7 @@ def test_auto_measures_bfloat16_only_where_native_and_its_parity_holds(
     from app.config import TrainConfig
     from app.training.state import choose
 
-    def measure(candidates: list, data: object, config: object) -> dict:
+    def measure(candidates: list, data: object, recipe: object, end: object) -> dict:
         return {c: 5.0 if c == ("plain", "float32") else 10.0 for c in candidates}
 
     monkeypatch.setattr(config_lib, "BFLOAT16_IN_AUTO", in_auto)
@@ -83,7 +105,7 @@ def test_auto_measures_bfloat16_only_where_native_and_its_parity_holds(
     monkeypatch.setattr(choose, "_forward_ms", _forward(forwards))
     plan, data = _stand_ins(native_bf16)
     config = TrainConfig.of(data_dir=tmp_path, output_dir=tmp_path)
-    picked = choose._decide(config, plan, data, None, tmp_path / "ckpt")  # type: ignore[arg-type]
+    picked = _decide(config, plan, data, None, tmp_path / "ckpt")
     assert sorted(picked.timings) == expected
     assert (picked.formulation, picked.precision) == ("plain", "float32")
     # The evaluation's formulation: both forward passes timed at the chosen precision.
@@ -95,7 +117,7 @@ def test_auto_measures_bfloat16_only_where_native_and_its_parity_holds(
     assert ("bfloat16" in picked.reason) == (not bf16_measured)  # why it was left out
     # An explicit formulation: float32 alone is then not measured, and the reason says why.
     fast = TrainConfig.of(data_dir=tmp_path, output_dir=tmp_path, formulation="fast")
-    one = choose._decide(fast, plan, data, None, tmp_path / "ckpt")  # type: ignore[arg-type]
+    one = _decide(fast, plan, data, None, tmp_path / "ckpt")
     assert (one.precision, len(one.timings)) == ("float32", 2 if bf16_measured else 0)
     assert ("float32 under --precision auto" in one.reason) == (not bf16_measured)
     assert (one.evaluation, one.evaluation_timings) == ("fast", {})  # the asked formulation
@@ -107,13 +129,13 @@ def test_the_evaluation_takes_the_faster_forward_pass_and_says_so(
     from app.config import TrainConfig
     from app.training.state import choose
 
-    monkeypatch.setattr(choose, "_measure", lambda c, d, g: {c[0]: 5.0, c[1]: 9.0})
+    monkeypatch.setattr(choose, "_measure", lambda c, d, g, n: {c[0]: 5.0, c[1]: 9.0})
     for faster, other in (("plain", "fast"), ("fast", "plain")):
         ms = {faster: 1.0, other: 4.0}
         monkeypatch.setattr(choose, "_forward_ms", lambda f, p, d, g, ms=ms: ms)
         plan, data = _stand_ins(native_bf16=False)
         config = TrainConfig.of(data_dir=tmp_path, output_dir=tmp_path)
-        picked = choose._decide(config, plan, data, None, tmp_path / "c")  # type: ignore[arg-type]
+        picked = _decide(config, plan, data, None, tmp_path / "c")
         assert (picked.formulation, picked.evaluation) == ("fast", faster)
         said = "evaluated in the plain formulation, 1.0 ms a forward pass against 4.0"
         assert (said in picked.reason) == (faster == "plain"), picked.reason
@@ -149,7 +171,7 @@ def test_a_kept_choice_is_reused_only_when_everything_it_depends_on_matches(
 
     calls: list[list] = []
 
-    def measure(candidates: list, data: object, config: object) -> dict:
+    def measure(candidates: list, data: object, recipe: object, end: object) -> dict:
         calls.append(candidates)
         return {c: 5.0 if c == ("plain", "float32") else 10.0 for c in candidates}
 
@@ -159,7 +181,7 @@ def test_a_kept_choice_is_reused_only_when_everything_it_depends_on_matches(
     plan.inputs = {"/proc/cpuinfo": CPUINFO}
     config = TrainConfig.of(data_dir=tmp_path, output_dir=tmp_path)
     store = measured.Store(tmp_path / "cache")
-    first = choose._decide(config, plan, data, store, tmp_path / "a")  # type: ignore[arg-type]
+    first = _decide(config, plan, data, store, tmp_path / "a")
     assert (first.source, len(calls)) == ("measured", 1)
     if change in ("intra_op_threads", "inter_op_threads"):
         setattr(plan, change, getattr(plan, change) + 1)
@@ -184,7 +206,7 @@ def test_a_kept_choice_is_reused_only_when_everything_it_depends_on_matches(
         kept["value"].pop("evaluation")  # digest and all: an entry of an older coretrain
         kept["digest"] = measured._sha256([kept["what"], kept["depends"], kept["value"]])
         (entry / measured.ENTRY).write_text(json.dumps(kept))
-    again = choose._decide(config, plan, data, store, tmp_path / "b")  # type: ignore[arg-type]
+    again = _decide(config, plan, data, store, tmp_path / "b")
     if change == "nothing":  # a new output directory, the same cache directory
         assert (again.source, len(calls)) == ("cached", 1)
         assert (again.formulation, again.timings) == ("plain", first.timings)
@@ -201,14 +223,14 @@ def test_a_candidate_that_cannot_win_is_not_timed_again(
 
     timed: list[tuple[str, str]] = []
     ms = {("fast", "float32"): 10.0, ("plain", "float32"): 30.0}
-    monkeypatch.setattr(choose, "train_step", lambda f, p, x, y, c: (f, p))
+    monkeypatch.setattr(choose, "train_step", lambda f, p, x, y, c, n: (f, p))
     monkeypatch.setattr(choose, "_ms_per_step", lambda step, n: timed.append(step) or ms[step])
     _, data = _stand_ins(native_bf16=False)
     data.features = data.labels = lambda split: [[0.0]]
     data.train_size = 1
     config = TrainConfig.of(data_dir=tmp_path, output_dir=tmp_path)
     monkeypatch.setattr(choose, "WARMUP_STEPS", 0)
-    best = choose._measure(list(ms), data, config)  # type: ignore[arg-type]
+    best = choose._measure(list(ms), data, config.recipe, 1)  # type: ignore[arg-type]
     assert best == ms
     assert timed.count(("fast", "float32")) == choose.ROUNDS
     assert timed.count(("plain", "float32")) == 1  # 3× the fastest after one round
@@ -320,8 +342,8 @@ from tests.conftest import prepare_cache
 config = TrainConfig.of(data_dir=data_dir, output_dir=out, batch_size=40, precision=precision)
 data = prepare_cache(config)
 real = choose.train_step
-def train_step(formulation, precision, x, y, config):
-    step = real(formulation, precision, x, y, config)
+def train_step(formulation, precision, x, y, recipe, end):
+    step = real(formulation, precision, x, y, recipe, end)
     if slow not in (formulation, precision):
         return step
     def slowed():
@@ -329,7 +351,9 @@ def train_step(formulation, precision, x, y, config):
         return step()
     return slowed
 choose.train_step = train_step
-picked = choose._decide(config, plan, data, None, out / "checkpoints")
+picked = choose._decide(
+    config.compute, config.recipe, config.schedule.max_steps, plan, data, None, None
+)
 print(json.dumps(picked.to_json()))
 """
 

@@ -36,18 +36,22 @@ class FakeBest:
 def _run(
     tmp_path: Path, *, chief: bool = True, validating: bool = True, workers: int = 1,
     replan: str = "on-change",
-) -> extras.Run:  # fmt: skip
+) -> extras.Context:  # fmt: skip
     output = tmp_path / "out"
     ws = SimpleNamespace(
         is_chief=chief, output=output, open=lambda path, what: open_dir(path, what, below=output)
     )
     config = TrainConfig.of(data_dir=tmp_path, output_dir=output, replan=replan)
-    reps = SimpleNamespace(cluster=None if workers == 1 else object(), count=workers)
     choice = Choice("fast", "float32", "as asked", {})
-    return extras.Run(ws, config, choice, PLAN, reps, FakeBest(), 0, validating)  # type: ignore[arg-type]
+    end, samples = config.schedule.max_steps, config.recipe.batch_size * workers
+    options = choice.options_json(config.to_json())
+    return extras.Context(
+        ws, PLAN, workers == 1, FakeBest(), 0, validating, end, samples, replan, options,  # type: ignore[arg-type]
+        model=None, learning_rate=lambda step: 0.01,
+    )  # fmt: skip
 
 
-def _kinds(run: extras.Run) -> list[type]:
+def _kinds(run: extras.Context) -> list[type]:
     return [type(hook) for hook in extras.hooks(run)]
 
 
@@ -129,7 +133,7 @@ def test_the_progress_view_joins_only_a_run_a_console_view_shows(tmp_path: Path)
     try:
         run = _run(tmp_path)
         (view,) = [h for h in extras.hooks(run) if isinstance(h, StepView)]
-        assert view.max_steps == run.config.schedule.max_steps
+        assert view.max_steps == run.max_steps
         clock = iter(range(100)).__next__
         view = StepView(Meter(2.0, 10, clock=clock, cpu_clock=clock), max_steps=10)
         for step in (1, 4, 7):

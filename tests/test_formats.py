@@ -90,9 +90,9 @@ def test_an_hdf5_file_behind_a_user_block_is_recognised(tmp_path: Path, arrays: 
 def test_npy_files_are_found_by_their_default_names(tmp_path: Path, arrays: dict) -> None:
     data = _npy_dir(tmp_path / "d", arrays)
     config = TrainConfig.of(data_dir=data, output_dir=tmp_path / "o")
-    from app.training.inputs.load import sources
+    from app.training.admit.sources import find
 
-    found = sources(config)
+    found = find(config.data)
     assert {r: found.path(r).name for r in ROLES} == {r: f"{r}.npy" for r in ROLES}
 
 
@@ -551,14 +551,14 @@ def test_text_npy_npz_and_hdf5_train_to_the_same_test_rmse_bit_for_bit(
 
 
 def test_a_containers_arrays_may_be_named_by_option(tmp_path: Path, arrays: dict) -> None:
-    from app.training.inputs.load import sources
+    from app.training.admit.sources import find
 
     renamed = {"X": arrays["train_features"], **{r: arrays[r] for r in ROLES[1:]}}
     np.savez(tmp_path / "d.npz", **renamed)
     config = TrainConfig.of(
         data_dir=tmp_path / "d.npz", output_dir=tmp_path / "o", train_features="X"
     )
-    found = sources(config)
+    found = find(config.data)
     assert [found.label(r) for r in ROLES] == [
         f"{tmp_path}/d.npz:{name}" for name in ("X", *ROLES[1:])
     ]

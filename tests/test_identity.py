@@ -15,6 +15,8 @@ import pytest
 from app.config import TrainConfig
 from app.errors import ClusterError, ConfigError, StorageError
 from app.options import identity_fields
+from app.training.admit import identity as admission
+from app.training.admit.facts import Previous
 from app.training.state import identity
 from tests.conftest import TINY_TRAIN_ARGS, events, json_lines, prepare_cache, run_cli
 
@@ -42,6 +44,17 @@ def _config(tmp_path: Path, **changes: object) -> TrainConfig:
     return TrainConfig.of(data_dir=tmp_path, output_dir=tmp_path, **changes)  # type: ignore[arg-type]
 
 
+def _options(tmp_path: Path, **changes: object) -> dict:
+    """The identity options of a run of ``changes``."""
+    return identity.options_of(_config(tmp_path, **changes))
+
+
+def _check(ckpt: Path, mine: identity.Identity) -> None:
+    """The admission's check of ``mine`` against the checkpoints in ``ckpt``."""
+    previous = Previous(identity.read(ckpt), identity.has_checkpoints(ckpt))
+    admission.check(ckpt, previous, mine)
+
+
 def _recorded(tmp_path: Path, mine: identity.Identity) -> Path:
     ckpt = tmp_path / "checkpoints"
     identity.record(ckpt, "fast", "float32", mine)
@@ -54,23 +67,23 @@ def test_the_same_run_resumes_and_every_difference_is_named(
     data,
     logged: list[logging.LogRecord],  # type: ignore[no-untyped-def]
 ) -> None:
-    mine = identity.of_run(_config(tmp_path), data, 1)
+    mine = identity.of_run(_options(tmp_path), data, 1)
     assert mine.data["train"] == {"samples": 240, "fingerprint": data.fingerprint("train")}
     assert mine.options["learning_rate"] == 0.01 and mine.options["standardize"] is True
     ckpt = _recorded(tmp_path, mine)
     assert json.loads((ckpt / "run.json").read_text())["options"] == mine.options
-    constant = identity.of_run(_config(tmp_path, lr_schedule="constant"), data, 1)
+    constant = identity.of_run(_options(tmp_path, lr_schedule="constant"), data, 1)
     ckpt_constant = _recorded(tmp_path / "constant", constant)
     # --max-steps is part of the run only where the schedule ends there (cosine).
-    identity.check(ckpt_constant, identity.of_run(
-        _config(tmp_path, lr_schedule="constant", max_steps=9999), data, 1))  # fmt: skip
+    longer = _options(tmp_path, lr_schedule="constant", max_steps=9999)
+    _check(ckpt_constant, identity.of_run(longer, data, 1))
     logged.clear()  # under cosine, it is allowed and said (the learning rate changes)
-    identity.check(ckpt, identity.of_run(_config(tmp_path, max_steps=9999), data, 1))
+    _check(ckpt, identity.of_run(_options(tmp_path, max_steps=9999), data, 1))
     (warning,) = logged
     assert (warning.event, warning.recorded_end, warning.end) == ("lr_schedule_changed", 3300, 9999)
-    other = identity.of_run(_config(tmp_path, learning_rate=0.05, standardize=False), data, 2)
+    other = identity.of_run(_options(tmp_path, learning_rate=0.05, standardize=False), data, 2)
     with pytest.raises(ConfigError) as caught:
-        identity.check(ckpt, other)
+        _check(ckpt, other)
     message = str(caught.value)
     assert message.startswith(f"{ckpt}: the checkpoints are of another run: ")
     assert "--learning-rate 0.01 recorded, --learning-rate 0.05 now" in message
@@ -80,19 +93,19 @@ def test_the_same_run_resumes_and_every_difference_is_named(
 
 
 def test_other_data_are_named_by_split(tmp_path: Path, data) -> None:  # type: ignore[no-untyped-def]
-    mine = identity.of_run(_config(tmp_path), data, 1)
+    mine = identity.of_run(_options(tmp_path), data, 1)
     ckpt = _recorded(tmp_path, mine)
     swapped = dataclasses.replace(data, checksums={**data.checksums, "train_y.f32": "0" * 64})
     with pytest.raises(ConfigError, match=r"the training data \(240 samples, fingerprint ") as e:
-        identity.check(ckpt, identity.of_run(_config(tmp_path), swapped, 1))
+        _check(ckpt, identity.of_run(_options(tmp_path), swapped, 1))
     assert "test data" not in str(e.value)
 
 
 def test_a_fresh_start_is_not_checked(tmp_path: Path, data) -> None:  # type: ignore[no-untyped-def]
-    mine = identity.of_run(_config(tmp_path), data, 1)
+    mine = identity.of_run(_options(tmp_path), data, 1)
     ckpt = tmp_path / "checkpoints"
     identity.record(ckpt, "fast", "float32", mine)  # stopped before its first checkpoint
-    identity.check(ckpt, identity.of_run(_config(tmp_path, seed=5), data, 1))
+    _check(ckpt, identity.of_run(_options(tmp_path, seed=5), data, 1))
 
 
 def test_a_record_without_identity_resumes_with_a_warning(
@@ -109,32 +122,32 @@ def test_a_record_without_identity_resumes_with_a_warning(
         else:
             (ckpt / "run.json").write_text(old)
         logged.clear()
-        identity.check(ckpt, identity.of_run(_config(tmp_path, **identity.BEFORE), data, 1))
+        _check(ckpt, identity.of_run(_options(tmp_path, **admission.BEFORE), data, 1))
         (warning,) = logged
         assert warning.event == "identity_unchecked" and warning.levelno == logging.WARNING
         # Such runs trained with the seed's recipe: today's defaults are another run.
         with pytest.raises(ConfigError, match=r"older coretrain, with the seed's recipe: "
                            r"--optimizer sgd recorded, --optimizer adam now; "):  # fmt: skip
-            identity.check(ckpt, identity.of_run(_config(tmp_path), data, 1))
+            _check(ckpt, identity.of_run(_options(tmp_path), data, 1))
 
 
 def test_an_option_added_later_counts_as_its_default(tmp_path: Path, data) -> None:  # type: ignore[no-untyped-def]
-    mine = identity.of_run(_config(tmp_path), data, 1)
+    mine = identity.of_run(_options(tmp_path), data, 1)
     ckpt = _recorded(tmp_path, mine)
     kept = json.loads((ckpt / "run.json").read_text())
     del kept["options"]["lr_warmup_steps"]  # a record written before the option existed
     kept["options"]["gone"] = 1  # an option coretrain no longer has
     (ckpt / "run.json").write_text(json.dumps(kept))
-    identity.check(ckpt, mine)
+    _check(ckpt, mine)
     with pytest.raises(
         ConfigError, match=r"--lr-warmup-steps default recorded, --lr-warmup-steps 5"
     ):
-        identity.check(ckpt, identity.of_run(_config(tmp_path, lr_warmup_steps=5), data, 1))
+        _check(ckpt, identity.of_run(_options(tmp_path, lr_warmup_steps=5), data, 1))
     # An option whose default changed counts as the value such runs trained with.
     del kept["options"]["optimizer"]
     (ckpt / "run.json").write_text(json.dumps(kept))
     with pytest.raises(ConfigError, match=r"--optimizer sgd recorded, --optimizer adam now"):
-        identity.check(ckpt, mine)
+        _check(ckpt, mine)
 
 
 def test_an_unreadable_record_beside_checkpoints_is_a_storage_error(tmp_path: Path, data) -> None:  # type: ignore[no-untyped-def]
@@ -144,7 +157,7 @@ def test_an_unreadable_record_beside_checkpoints_is_a_storage_error(tmp_path: Pa
     assert identity.read(ckpt) is None  # nothing it would describe
     (ckpt / "ckpt-3.index").write_bytes(b"")
     with pytest.raises(StorageError, match=r"run\.json: unreadable"):
-        identity.check(ckpt, identity.of_run(_config(tmp_path), data, 1))
+        _check(ckpt, identity.of_run(_options(tmp_path), data, 1))
 
 
 class _Workers(SimpleNamespace):
@@ -180,9 +193,9 @@ def _pair(chief: identity.Identity, other: identity.Identity) -> list[Exception 
 
 
 def test_workers_agree_on_the_chief_s_identity(tmp_path: Path, data) -> None:  # type: ignore[no-untyped-def]
-    chief = identity.of_run(_config(tmp_path), data, 2)
-    assert _pair(chief, identity.of_run(_config(tmp_path), data, 2)) == [None, None]
-    other = identity.of_run(_config(tmp_path, momentum=0.9), data, 2)
+    chief = identity.of_run(_options(tmp_path), data, 2)
+    assert _pair(chief, identity.of_run(_options(tmp_path), data, 2)) == [None, None]
+    other = identity.of_run(_options(tmp_path, momentum=0.9), data, 2)
     for index, exc in enumerate(_pair(chief, other)):
         assert str(exc) == (
             f"worker {index}: the workers disagree on the run's identity (--momentum not the "

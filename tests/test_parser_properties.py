@@ -34,7 +34,6 @@ import tempfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from unittest import mock
 
 import numpy as np
@@ -44,9 +43,11 @@ from hypothesis import strategies as st
 
 from app import cli
 from app.config import TrainConfig
+from app.data.cache import source_key
 from app.data.formats.sources import ROLES
 from app.data.formats.textfile import parallel
-from app.training.inputs.load import load_data
+from app.training.admit.sources import convert, find
+from app.training.state.workspace import for_run
 
 EXAMPLES = int(os.environ.get("CORETRAIN_HYPOTHESIS_EXAMPLES", "300"))
 H, W = 2, 3
@@ -205,10 +206,14 @@ def _run(files: dict[str, bytes], threads: int, root: Path) -> tuple[int, str, o
     for role, content in files.items():
         (data / f"{role}.txt").write_bytes(content)
     config = TrainConfig.of(data_dir=data, output_dir=root / "out", height=H, width=W)
-    plan = SimpleNamespace(intra_op_threads=threads)
     err = io.StringIO()
     try:
-        return 0, "", load_data(config, config.resolved_cache_dir, plan, lambda: False)  # type: ignore[arg-type]
+        found = find(config.data)
+        ws, standardize = for_run(config), config.recipe.standardize
+        data = convert(
+            found, source_key(found), ws, config.cache, standardize, threads, lambda: False
+        )
+        return 0, "", data
     except Exception as exc:  # what the CLI does with it
         with contextlib.redirect_stderr(err), mock.patch.object(cli.logs, "event"):
             try:

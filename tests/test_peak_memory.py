@@ -14,7 +14,7 @@ import pytest
 
 from app.budget import memory as residency
 from app.errors import MemoryBudgetExceeded
-from app.training.inputs import peak_memory as memory
+from app.training.admit import memory
 
 MIB = residency.MIB
 LIMIT = 6 << 30  # the 6 GiB group most rows were measured in

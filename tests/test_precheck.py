@@ -1,5 +1,6 @@
-"""Cheap refusals first (app/training/precheck.py): a resume of another run's checkpoints is
-refused before the data are converted, the ridge fitted or the formulations timed."""
+"""Cheap refusals first (app/training/admit/identity.py, previous.py): a resume of another
+run's checkpoints is refused before the data are converted, the ridge fitted or the
+formulations timed."""
 
 from __future__ import annotations
 

@@ -219,7 +219,8 @@ def test_the_signature_is_refused_early_only_when_the_model_itself_differs(
     from app.budget import PlanOptions, detect_plan
     from app.config import TrainConfig
     from app.release.layout import INPUT_FILE, recorded_signature
-    from app.training.inputs import load, shape_checks
+    from app.training.admit import by_shape
+    from app.training.admit.sources import find
 
     served = newest(nights["models"])
     assert json.loads((served / INPUT_FILE).read_text()) == {
@@ -234,7 +235,9 @@ def test_the_signature_is_refused_early_only_when_the_model_itself_differs(
 
     def check(data: Path) -> None:
         config = TrainConfig.of(data_dir=data, output_dir=tmp_path / "out", publish_dir=models)
-        shape_checks.check(config, load.sources(config), plan)
+        by_shape(
+            find(config.data), config.publishing, config.recipe.batch_size, plan.memory_limit, True
+        )
 
     check(nights["data"])  # the model's own signature is the data's: (n, 3)
     wider = _wider(nights["data"], tmp_path / "wider")

@@ -121,7 +121,7 @@ def test_a_record_written_by_another_program_is_listed(tmp_path: Path) -> None:
 
 
 def test_nothing_is_published_above_the_largest_version(tmp_path: Path) -> None:
-    from app.release import preflight
+    from app.training.admit import publish_dir as preflight
 
     (tmp_path / "9223372036854775807").mkdir()
     assert layout.no_room(tmp_path) is not None

@@ -1,4 +1,4 @@
-"""A finished run rerun (app/training/state/rerun.py): nothing to do only when every piece of
+"""A finished run rerun (app/training/admit/previous.py): nothing to do only when every piece of
 evidence is there, in real files; anything missing or different goes on as a resume."""
 
 from __future__ import annotations
@@ -12,9 +12,25 @@ import pytest
 
 from app.config import TrainConfig
 from app.release import layout
+from app.training.admit import previous as rerun
 from app.training.loop.outcome import Completed, TargetReached
-from app.training.state import identity, rerun, workspace
+from app.training.state import identity, workspace
 from tests.conftest import TINY_TRAIN_ARGS, json_lines, prepare_cache, run_cli
+
+
+def _finished(ws, config: TrainConfig, data, workers: int):  # type: ignore[no-untyped-def]
+    """Whether the run of ``config`` on the cache ``data`` is finished in ``ws``."""
+    before = rerun.read(ws, config.schedule, workers)
+    mine = identity.of_run(identity.options_of(config), data, workers).to_json()
+    return rerun.finished(ws, before, mine, config.publishing)
+
+
+def _finished_unchanged(ws, config: TrainConfig, key: str, workers: int):  # type: ignore[no-untyped-def]
+    """Whether the run of ``config`` on the sources of cache key ``key`` is finished in ``ws``,
+    known before the data are read."""
+    before = rerun.read(ws, config.schedule, workers)
+    unknown = {"options": identity.options_of(config), "workers": workers}
+    return rerun.finished_unchanged(ws, before, key, unknown, config.publishing)
 
 
 @pytest.fixture
@@ -27,7 +43,9 @@ def done(tiny_data: Path, tmp_path: Path):
     )  # fmt: skip
     data = prepare_cache(config)
     ws = workspace.for_run(config)
-    identity.record(ws.checkpoints, "fast", "float32", identity.of_run(config, data, 1))
+    identity.record(
+        ws.checkpoints, "fast", "float32", identity.of_run(identity.options_of(config), data, 1)
+    )
     (ws.model / layout.SAVED_MODEL_DIR).mkdir(parents=True)
     (ws.model / layout.SAVED_MODEL_DIR / layout.SAVED_MODEL_FILE).write_bytes(b"pb")
     (ws.model / layout.KERAS_FILE).write_bytes(b"keras")
@@ -50,7 +68,7 @@ def done(tiny_data: Path, tmp_path: Path):
 
 def test_a_finished_run_is_recognised_from_its_files(done, logged) -> None:
     config, data, ws = done
-    result = rerun.finished(ws, config, data, 1)
+    result = _finished(ws, config, data, 1)
     assert isinstance(result.outcome, Completed) and result.outcome.step == 30
     assert result.decision.published and result.decision.version == 4
     assert result.summary["weights"] == "abc" and result.refused is None
@@ -61,10 +79,10 @@ def test_target_reached_needs_the_same_target(done) -> None:
     config, data, ws = done
     summary = json.loads(ws.metrics.read_text())
     ws.metrics.write_text(json.dumps({**summary, "status": "target_reached", "final_step": 12}))
-    found = rerun.finished(ws, config, data, 1)
+    found = _finished(ws, config, data, 1)
     assert isinstance(found.outcome, TargetReached) and found.outcome.step == 12
     other = config.with_options(target_loss=config.schedule.target_loss / 2)
-    assert rerun.finished(ws, other, data, 1) is None
+    assert _finished(ws, other, data, 1) is None
 
 
 @pytest.mark.parametrize(
@@ -100,14 +118,14 @@ def test_anything_missing_or_different_goes_on(done, change: str) -> None:
         workers = 2
     elif change == "no digest":
         ws.metrics.write_text(json.dumps({**summary, "weights": None}))
-    assert rerun.finished(ws, config, data, workers) is None
+    assert _finished(ws, config, data, workers) is None
 
 
 def test_a_version_withdrawn_since_is_not_published_again(done, logged) -> None:
     """The operator rolled version 4 back (moved it out): the rerun respects that."""
     config, data, ws = done
     (config.publishing.publish_dir / "4").rename(config.publishing.publish_dir / "rolled-back")
-    result = rerun.finished(ws, config, data, 1)
+    result = _finished(ws, config, data, 1)
     assert result.decision.published and result.decision.version == 4
     assert result.decision.reason == rerun.WITHDRAWN
     events = [r.event for r in logged]
@@ -119,14 +137,14 @@ def test_a_version_withdrawn_since_is_not_published_again(done, logged) -> None:
 def test_the_same_sources_unchanged_are_known_without_the_cache(done, logged) -> None:
     config, data, ws = done
     summary = json.loads(ws.metrics.read_text())
-    assert rerun.finished_unchanged(ws, config, data.path.name, 1) is None  # an older record
+    assert _finished_unchanged(ws, config, data.path.name, 1) is None  # an older record
     ws.metrics.write_text(json.dumps({**summary, "data_key": data.path.name}))
-    assert rerun.finished_unchanged(ws, config, "0" * 16, 1) is None  # the sources changed
+    assert _finished_unchanged(ws, config, "0" * 16, 1) is None  # the sources changed
     other = config.with_options(seed=config.recipe.seed + 1)
-    assert rerun.finished_unchanged(ws, other, data.path.name, 1) is None  # another option
-    assert rerun.finished_unchanged(ws, config, data.path.name, 2) is None  # workers
+    assert _finished_unchanged(ws, other, data.path.name, 1) is None  # another option
+    assert _finished_unchanged(ws, config, data.path.name, 2) is None  # workers
     assert logged == []
-    result = rerun.finished_unchanged(ws, config, data.path.name, 1)
+    result = _finished_unchanged(ws, config, data.path.name, 1)
     assert isinstance(result.outcome, Completed) and result.outcome.step == 30
     assert [r.event for r in logged] == ["already_finished", "end"]
 

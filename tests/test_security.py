@@ -22,7 +22,7 @@ from app.atomic import Dir, open_dir
 from app.config import TrainConfig
 from app.data import cache
 from app.errors import StorageError
-from app.training.inputs.load import sources
+from app.training.admit.sources import find
 from tests.conftest import REPO, TINY_TRAIN_ARGS, events, json_lines, run_cli
 from tests.runs import IS_ROOT, mount_tmpfs, umount
 
@@ -30,7 +30,7 @@ SECRET = b"do not touch\n"
 
 
 def _key(data: Path, out: Path) -> str:
-    return cache.source_key(sources(TrainConfig.of(data_dir=data, output_dir=out)))
+    return cache.source_key(find(TrainConfig.of(data_dir=data, output_dir=out).data))
 
 
 def _plant(out: Path, name: str, kind: str, victim: Path) -> Path:

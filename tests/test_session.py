@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,7 +39,10 @@ SCRIPT = textwrap.dedent(
     inputs = Inputs(c, rows, None)
     plan = types.SimpleNamespace(memory_limit=limit, tfdata_threads=1, intra_op_threads=1)
     reps = types.SimpleNamespace(count=1, index=0)
-    given, _ = session._train_input(config, plan, inputs, reps, None, 0, "float32")
+    given, _ = session._train_input(
+        config.recipe, config.schedule.max_steps, config.cache.max_cache_bytes, plan, inputs,
+        reps, None, 0, "float32",
+    )
     if given.resident is not None:
         labels = [tf.gather(given.resident.labels, i).numpy() for i in given.dataset]
     else:  # a chunk and the step's rows in it
@@ -87,7 +91,9 @@ def test_training_input_holds_only_the_training_rows(
 # The session's own decisions, with stand-ins for its TensorFlow parts (fast).
 
 
-def _session(tmp_path: Path, *, validating: bool, publish_dir: Path | None = None) -> object:
+def _session(
+    tmp_path: Path, *, validating: bool, publish_dir: Path | None = None
+) -> tuple[Any, TrainConfig]:
     from types import SimpleNamespace
 
     from app.training.session import Session
@@ -103,23 +109,27 @@ def _session(tmp_path: Path, *, validating: bool, publish_dir: Path | None = Non
         data=SimpleNamespace(path=tmp_path / "cache-key"),
     )
     best = SimpleNamespace(restore=lambda: 40, rmse=0.3)
-    trainer = SimpleNamespace(evaluate=lambda split: {"test": 0.6}[split], evaluated=[2, 3])
+    trainer = SimpleNamespace(
+        evaluate=lambda split: {"test": 0.6}[split], evaluated=[2, 3], batch_size=8
+    )
     reps = SimpleNamespace(count=2, cluster=None)
     plan = SimpleNamespace(to_json=lambda: {"intra_op_threads": 1})
     choice = Choice("plain", "bfloat16", "measured", {})
     return Session(
-        None,
-        config,
+        None,  # type: ignore[arg-type]
         choice,
-        plan,
-        inputs,
-        reps,
+        plan,  # type: ignore[arg-type]
+        inputs,  # type: ignore[arg-type]
+        reps,  # type: ignore[arg-type]
         lambda: False,
-        trainer,
-        None,
-        best,
-        0,  # type: ignore[arg-type]
-    )
+        trainer,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        best,  # type: ignore[arg-type]
+        0,
+        config.schedule,
+        config.compute.replan,
+        config.to_json(),
+    ), config
 
 
 def test_the_exported_step_is_the_best_validated_one_and_judged_against_the_linear(
@@ -127,34 +137,42 @@ def test_the_exported_step_is_the_best_validated_one_and_judged_against_the_line
 ) -> None:
     from app.training.loop.outcome import Completed
 
-    run = _session(tmp_path, validating=True)
+    run, _ = _session(tmp_path, validating=True)
     outcome = Completed(start_step=0, step=50, eval_rmse=0.3, loop_seconds=1.0, steps_per_loop=1)
     fields = run.exported(outcome)  # type: ignore[attr-defined]
     assert (fields["exported_step"], fields["val_rmse"], fields["test_rmse"]) == (40, 0.3, 0.6)
     assert fields["validation_size"] == 3 and fields["linear_rmse"] == 0.5
     assert fields["validation_evaluated"] == 2
     assert [r.event for r in logged] == ["not_learning"]  # 0.6 is not below the linear's 0.5
-    without = _session(tmp_path, validating=False).exported(outcome)  # type: ignore[attr-defined]
+    without = _session(tmp_path, validating=False)[0].exported(outcome)
     assert (without["exported_step"], without["val_rmse"]) == (50, None)
 
 
 def test_samples_per_step_count_every_worker(tmp_path: Path) -> None:
-    assert _session(tmp_path, validating=False).samples_per_step == 16  # type: ignore[attr-defined]
+    assert _session(tmp_path, validating=False)[0].samples_per_step == 16
 
 
 def test_the_publish_step_carries_the_decided_formulation_not_the_request(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from app.release import publish
+    from app.training import finish
 
-    assert _session(tmp_path, validating=False).publisher({}) is None  # type: ignore[attr-defined]
+    def publisher(run: Any, config: TrainConfig) -> Any:  # as the run's end makes it
+        options = run.choice.options_json(run.options)
+        summary = {"test_rmse": 0.6, "plan": {}}
+        return finish.publisher(
+            config.publishing, summary, run.inputs.data, options, run.plan, run.stop
+        )
+
+    assert publisher(*_session(tmp_path, validating=False)) is None
     seen: dict = {}
     monkeypatch.setattr(
         publish, "publish", lambda exported, target, data, meta, **kw: seen.update(meta=meta, **kw)
     )
-    run = _session(tmp_path, validating=False, publish_dir=tmp_path)
-    run.publisher({"test_rmse": 0.6, "plan": {}})("exported")  # type: ignore[attr-defined]
-    config = seen["meta"]["config"]
-    assert (config["formulation"], config["precision"]) == ("plain", "bfloat16")
-    assert run.config.compute.formulation == "auto"  # type: ignore[attr-defined]
+    run, config = _session(tmp_path, validating=False, publish_dir=tmp_path)
+    publisher(run, config)("exported")
+    decided = seen["meta"]["config"]
+    assert (decided["formulation"], decided["precision"]) == ("plain", "bfloat16")
+    assert config.compute.formulation == "auto"
     assert seen["meta"]["metrics"] == {"test_rmse": 0.6} and seen["keep"] == 0

@@ -1,6 +1,7 @@
-"""What the data's shape alone refuses before the conversion (app/training/inputs/shape_checks.py):
-the CNN's geometry, the memory floor, and the record a signature check starts from. The
-signature's early refusal on real published models: tests/test_publish.py."""
+"""What the data's shape alone refuses before the conversion (app/training/admit/shape.py,
+memory.py, signature.py): the CNN's geometry, the memory floor, and the record a signature
+check starts from. The signature's early refusal on real published models:
+tests/test_publish.py."""
 
 from __future__ import annotations
 
@@ -20,12 +21,20 @@ from app.config import TrainConfig
 from app.errors import ConfigError, DataError
 from app.geometry import geometry
 from app.release import layout
-from app.training.inputs import load, peak_memory, shape_checks
+from app.training.admit import by_shape
+from app.training.admit import memory as peak_memory
+from app.training.admit.sources import find
 from benchmarks.cgroup_run import MEMORY_MOUNT, memory_cgroup, unavailable_reason
 from tests.conftest import REPO, events, json_lines, run_cli
 
 MIB = residency.MIB
 MEMORY_REASON = unavailable_reason(MEMORY_MOUNT, "memory")
+
+
+def _check(config: TrainConfig, plan: object) -> None:
+    """What the data's shape refuses before the conversion, on the chief."""
+    memory_limit = plan.memory_limit  # type: ignore[attr-defined]
+    by_shape(find(config.data), config.publishing, config.recipe.batch_size, memory_limit, True)
 
 
 def _cache_files(out: Path) -> list[str]:
@@ -240,7 +249,7 @@ def test_a_signature_is_refused_only_for_labels_that_parse_whole(
         data_dir=data, output_dir=tmp_path / "out", publish_dir=_served(tmp_path / "m", 3)
     )
     with pytest.raises(DataError) as caught:
-        shape_checks.check(config, load.sources(config), detect_plan("/"))
+        _check(config, detect_plan("/"))
     assert str(caught.value).startswith(f"{data}/{blamed}") and what in str(caught.value)
 
 
@@ -253,7 +262,7 @@ def test_every_file_s_first_row_comes_before_the_memory_floor(
     config = TrainConfig.of(data_dir=data, output_dir=tmp_path / "out")
     small = dataclasses.replace(detect_plan("/"), memory_limit=100 * MIB)
     with pytest.raises(DataError, match=r"test_features\.txt:1: expected 3900 fields"):
-        shape_checks.check(config, load.sources(config), small)
+        _check(config, small)
     features.write_text(features.read_text().split("\n", 1)[1])
     with pytest.raises(peak_memory.MemoryBudgetExceeded):
-        shape_checks.check(config, load.sources(config), small)
+        _check(config, small)

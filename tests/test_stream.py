@@ -191,6 +191,6 @@ def test_a_truncated_cache_file_is_a_storage_error(cache: DataCache, tmp_path: P
 
 
 def test_the_memory_estimate_counts_the_chunks_a_reader_holds() -> None:
-    from app.training.inputs import peak_memory as memory
+    from app.training.admit import memory
 
     assert memory.STREAMED_BATCHES == stream.CHUNKS_HELD * order.WINDOW_STEPS + 3

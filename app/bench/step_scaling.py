@@ -64,15 +64,15 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
     import tensorflow as tf
 
-    from app.config import TrainConfig
+    from app.config import RecipeConfig, ScheduleConfig
     from app.training.state.choose import step_time
 
     rng = np.random.default_rng(0)
     b = spec["batch"]
     x = tf.constant(rng.standard_normal((b, 20, 195, 1), dtype=np.float32))
     y = tf.constant(rng.standard_normal((b, 3), dtype=np.float32))
-    config = TrainConfig.of(data_dir=Path("."), output_dir=Path("."), batch_size=b)
-    ms = step_time(spec["formulation"], spec["precision"], x, y, config, STEPS, WARMUP)
+    recipe, end = RecipeConfig(batch_size=b), ScheduleConfig().max_steps  # the defaults
+    ms = step_time(spec["formulation"], spec["precision"], x, y, recipe, end, STEPS, WARMUP)
     return {"step_ms": ms, "samples_per_s": b / ms * 1e3}
 
 

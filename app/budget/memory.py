@@ -1,6 +1,6 @@
 """How much of the memory limit a training split may take to be held in memory rather than
 read from the cache file batch by batch (app/data/input/pipeline.py). The run's expected peak, the
-model of the CNN's training memory that builds on it, is app/training/inputs/peak_memory.py.
+model of the CNN's training memory that builds on it, is app/training/admit/memory.py.
 No TensorFlow here.
 """
 

@@ -2,8 +2,8 @@
 
 In order: the JSON log on stdout, the umask, the stop request (SIGTERM/SIGINT), the
 cluster (a multi-worker run, if any), the workspace; then, with the outcome pushed to the
-Pushgateway when one is named, the checks of --data, --height/--width and --publish-dir
-(nothing written yet), the output lock, the thread plan
+Pushgateway when one is named, what the arguments alone refuse (--data, --height/--width,
+--publish-dir: app/training/admit/, nothing written yet), the output lock, the thread plan
 (detected and applied before TensorFlow starts), then :func:`app.training.run.train`.
 Its outcome (app/training/loop/outcome.py) is mapped here, by :func:`conclude`, to the exit
 code: 0, 7 when the gate kept the model out of ``--publish-dir``, 143 after a stop, or to
@@ -28,11 +28,10 @@ from app.cluster import spec
 from app.cluster.spec import ClusterOptions
 from app.commands import Exit
 from app.config import TrainConfig
-from app.errors import ConfigError, NotPublished, Preempted, exit_code_of
-from app.release import preflight
+from app.errors import NotPublished, Preempted, exit_code_of
 from app.report import ReportOptions, push
 from app.signals import StopRequest
-from app.training.inputs import shape_checks
+from app.training.admit import check_arguments
 from app.training.loop.outcome import REPLAN_AT_ENV, STARTED_AT_ENV, Replan, Result, Stopped
 from app.training.state import workspace
 
@@ -58,10 +57,7 @@ def run(
     ws = workspace.for_run(config, cluster)
 
     def body() -> Exit:  # its refusals are pushed too (a night that never started)
-        _check_data_dir(config.data.data_dir)  # a mistyped --data writes nothing into --output
-        shape_checks.check_geometry(config)  # nor an --height/--width the CNN can't take
-        if ws.is_chief and config.publishing.publish_dir is not None:
-            preflight.exists(config.publishing.publish_dir)  # nor a mistyped --publish-dir
+        check_arguments(config, ws.is_chief)  # a mistyped argument writes nothing in --output
         held = lock.acquire(ws.own, below=ws.output)
         bfloat16 = "bfloat16" in config.compute.precisions(native_bf16=True)
         plan = detect_plan("/", options, bfloat16=bfloat16)
@@ -72,18 +68,6 @@ def run(
 
     url = report.metrics_push if report is not None and ws.is_chief else None
     return body() if url is None else pushed(url, ws.output, body)
-
-
-def _check_data_dir(path: Path) -> None:
-    """Raise ConfigError (exit 2, a usage error) when ``path`` (--data: a directory, or one
-    file holding the four arrays) does not exist; other problems (permissions, what is in
-    it) are the data's to report."""
-    try:
-        os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        raise ConfigError(f"--data {path}: no such file or directory") from None
-    except OSError:
-        return
 
 
 def pushed(url: str, output: Path, body: Callable[[], Exit]) -> Exit:

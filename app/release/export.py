@@ -141,7 +141,7 @@ def _record_input(tmp: Dir, height: int, width: int, outputs: int) -> None:
     (:data:`app.release.layout.INPUT_FILE`), so ``predict`` takes (n, H, W) arrays only in
     this order (a (n, W, H) array has as many values a row, and gave other predictions,
     silently), and a later run sees a signature change before it converts its data
-    (app/training/inputs/shape_checks.py)."""
+    (app/training/admit/signature.py)."""
     where = Path(tmp.via) / SAVED_MODEL_DIR / INPUT_FILE
     where.parent.mkdir(exist_ok=True)
     record = {"height": height, "width": width, "outputs": outputs}

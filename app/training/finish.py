@@ -10,6 +10,7 @@ outcome is returned with the summary, and app/commands/train.py maps it to the e
 
 from __future__ import annotations
 
+import datetime
 import logging
 import time
 from collections.abc import Callable
@@ -19,6 +20,9 @@ import keras
 
 from app import __version__, jsonvalues, logs
 from app.atomic import write_json
+from app.budget.apply import tensorflow_version
+from app.budget.plan import ThreadPlan
+from app.config import PublishConfig
 from app.data.cache import DataCache
 from app.errors import NotPublished
 from app.release.export import Exported, export
@@ -50,6 +54,36 @@ def summarize(
         "version": __version__,
         **facts,
     }
+
+
+def publisher(
+    publishing: PublishConfig, summary: dict[str, Any], data: DataCache,
+    options: dict[str, Any], plan: ThreadPlan, stop: Callable[[], bool],
+) -> Callable[[Exported], Decision] | None:  # fmt: skip
+    """The publish step for the end of the run: the gate against ``--publish-dir``'s
+    champion (app/release/publish.py), the version recording the run's ``summary``, its
+    data's key, its ``options`` (as decided) and ``plan``; None without ``--publish-dir``."""
+    target = publishing.publish_dir
+    if target is None:
+        return None
+    from app.release import publish
+
+    def run(exported: Exported) -> Decision:
+        meta = {
+            "published_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "metrics": results(summary),
+            "data_key": data.path.name,
+            "config": options,
+            "plan": plan.to_json(),
+            "versions": {"coretrain": __version__, "tensorflow": tensorflow_version()},
+        }
+        return publish.publish(
+            exported, target, data, meta, tolerance=publishing.publish_tolerance,
+            keep=publishing.publish_keep,
+            allow_signature_change=publishing.publish_allow_signature_change, stop=stop,
+        )  # fmt: skip
+
+    return run
 
 
 def finish(

@@ -1,38 +1,34 @@
 """The TensorFlow part of a run, set up: what the loop trains and what it hands to the end.
 
-:func:`start` takes the run from its inputs (app/training/inputs/load.py) to the first step:
-the run's identity checked against the checkpoints it would resume, the formulation and
-precision chosen, the trainer built, the newest valid checkpoint and the best validated
-step restored, the input pipeline fed from the restored step. The :class:`Session` it
-returns builds the loop (:meth:`Session.controller`) and, once the loop has ended, the
-facts of the exported step and the publish step (:meth:`Session.exported`,
-:meth:`Session.publisher`). Import it after :func:`app.budget.apply.import_tensorflow`.
+:func:`start` takes the run from its admitted facts (app/training/admit/) and inputs
+(app/training/inputs/load.py) to the first step: the workers agreed on the run's identity,
+the formulation and precision chosen (or kept from the checkpoints), the trainer built, the
+newest valid checkpoint and the best validated step restored, the identity recorded beside
+them, the input pipeline fed from the restored step. The :class:`Session` it returns
+builds the loop (:meth:`Session.controller`) and, once the loop has ended, the facts of the
+exported step (:meth:`Session.exported`). Nothing admitted is checked again here. Import it
+after :func:`app.budget.apply.import_tensorflow`.
 """
 
 from __future__ import annotations
 
-import datetime
 import logging
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from app import __version__, logs
-from app.budget.apply import tensorflow_version
+from app import logs
 from app.budget.plan import ThreadPlan
 from app.budget.usage import Throttling
-from app.config import TrainConfig
+from app.config import CacheConfig, ComputeConfig, RecipeConfig, ScheduleConfig
 from app.data.cache import measured
-from app.errors import NotPublished, Preempted
-from app.release.export import Exported
-from app.release.gate import Decision
+from app.errors import Preempted
 from app.training import extras
 from app.training.inputs.load import Inputs
 from app.training.loop.controller import Controller, Meter, Schedule
-from app.training.loop.outcome import REPLAN_AT_ENV, Outcome, results
+from app.training.loop.outcome import REPLAN_AT_ENV, Outcome
 from app.training.loop.replicas import Replicas
 from app.training.loop.trainer import Trainer
 from app.training.state import choose, identity
@@ -40,15 +36,18 @@ from app.training.state.best import Best
 from app.training.state.checkpointer import Checkpointer
 from app.training.state.workspace import Workspace
 
+if TYPE_CHECKING:
+    from app.training.admit.facts import Admitted
+
 
 @dataclass(frozen=True)
 class Session:
-    """A run ready to train from ``start``: its workspace, ``config`` as asked and
-    ``choice``, the formulation and precision decided, plan, inputs, replicas, stop request
-    and the TensorFlow parts (trainer, checkpoints, best validated step)."""
+    """A run ready to train from ``start``: its workspace, ``choice``, the formulation and
+    precision decided, plan, inputs, replicas, stop request, the TensorFlow parts (trainer,
+    checkpoints, best validated step), the loop's ``schedule`` and what the extras are
+    given (``replan``: ``--replan``; ``options``: the run's options as JSON, asked)."""
 
     ws: Workspace
-    config: TrainConfig
     choice: choose.Choice
     plan: ThreadPlan
     inputs: Inputs
@@ -58,16 +57,24 @@ class Session:
     checkpoints: Checkpointer
     best: Best
     start: int
+    schedule: ScheduleConfig
+    replan: str
+    options: dict[str, Any]
+
+    @property
+    def standardize(self) -> bool:
+        """Whether the model sees standardised features and labels (``--standardize``)."""
+        return self.trainer.standardize
 
     @property
     def samples_per_step(self) -> int:
         """Samples of one global step (every worker's batch)."""
-        return self.config.recipe.batch_size * self.reps.count
+        return self.trainer.batch_size * self.reps.count
 
     def controller(self) -> Controller:
         """The loop of the run (app/training/loop/controller.py): its schedule, meter and
-        the hooks of every extra (app/training/extras/)."""
-        s, plan = self.config.schedule, self.plan
+        the hooks of the extras (app/training/extras/)."""
+        s, plan = self.schedule, self.plan
         schedule = Schedule(
             s.max_steps, s.eval_every, s.checkpoint_every, s.steps_per_loop, s.target_loss
         )
@@ -75,14 +82,16 @@ class Session:
             plan.cpu_budget, self.samples_per_step, throttling=Throttling(plan.cpu_stat).read
         )
         validating = self.inputs.rows.validating
-        run = extras.Run(
-            self.ws, self.config, self.choice, plan, self.reps, self.best, self.start, validating
-        )
+        given = extras.Context(
+            self.ws, plan, self.reps.cluster is None, self.best, self.start, validating,
+            s.max_steps, self.samples_per_step, self.replan, self.choice.options_json(self.options),
+            self.trainer.model, self.trainer.learning_rate,
+        )  # fmt: skip
         return Controller(
             self.trainer, self.checkpoints, schedule, meter, self.stop,
             self.inputs.reference.eval_mean,
             agree=lambda k: float(self.reps.sum([k], "steps per loop")[0]) / self.reps.count,
-            hooks=extras.hooks(run),
+            hooks=extras.hooks(given),
             metric="val_rmse" if validating else "test_rmse",
             references=self.inputs.reference.fields(),
         )  # fmt: skip
@@ -118,109 +127,62 @@ class Session:
             )
         return fields
 
-    def publisher(self, summary: dict[str, Any]) -> Callable[[Exported], Decision] | None:
-        """The publish step for the end of the run: the gate against ``--publish-dir``'s
-        champion (app/release/publish.py); None without ``--publish-dir``."""
-        publishing, target = self.config.publishing, self.config.publishing.publish_dir
-        if target is None:
-            return None
-        from app.release import publish
-
-        def run(exported: Exported) -> Decision:
-            meta = {
-                "published_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                "metrics": results(summary),
-                "data_key": self.inputs.data.path.name,
-                "config": self.choice.options_json(self.config),
-                "plan": self.plan.to_json(),
-                "versions": {"coretrain": __version__, "tensorflow": tensorflow_version()},
-            }
-            return publish.publish(
-                exported, target, self.inputs.data, meta,
-                tolerance=publishing.publish_tolerance, keep=publishing.publish_keep,
-                allow_signature_change=publishing.publish_allow_signature_change, stop=self.stop,
-            )  # fmt: skip
-
-        return run
-
 
 def start(
-    ws: Workspace, config: TrainConfig, plan: ThreadPlan, inputs: Inputs, reps: Replicas,
-    stop: Callable[[], bool],
+    ws: Workspace, admitted: Admitted, inputs: Inputs, plan: ThreadPlan, reps: Replicas,
+    stop: Callable[[], bool], *, recipe: RecipeConfig, schedule: ScheduleConfig,
+    compute: ComputeConfig, cache: CacheConfig, options: dict[str, Any],
 ) -> Session:  # fmt: skip
-    """The run set up to train (module docstring). Raises ConfigError (another run's
-    checkpoints, or a precision they were not trained in), StorageError (no readable
-    checkpoint), ClusterError (workers differ), Preempted (a stop agreed before the loop)."""
-    mine = _same_run(ws, config, inputs, reps)
-    if reps.is_chief and config.publishing.publish_dir is not None:
-        _check_signature(
-            config.publishing.publish_dir,
-            inputs.data,
-            config.publishing.publish_allow_signature_change,
-        )
+    """The run set up to train (module docstring) as ``recipe``, ``schedule`` and
+    ``compute`` ask, the rows a bfloat16 step makes within ``cache``'s bound. Raises
+    StorageError (no readable checkpoint), ClusterError (workers differ), Preempted (a stop
+    agreed before the loop)."""
+    identity.agree(admitted.identity, reps)
     store = measured.Store(ws.cache, ws.cache_top)  # beside the data cache: it outlives runs
-    picked = choose.choose(config, plan, inputs.data, reps, store, ws.checkpoints)
+    kept = admitted.previous.kept_choice()
+    end, data = schedule.max_steps, inputs.data
+    picked = choose.choose(compute, recipe, end, plan, data, reps, store, kept)
     logs.event(
         "choice",
         f"{picked.formulation} formulation in {picked.precision}: {picked.reason}",
         **picked.to_json(),
     )
     trainer = Trainer(
-        config.recipe, config.schedule.max_steps, picked, inputs.data, reps, inputs.rows,
-        plan.tfdata_threads, standardize=config.data.standardize,
-        eval_rows=config.schedule.eval_rows,
+        recipe, schedule.max_steps, picked, inputs.data, reps, inputs.rows, plan.tfdata_threads,
+        eval_rows=schedule.eval_rows,
     )  # fmt: skip
     held = ws.open(ws.checkpoints, "checkpoint directory")  # open for the whole run
     checkpoints = Checkpointer(
-        trainer.train_step, held, config.schedule.keep_checkpoints, reps,
-        nonfinite_data=config.data.allow_nonfinite,
+        trainer.train_step, held, schedule.keep_checkpoints, reps,
+        nonfinite_data=admitted.sources.allow_nonfinite,
     )  # fmt: skip
     step = checkpoints.restore()
     best = Best(trainer.model, held, reps)
     best.resume(step)
-    identity.record(ws.checkpoints, picked.formulation, picked.precision, mine, picked.evaluation)
+    identity.record(
+        ws.checkpoints, picked.formulation, picked.precision, admitted.identity, picked.evaluation
+    )
     _log_replanned(plan)
     if reps.sum([1.0 if stop() else 0.0], "restore")[0] > 0:  # agreed by all workers
         raise Preempted(f"stopped by signal before training resumed at step {step}")
     validation = len(trainer.evaluated) if trainer.rows.validating else 0
     batches, hold = _train_input(
-        config, plan, inputs, reps, trainer.stats, step, picked.precision, validation
-    )
+        recipe, schedule.max_steps, cache.max_cache_bytes, plan, inputs, reps, trainer.stats,
+        step, picked.precision, validation,
+    )  # fmt: skip
     trainer.feed(batches, hold_validation=hold)
-    return Session(ws, config, picked, plan, inputs, reps, stop, trainer, checkpoints, best, step)
-
-
-def _same_run(
-    ws: Workspace, config: TrainConfig, inputs: Inputs, reps: Replicas
-) -> identity.Identity:
-    """This run's identity, checked against the checkpoints it would resume (on the chief)
-    and agreed by every worker (app/training/state/identity.py). Raises ConfigError (another
-    run's checkpoints), StorageError (an unreadable record), ClusterError (workers differ)."""
-    mine = identity.of_run(config, inputs.data, reps.count)
-    if reps.is_chief:
-        identity.check(ws.checkpoints, mine)
-    identity.agree(mine, reps)
-    return mine
-
-
-def _check_signature(target: Path, data: Any, allowed: bool) -> None:
-    """Before the first step: raise NotPublished (exit 7) when the model would be refused
-    for its serving signature (app/release/publish.py); a ``signature_change`` warning when
-    ``allowed``."""
-    from app.release import publish
-
-    change = publish.signature_change(publish.champion(target), publish.signature_of(data))
-    if change is not None and not allowed:
-        raise NotPublished(f"model not published: {change}")
-    if change is not None:
-        logs.event("signature_change", change, level=logging.WARNING)
+    return Session(
+        ws, picked, plan, inputs, reps, stop, trainer, checkpoints, best, step, schedule,
+        compute.replan, options,
+    )  # fmt: skip
 
 
 def _train_input(
-    config: TrainConfig, plan: ThreadPlan, inputs: Inputs, reps: Replicas, stats: Any,
-    start: int, precision: str, validation_rows: int = 0,
+    recipe: RecipeConfig, end: int, max_cache_bytes: int | None, plan: ThreadPlan,
+    inputs: Inputs, reps: Replicas, stats: Any, start: int, precision: str,
+    validation_rows: int = 0,
 ) -> tuple[Any, bool]:  # fmt: skip
-    """The batches of the training rows from ``start`` on, resident or streamed as measured
+    """The batches of the training rows from ``start`` to ``end``, resident or streamed as measured
     (app/data/input/pipeline.py ``choose_input``, judged on the rows that would be held);
     from the rows a step computing in ``precision`` computes on when the cache keeps them
     (``kept_rounded``) or making them pays (``makes_rounded``),
@@ -230,17 +192,13 @@ def _train_input(
     from app.data.input import order, pipeline
 
     data, rows = inputs.data, inputs.rows.train
-    steps = config.schedule.max_steps - start
-    kept = pipeline.kept_rounded(data, precision, config.data.standardize)
-    choice = pipeline.choose_input(
-        data, plan.memory_limit, config.recipe.batch_size, steps, rows=rows, held=kept
-    )
-    reads = steps * config.recipe.batch_size
-    make = pipeline.makes_rounded(data, choice.resident, plan.memory_limit, reads)
+    steps, batch_size = end - start, recipe.batch_size
+    kept = pipeline.kept_rounded(data, precision, recipe.standardize)
+    choice = pipeline.choose_input(data, plan.memory_limit, batch_size, steps, rows=rows, held=kept)
+    make = pipeline.makes_rounded(data, choice.resident, plan.memory_limit, steps * batch_size)
     source = kept or pipeline.made_rounded(
-        data, precision, config.data.standardize, make, config.cache.max_cache_bytes,
-        plan.intra_op_threads,
-    )  # fmt: skip
+        data, precision, recipe.standardize, make, max_cache_bytes, plan.intra_op_threads
+    )
     gathered = choice.resident and source is None  # the validation rows from the split
     hold = not gathered and validation_rows > 0
     hold = hold and pipeline.holds_validation(data, validation_rows, plan.memory_limit)
@@ -261,9 +219,9 @@ def _train_input(
         validation_held=(gathered or hold) if validation_rows else None,
     )
     return pipeline.train_input(
-        data, plan.tfdata_threads, seed=config.recipe.seed, batch_size=config.recipe.batch_size,
-        start_step=start, end_step=config.schedule.max_steps, workers=reps.count, index=reps.index,
-        resident=choice.resident, stats=stats, rows=rows, source=source,
+        data, plan.tfdata_threads, seed=recipe.seed, batch_size=batch_size, start_step=start,
+        end_step=end, workers=reps.count, index=reps.index, resident=choice.resident,
+        stats=stats, rows=rows, source=source,
     ), hold  # fmt: skip
 
 

@@ -53,6 +53,13 @@ def validation_count(n: int, fraction: float) -> int:
     return min(max(round(fraction * n), 1), n - 1)
 
 
+def evaluated_count(n: int, fraction: float, count: int) -> int:
+    """How many validation rows of ``n`` training rows split by ``fraction`` are evaluated
+    while training with ``--eval-rows`` ``count`` (:func:`evaluated`)."""
+    held = validation_count(n, fraction)
+    return min(held, count) if count > 0 else held
+
+
 def split(n: int, fraction: float, seed: int) -> Split:
     """The training and validation rows of a training file of ``n`` rows (module docstring)."""
     count = validation_count(n, fraction)

@@ -24,7 +24,7 @@ a copy (it is aligned to 64 bytes), and its memory is used again for a later chu
 once no tensor refers to it any more.
 
 Memory: the chunk the steps gather from, the one being read, the one the batches still in
-flight came from (the memory estimate, app/training/inputs/peak_memory.py, counts
+flight came from (the memory estimate, app/training/admit/memory.py, counts
 :data:`CHUNKS_HELD` chunks). Labels are read through a memory map of the labels file (K
 floats a row: its pages stay mapped, a ``K / (H·W + K)`` share of the split at most).
 Never imports TensorFlow.

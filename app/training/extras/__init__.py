@@ -1,53 +1,64 @@
-"""The extras the loop runs at its boundaries, one per module, each made of hooks
-(app/training/loop/hooks.py): the best validated step, the TensorBoard summaries, the budget
-watch and its throttling warning.
+"""The extras the loop runs at its boundaries, each made of hooks
+(app/training/loop/hooks.py), in the order of :data:`EXTRAS`: the best validated step, the
+budget watch and its throttling warning, the console's progress bar, the TensorBoard
+summaries.
 
-Every module here defines ``hooks(run: Run) -> list[Hook]``: the hooks it adds to a run
-(none when it does not apply, e.g. summaries on a worker that is not the chief).
-:func:`hooks` collects them from every module of this package, in the order of the modules'
-names, so a new extra is one new module and no edit elsewhere.
+Every extra is a module here with ``hooks(context: Context) -> list[Hook]``: the hooks it
+adds to a run (none when it does not apply, e.g. summaries on a worker that is not the
+chief). As Keras gives its callbacks the model (``set_model``) and the batch's logs, the
+:class:`Context` gives an extra the model, the learning rate of a step and what it may
+need of the run; the hooks are given each call's losses and each evaluation's record. A
+new extra is one new module and its line in :data:`EXTRAS`. Import it once TensorFlow is up
+(the summaries write with it).
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from app.training.extras import best_step, budget_watch, progress_view, summaries
 from app.training.loop.hooks import Hook
 
-if TYPE_CHECKING:  # an extra's own module imports TensorFlow if it needs it
+if TYPE_CHECKING:
     from app.budget.plan import ThreadPlan
-    from app.config import TrainConfig
-    from app.training.loop.replicas import Replicas
     from app.training.state.best import Best
-    from app.training.state.choose import Choice
     from app.training.state.workspace import Workspace
 
 
 @dataclass(frozen=True)
-class Run:
-    """What an extra may know of the run it joins: the workspace, the options as asked and
-    the formulation and precision decided, the thread plan, the replicas, the best validated
-    step, the step the loop starts at, and whether a validation split is evaluated (else the
-    test set)."""
+class Context:
+    """What an extra may know of the run it joins: the workspace, the thread plan, whether
+    it is one process (``single``; else a worker of several), the best validated step, the
+    step the loop starts at and the one it ends at, whether a validation split is evaluated
+    (else the test set), the samples of one global step, ``--replan``, the run's
+    ``options`` as JSON (with the formulation and precision decided), the Keras ``model``
+    being trained and ``learning_rate(step)``, the optimizer's rate at a step."""
 
     ws: Workspace
-    config: TrainConfig
-    choice: Choice
     plan: ThreadPlan
-    reps: Replicas
+    single: bool
     best: Best
     start: int
     validating: bool
+    max_steps: int
+    samples_per_step: int
+    replan: str
+    options: dict[str, Any]
+    model: Any
+    learning_rate: Callable[[int], float]
 
 
-def hooks(run: Run) -> list[Hook]:
-    """The hooks of every extra of this package for ``run`` (module docstring)."""
-    found: list[Hook] = []
-    for module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-        make: Callable[[Run], list[Hook]] = importlib.import_module(f"{__name__}.{module}").hooks
-        found.extend(make(run))
-    return found
+#: The extras, in the order their hooks run at each boundary.
+EXTRAS: tuple[Callable[[Context], list[Hook]], ...] = (
+    best_step.hooks,
+    budget_watch.hooks,
+    progress_view.hooks,
+    summaries.hooks,
+)
+
+
+def hooks(context: Context) -> list[Hook]:
+    """The hooks of every extra of :data:`EXTRAS` for the run of ``context``."""
+    return [hook for make in EXTRAS for hook in make(context)]

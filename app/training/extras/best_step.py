@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from app.training.loop.hooks import Hook
 
 if TYPE_CHECKING:
-    from app.training.extras import Run
+    from app.training.extras import Context
     from app.training.state.best import Best
 
 
@@ -24,6 +24,6 @@ class BestStep(Hook):
         self.best.offer(int(record["step"]), float(record["val_rmse"]))
 
 
-def hooks(run: Run) -> list[Hook]:
+def hooks(context: Context) -> list[Hook]:
     """The best step's hook, when the run evaluates a validation split."""
-    return [BestStep(run.best)] if run.validating else []
+    return [BestStep(context.best)] if context.validating else []

@@ -24,7 +24,7 @@ from app.budget.usage import THROTTLED_WARNING_RATIO
 from app.training.loop.hooks import Hook
 
 if TYPE_CHECKING:
-    from app.training.extras import Run
+    from app.training.extras import Context
 
 
 @dataclass
@@ -123,13 +123,13 @@ class ThrottledWarning(Hook):
         self.warn(record)
 
 
-def hooks(run: Run) -> list[Hook]:
+def hooks(context: Context) -> list[Hook]:
     """The throttling warning and the budget watch (re-planning only with ``--replan
     on-change`` in a single-process run)."""
-    single = run.reps.cluster is None
+    single = context.single
     watch = BudgetWatch(
-        run.plan,
-        enabled=run.config.compute.replan == "on-change" and single,
+        context.plan,
+        enabled=context.replan == "on-change" and single,
         why_not="--replan never" if single else "a multi-worker run",
     )
-    return [ThrottledWarning(run.plan), watch]
+    return [ThrottledWarning(context.plan), watch]

@@ -19,7 +19,7 @@ from app.training.loop.controller import Meter
 from app.training.loop.hooks import Hook, StepResult
 
 if TYPE_CHECKING:
-    from app.training.extras import Run
+    from app.training.extras import Context
 
 
 class StepView(Hook):
@@ -48,11 +48,10 @@ class StepView(Hook):
         )
 
 
-def hooks(run: Run) -> list[Hook]:
+def hooks(context: Context) -> list[Hook]:
     """The bar's feed, when a console view shows it (app/report/view.py)."""
     if not logs.shows(logs.STEP):
         return []
-    samples = run.config.recipe.batch_size * run.reps.count
-    throttling = Throttling(run.plan.cpu_stat).read
-    meter = Meter(run.plan.cpu_budget, samples, throttling=throttling)
-    return [StepView(meter, run.config.schedule.max_steps)]
+    throttling = Throttling(context.plan.cpu_stat).read
+    meter = Meter(context.plan.cpu_budget, context.samples_per_step, throttling=throttling)
+    return [StepView(meter, context.max_steps)]

@@ -20,7 +20,7 @@ from app.atomic import Dir
 from app.training.loop.hooks import Hook
 
 if TYPE_CHECKING:
-    from app.training.extras import Run
+    from app.training.extras import Context
 
 #: progress fields written as scalars (TensorBoard tag = field name; lr as learning_rate).
 SCALARS = {
@@ -74,15 +74,15 @@ class Summaries(Hook):
         self.writer.flush()
 
 
-def hooks(run: Run) -> list[Hook]:
+def hooks(context: Context) -> list[Hook]:
     """The TensorBoard hook, on the chief only (one set of curves per run), in
     ``OUTPUT/tensorboard/`` with the run's options and plan as text."""
-    if not run.ws.is_chief:
+    if not context.ws.is_chief:
         return []
     text = {
-        "config": run.choice.options_json(run.config),
-        "plan": run.plan.to_json(),
+        "config": context.options,
+        "plan": context.plan.to_json(),
         "version": __version__,
     }
-    directory = run.ws.open(run.ws.output / "tensorboard", "TensorBoard directory")
-    return [Summaries(directory, text, run.start)]
+    directory = context.ws.open(context.ws.output / "tensorboard", "TensorBoard directory")
+    return [Summaries(directory, text, context.start)]

@@ -1,2 +1,2 @@
-"""The inputs before TensorFlow: the data files and their cache, the memory check, the split
-and the baselines a run is judged against (no TensorFlow here)."""
+"""The inputs before TensorFlow, from the admitted data: the validation split and the
+baselines a run is judged against (no TensorFlow here)."""

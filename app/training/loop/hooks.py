@@ -11,8 +11,9 @@ A hook overrides the boundaries it needs; the rest do nothing:
 * :meth:`Hook.replan` after an evaluation the loop would go on from: True ends the loop in
   :class:`~app.training.loop.outcome.Replan` (after a checkpoint).
 
-The run's hooks are made by the modules of app/training/extras/ (one extra per module),
-so a new extra is a new module there. No TensorFlow here.
+The run's hooks are made by the extras listed in app/training/extras/__init__.py (one
+extra per module, given the run's context), so a new extra is a new module there and its
+line in that list. No TensorFlow here.
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ class Trainer:
     checkpoints hold: ``recipe`` to ``max_steps``, computed as ``computed``) fed with the
     run's batches, and its evaluation on ``data``'s validation rows (``rows``; a fixed sample
     of ``eval_rows`` of them when there are more, 0: all) or test set (standardised with the
-    training statistics when ``standardize``; computed in ``computed.evaluation``), read
+    training statistics when ``recipe.standardize``; computed in ``computed.evaluation``), read
     with ``threads`` tf.data threads. Raises
     ClusterError (exit 6) when workers were given different data or options.
     """
@@ -80,7 +80,6 @@ class Trainer:
         replicas: Replicas,
         rows: Split | None = None,
         threads: int = 1,
-        standardize: bool = True,
         eval_rows: int = 0,
     ) -> None:
         self.data, self.replicas = data, replicas
@@ -102,10 +101,11 @@ class Trainer:
         shape = (data.height, data.width, data.num_outputs)
         self.train_step = TrainStep(recipe, max_steps, computed, shape, replicas)
         self.model = self.train_step.model
-        stats = _statistics(data, standardize)
+        self.batch_size, self.standardize = recipe.batch_size, recipe.standardize
+        stats = _statistics(data, recipe.standardize)
         self.f_mean, self.f_inv, self.l_mean, self.l_std = (tf.constant(s) for s in stats)
         #: The same standardisation for the training input (applied as it reads the rows).
-        self.stats = stream.Stats.of(data, standardize)
+        self.stats = stream.Stats.of(data, recipe.standardize)
         self.evaluation, self.threads = computed.evaluation, threads
         sums = tf.function(lambda batch: self._batch_sums(*batch))
         read = {

@@ -31,7 +31,8 @@ candidate: nothing to measure) or ``chief`` (a worker's).
 
 A run keeps its precision once it has checkpoints: it is recorded next to them
 (``checkpoints/run.json``, with the run's identity: app/training/state/identity.py) and a resume
-uses it, so an exact resume stays exact.
+uses it, so an exact resume stays exact (an explicit ``--precision`` that is not theirs is
+refused at admission: app/training/admit/identity.py).
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,12 +49,12 @@ import tensorflow as tf
 from app import logs
 from app import model as model_lib
 from app.budget.plan import ThreadPlan
-from app.config import TrainConfig
+from app.config import ComputeConfig, RecipeConfig
 from app.data.cache import DataCache, measured
 from app.training import phases
 from app.training.loop.replicas import Replicas
 from app.training.loop.step import TrainStep, repeated
-from app.training.state import identity, kept
+from app.training.state import kept
 
 WARMUP_STEPS = 2
 TIMED_STEPS = 2
@@ -90,33 +90,24 @@ class Choice:
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
-    def options_json(self, config: TrainConfig) -> dict[str, Any]:
-        """``config``'s options as JSON with this decision in place of the asked
+    def options_json(self, options: dict[str, Any]) -> dict[str, Any]:
+        """The run's ``options`` (as JSON, by name) with this decision in place of the asked
         ``formulation`` and ``precision`` (the TensorBoard text, a published version's meta)."""
-        return {**config.to_json(), "formulation": self.formulation, "precision": self.precision}
-
-
-def recorded(checkpoints: Path) -> dict[str, Any] | None:
-    """The record of the checkpoints in ``checkpoints`` (app/training/state/identity.py), with the
-    formulation and precision they were trained in; None for a fresh start. Checkpoints
-    without the record were written before precision was a choice: float32, the fast
-    formulation. Raises StorageError for a record that can't be read beside checkpoints."""
-    kept = identity.read(checkpoints)
-    if kept is not None:
-        return kept
-    if identity.has_checkpoints(checkpoints):
-        return {"formulation": "fast", "precision": "float32"}
-    return None
+        return {**options, "formulation": self.formulation, "precision": self.precision}
 
 
 def choose(
-    config: TrainConfig, plan: ThreadPlan, data: DataCache, replicas: Replicas,
-    store: measured.Store | None, checkpoints: Path,
+    compute: ComputeConfig, recipe: RecipeConfig, max_steps: int, plan: ThreadPlan,
+    data: DataCache, replicas: Replicas, store: measured.Store | None,
+    kept: dict[str, Any] | None,
 ) -> Choice:  # fmt: skip
-    """Decide the run's formulation and precision (module docstring); timings are kept in
-    ``store`` (None: not kept). Raises ConfigError when an explicit precision contradicts
-    the one the checkpoints were trained in."""
-    choice = _decide(config, plan, data, store, checkpoints) if replicas.is_chief else None
+    """Decide the run's formulation and precision as ``compute`` asks (module docstring) for
+    a step of ``recipe`` to ``max_steps``; a resume keeps the choice its checkpoints were
+    trained in, ``kept`` (app/training/admit/facts.py ``Previous.kept_choice``; the
+    precision's agreement with ``--precision`` is checked at admission). Timings are kept
+    in ``store`` (None: not kept)."""
+    chief = replicas.is_chief
+    choice = _decide(compute, recipe, max_steps, plan, data, store, kept) if chief else None
     if replicas.count == 1:
         assert choice is not None
         return choice
@@ -136,34 +127,33 @@ ALL = [
 
 
 def _decide(
-    config: TrainConfig, plan: ThreadPlan, data: DataCache, store: measured.Store | None,
-    checkpoints: Path,
+    compute: ComputeConfig, recipe: RecipeConfig, max_steps: int, plan: ThreadPlan,
+    data: DataCache, store: measured.Store | None, resumed: dict[str, Any] | None,
 ) -> Choice:  # fmt: skip
-    found = recorded(checkpoints)
-    if found is not None:
-        return _resumed(config, found)
-    asked = config.compute.formulation
+    if resumed is not None:
+        return _resumed(compute, resumed)
+    asked = compute.formulation
     formulations = ["fast", "plain"] if asked == "auto" else [asked]
-    precisions = config.compute.precisions(plan.native_bf16)
+    precisions = compute.precisions(plan.native_bf16)
     candidates = [(f, p) for f in formulations for p in precisions]
     if len(candidates) == 1:
         ((f, p),) = candidates
         reason = "as asked (--formulation, --precision)"
-        if config.compute.precision == "auto":
+        if compute.precision == "auto":
             reason += f"; float32 under --precision auto ({_why_float32(plan)})"
         return Choice(f, p, reason, {}, "given")
-    depends = kept.choice_depends(plan, config, data, candidates, tf.__version__, TIMING)
+    depends = kept.choice_depends(plan, recipe, data, candidates, tf.__version__, TIMING)
     cached = _cached(measured.lookup(store, "choice", depends), candidates)
     if cached is not None:
         return cached
-    phases.timing(candidates, config.recipe.batch_size)
-    timings = _measure(candidates, data, config)
+    phases.timing(candidates, recipe.batch_size)
+    timings = _measure(candidates, data, recipe, max_steps)
     (f, p), ms = min(timings.items(), key=lambda item: item[1])
     names = {f"{a}/{b}": round(t, 2) for (a, b), t in timings.items()}
     reason = f"fastest of {len(candidates)} measured: {ms:.1f} ms/step"
     if "bfloat16" not in precisions:
         reason += f" ({_why_float32(plan)})"
-    forward = _forward_ms(formulations, p, data, config)
+    forward = _forward_ms(formulations, p, data, recipe.batch_size)
     evaluation = min(forward, key=lambda e: forward[e]) if forward else f
     if evaluation != f:
         reason += (f"; evaluated in the {evaluation} formulation, {forward[evaluation]:.1f} ms "
@@ -196,40 +186,37 @@ def _why_float32(plan: ThreadPlan) -> str:
     return "bfloat16 not measured: not allowed under --precision auto (app.config)"
 
 
-def _resumed(config: TrainConfig, kept: dict[str, str]) -> Choice:
+def _resumed(compute: ComputeConfig, kept: dict[str, Any]) -> Choice:
     precision = kept.get("precision", "float32")
-    refused = identity.other_precision(precision, config.compute.precision)
-    if refused is not None:
-        raise refused
     formulation = kept.get("formulation", "fast")
     # The evaluation's formulation too: a resumed run's validation RMSE is computed as before.
     evaluation = kept.get("evaluation", formulation)
-    if config.compute.formulation not in ("auto", formulation):
-        formulation = config.compute.formulation  # the same function: only the last bits differ
+    if compute.formulation not in ("auto", formulation):
+        formulation = compute.formulation  # the same function: only the last bits differ
     return Choice(
         formulation, precision, "kept from this run's record (checkpoints/run.json)", {}, "resumed",
         evaluation if evaluation in model_lib.FORMULATIONS else formulation,
     )  # fmt: skip
 
 
-def _batch(data: DataCache, config: TrainConfig) -> tuple[tf.Tensor, tf.Tensor]:
+def _batch(data: DataCache, batch_size: int) -> tuple[tf.Tensor, tf.Tensor]:
     """The first batch of the training file, raw: x (B, H, W, 1), y (B, K)."""
-    n = min(config.recipe.batch_size, data.train_size)
+    n = min(batch_size, data.train_size)
     x = tf.constant(np.asarray(data.features("train")[:n])[..., None])
     return x, tf.constant(np.asarray(data.labels("train")[:n]))
 
 
 def _measure(
-    candidates: list[tuple[str, str]], data: DataCache, config: TrainConfig
+    candidates: list[tuple[str, str]], data: DataCache, recipe: RecipeConfig, max_steps: int
 ) -> dict[tuple[str, str], float]:
     """ms per training step of each candidate on one real batch of the run's shape
     (:func:`_batch`): every candidate traced and warmed up, then :data:`ROUNDS` rounds of
     :data:`TIMED_STEPS` steps each, the candidates interleaved, and the best round of each
     (a moment of load from elsewhere then hurts one round, not one candidate); a candidate
     that cannot win (:data:`CANNOT_WIN`) leaves the rounds, its best so far kept."""
-    x, y = _batch(data, config)
+    x, y = _batch(data, recipe.batch_size)
     t0 = time.perf_counter()
-    best = _best_rounds({c: train_step(*c, x, y, config) for c in candidates})
+    best = _best_rounds({c: train_step(*c, x, y, recipe, max_steps) for c in candidates})
     logs.event(
         "choice_measured",
         f"timed {len(candidates)} formulations in {time.perf_counter() - t0:.1f} s",
@@ -239,14 +226,14 @@ def _measure(
 
 
 def _forward_ms(
-    formulations: list[str], precision: str, data: DataCache, config: TrainConfig
+    formulations: list[str], precision: str, data: DataCache, batch_size: int
 ) -> dict[str, float]:
     """ms per forward pass (inference, no gradient) of the batch :func:`_batch` in each of
     ``formulations`` at ``precision``, timed as :func:`_measure` times steps
     (:func:`_best_rounds`); empty for a single formulation: nothing to choose."""
     if len(formulations) < 2:
         return {}
-    x, _ = _batch(data, config)
+    x, _ = _batch(data, batch_size)
     shape = dict(height=data.height, width=data.width, precision=precision)
     model = model_lib.build_model(data.num_outputs, **shape)
     traced = {f: tf.function(functools.partial(model.infer, formulation=f)) for f in formulations}
@@ -279,25 +266,27 @@ def _ms_per_step(step: Any, count: int) -> float:
 
 
 def train_step(
-    formulation: str, precision: str, x: tf.Tensor, y: tf.Tensor, config: TrainConfig
-) -> Callable[[], tf.Tensor]:
-    """The run's training step (:class:`app.training.loop.step.TrainStep`, one process) of the
-    candidate on a fresh model, over the batch ``x`` (B, H, W, 1), ``y`` (B, K) repeated:
-    each call runs one step, as the trainer runs it, and returns its loss (1,)."""
+    formulation: str, precision: str, x: tf.Tensor, y: tf.Tensor, recipe: RecipeConfig,
+    max_steps: int,
+) -> Callable[[], tf.Tensor]:  # fmt: skip
+    """The run's training step (:class:`app.training.loop.step.TrainStep`, one process, of
+    ``recipe`` to ``max_steps``) of the candidate on a fresh model, over the batch ``x``
+    (B, H, W, 1), ``y`` (B, K) repeated: each call runs one step, as the trainer runs it,
+    and returns its loss (1,)."""
     candidate = Choice(formulation, precision, "a candidate", {})
     shape = (x.shape[1], x.shape[2], y.shape[-1])
-    step = TrainStep(config.recipe, config.schedule.max_steps, candidate, shape, Replicas())
+    step = TrainStep(recipe, max_steps, candidate, shape, Replicas())
     batches, one, go = repeated(x, y), tf.constant(1), tf.constant(0.0)
     return lambda: step.run(batches, one, go)[0]
 
 
 def step_time(
-    formulation: str, precision: str, x: tf.Tensor, y: tf.Tensor, config: TrainConfig,
-    steps: int = TIMED_STEPS, warmup: int = WARMUP_STEPS,
+    formulation: str, precision: str, x: tf.Tensor, y: tf.Tensor, recipe: RecipeConfig,
+    max_steps: int, steps: int = TIMED_STEPS, warmup: int = WARMUP_STEPS,
 ) -> float:  # fmt: skip
     """Milliseconds per training step of :func:`train_step`: the mean of ``steps`` steps
     after ``warmup`` (the first traces it)."""
-    step = train_step(formulation, precision, x, y, config)
+    step = train_step(formulation, precision, x, y, recipe, max_steps)
     for _ in range(warmup):
         step().numpy()
     return _ms_per_step(step, steps)

@@ -14,7 +14,7 @@ from typing import Any
 
 from app import __version__
 from app.budget.plan import ThreadPlan
-from app.config import TrainConfig
+from app.config import RecipeConfig
 from app.data.cache import DataCache
 
 
@@ -28,11 +28,11 @@ def cpu_flags(plan: ThreadPlan) -> list[str]:
 
 
 def choice_depends(
-    plan: ThreadPlan, config: TrainConfig, data: DataCache, candidates: list[tuple[str, str]],
+    plan: ThreadPlan, recipe: RecipeConfig, data: DataCache, candidates: list[tuple[str, str]],
     tensorflow: str, timing: dict[str, Any],
 ) -> dict[str, Any]:  # fmt: skip
-    """What the choice among ``candidates`` depends on (module docstring); ``timing``: how
-    they are timed (steps, rounds, margin)."""
+    """What the choice among ``candidates`` for a step of ``recipe`` depends on (module
+    docstring); ``timing``: how they are timed (steps, rounds, margin)."""
     return {
         "cpu_model": plan.cpu_model,
         "cpu_flags": cpu_flags(plan),
@@ -44,12 +44,12 @@ def choice_depends(
             "onednn": plan.onednn,
             "pin_cpus": None if plan.pin_cpus is None else list(plan.pin_cpus),
         },
-        "batch_size": config.recipe.batch_size,
+        "batch_size": recipe.batch_size,
         "shape": [data.height, data.width, data.num_outputs],
         "step": {
-            "optimizer": config.recipe.optimizer,
-            "keep_prob": config.recipe.keep_prob,
-            "weight_decay": config.recipe.weight_decay,
+            "optimizer": recipe.optimizer,
+            "keep_prob": recipe.keep_prob,
+            "weight_decay": recipe.weight_decay,
         },
         "candidates": [f"{f}/{p}" for f, p in candidates],
         "timing": timing,

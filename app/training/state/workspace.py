@@ -42,7 +42,8 @@ class Workspace:
     ``output``: the run's output directory (the chief's); ``own``: what this process
     writes (``output`` for a single process and the chief); ``cache``: its data cache;
     ``worker``: the worker index in a multi-worker run, else None; ``cache_top``: the
-    directory the operator named that the cache lies in (``--cache-dir``, else ``output``).
+    directory the operator named that the cache lies in (``--cache-dir``, else ``output``);
+    ``workers``: the processes of the run (1, or the workers of a multi-worker run).
     """
 
     output: Path
@@ -51,6 +52,7 @@ class Workspace:
     is_chief: bool
     worker: int | None
     cache_top: Path
+    workers: int = 1
 
     def open(self, path: Path, what: str = "directory") -> Dir:
         """``path`` (the output, the cache or a directory below them) opened by the rules of
@@ -106,6 +108,7 @@ def for_run(config: TrainConfig, cluster: Cluster | None = None) -> Workspace:
         is_chief=cluster is None or cluster.is_chief,
         worker=None if cluster is None else cluster.index,
         cache_top=config.cache.cache_dir if config.cache.cache_dir is not None else out,
+        workers=1 if cluster is None else cluster.count,
     )
 
 

@@ -2,13 +2,14 @@
 model of this project's CNN in training (its constants are measured on it).
 
 A process over its cgroup's memory limit is killed by the kernel: exit 137, no message,
-no ``end`` event, and a Job retries it into the same wall. So the training recipe
-(app/training/run.py, app/training/inputs/load.py) estimates the peak from what is known once
-the data are converted, before TensorFlow is imported, and a run that can't fit ends with exit
-8 and one line (:class:`app.errors.MemoryBudgetExceeded`). Without a memory limit the
-machine's memory is the limit: past it the kernel's OOM killer ends the run the same way.
-What no rows can lower (:func:`floor`) is checked before the conversion
-(app/training/inputs/shape_checks.py). No TensorFlow here.
+no ``end`` event, and a Job retries it into the same wall. So a run is admitted
+(app/training/admit/__init__.py) only when its peak, estimated from what is known once the
+data are converted and before TensorFlow is imported, fits the memory bound
+(:func:`check_peak`, the ``memory`` event); else it ends with exit 8 and one line
+(:class:`app.errors.MemoryBudgetExceeded`). The bound is the memory limit, or the machine's
+memory when that is smaller (:func:`app.budget.memory.memory_bound`): past either the
+kernel's OOM killer ends the run the same way. What no rows can lower (:func:`floor`) is
+checked before the conversion (:func:`check_floor`). No TensorFlow here.
 
 The rule, bytes (constants measured on this project's model with TensorFlow 2.21 on 2
 CPUs, peak RSS of whole ``coretrain train`` runs: docs/security.md, "Memory")::
@@ -35,7 +36,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from app import logs
 from app.budget.memory import MIB, memory_bound, resident_limit, split_bytes, validation_held
+from app.data.cache import DataCache
 from app.errors import MemoryBudgetExceeded
 from app.geometry import DENSE_UNITS  # the hidden layer feeding the K outputs
 
@@ -154,3 +157,33 @@ def _advice(found: Estimate, bound: int, batch_size: int, limited: bool) -> str:
             "value): check --height and --width"
         )
     return "lower --batch-size" + (" or raise the limit" if limited else "")
+
+
+def check_floor(
+    height: int, width: int, outputs: int, batch_size: int, memory_limit: int | None
+) -> None:
+    """Before the data are converted: raise MemoryBudgetExceeded (exit 8) when even
+    :func:`floor` does not fit the memory bound (no row count could)."""
+    least = floor(height=height, width=width, outputs=outputs, batch_size=batch_size)
+    check(least, memory_limit, batch_size)
+
+
+def check_peak(
+    data: DataCache, batch_size: int, evaluated_rows: int, memory_limit: int | None
+) -> Estimate:
+    """The expected peak of training on ``data`` in batches of ``batch_size``, with
+    ``evaluated_rows`` validation rows evaluated while it trains, logged as the ``memory``
+    event and returned. Raises MemoryBudgetExceeded (exit 8) when it can't fit."""
+    found = peak(
+        rows=data.train_size, height=data.height, width=data.width, outputs=data.num_outputs,
+        batch_size=batch_size, memory_limit=memory_limit, validation_rows=evaluated_rows,
+    )  # fmt: skip
+    logs.event(
+        "memory",
+        f"expected peak memory {found.total / MIB:,.0f} MiB"
+        + (f" of a {memory_limit / MIB:,.0f} MiB limit" if memory_limit else ""),
+        memory_limit=memory_limit,
+        **found.to_json(),
+    )
+    check(found, memory_limit, batch_size)
+    return found

@@ -1,9 +1,7 @@
-"""The publish directory checked before a run converts, fits or trains anything (no
-TensorFlow): it can be written, and its entries are named as TF Serving will see them.
-The champion's signature is checked before the data are converted when the newest
-version's record says it differs (app/training/inputs/shape_checks.py), and on the champion
-itself once TensorFlow is up, still before the first step (app/release/publish.py
-``signature_change``)."""
+"""The publish directory, checked before a run converts, fits or trains anything (no
+TensorFlow): it exists (before the output directory is touched: :func:`exists`), it can be
+written, and its entries are named as TF Serving will see them (:func:`check`). What the
+champion in it serves: app/training/admit/signature.py."""
 
 from __future__ import annotations
 
