@@ -159,8 +159,8 @@ def _forward(calls: list | None = None):  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize(
     "change",
-    ["nothing", "intra_op_threads", "inter_op_threads", "onednn", "cpu_flag", "cpu_model",
-     "tensorflow", "batch_size", "shape", "corrupt", "no_evaluation"],
+    ["nothing", "intra_op_threads", "inter_op_threads", "onednn", "pin_cpus", "cpu_flag",
+     "cpu_model", "tensorflow", "batch_size", "shape", "corrupt", "no_evaluation"],
 )  # fmt: skip
 def test_a_kept_choice_is_reused_only_when_everything_it_depends_on_matches(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
@@ -187,6 +187,8 @@ def test_a_kept_choice_is_reused_only_when_everything_it_depends_on_matches(
         setattr(plan, change, getattr(plan, change) + 1)
     elif change == "onednn":
         plan.onednn = False
+    elif change == "pin_cpus":  # the same thread counts, pinned to CPUs now
+        plan.pin_cpus = (0, 1)
     elif change == "cpu_flag":
         plan.inputs = {"/proc/cpuinfo": CPUINFO + " avx512f"}
     elif change == "cpu_model":

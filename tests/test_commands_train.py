@@ -206,12 +206,13 @@ def test_missing_data_exits_3_naming_the_file(tmp_path: Path) -> None:
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("kind", ["missing", "below a file"])
+@pytest.mark.parametrize("kind", ["missing", "below a file", "a symlink loop"])
 def test_a_data_directory_that_does_not_exist_is_a_usage_error_writing_nothing(
     kind: str, tmp_path: Path
 ) -> None:
     (tmp_path / "file").write_text("1 2 3\n")
-    data = {"missing": "nowhere", "below a file": "file/data"}[kind]
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")  # a symlink to itself: ELOOP
+    data = {"missing": "nowhere", "below a file": "file/data", "a symlink loop": "loop"}[kind]
     out = tmp_path / "out"
     proc = run_cli("train", "--data", str(tmp_path / data), "--output", str(out))
     assert proc.returncode == 2, proc.stderr

@@ -95,6 +95,20 @@ def test_check_refuses_only_past_the_limit() -> None:
         memory.check(found, found.total - 1, 40)
 
 
+def test_the_bound_is_the_smaller_of_the_limit_and_the_machine_s_memory() -> None:
+    """Past either, the kernel's OOM killer ends the run: a limit above the machine's
+    memory (or none) is bound by the machine's."""
+    machine = residency.physical_memory()
+    assert residency.memory_bound(None) == machine
+    assert residency.memory_bound(machine + 1) == machine
+    assert residency.memory_bound(machine - 1) == machine - 1
+    found = memory.peak(rows=240, height=20, width=195, outputs=3, batch_size=40, memory_limit=None)
+    beyond = memory.Estimate(machine + 1, found.parts, found.resident)
+    with pytest.raises(MemoryBudgetExceeded, match=r"this machine's .* of memory"):
+        memory.check(beyond, 2 * machine, 40)  # below the limit, above the machine
+    memory.check(found, 2 * machine, 40)
+
+
 def test_the_parts_are_the_memory_event_s_fields() -> None:
     found = memory.peak(
         rows=240, height=20, width=195, outputs=3, batch_size=40, memory_limit=LIMIT

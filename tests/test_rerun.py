@@ -3,6 +3,7 @@ evidence is there, in real files; anything missing or different goes on as a res
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -39,7 +40,7 @@ def done(tiny_data: Path, tmp_path: Path):
     version 4 of the publish directory holding its weights."""
     config = TrainConfig.of(
         data_dir=tiny_data, output_dir=tmp_path / "out", max_steps=30,
-        publish_dir=tmp_path / "models",
+        publish_dir=tmp_path / "models", lr_schedule="constant",  # --max-steps: not identity
     )  # fmt: skip
     data = prepare_cache(config)
     ws = workspace.for_run(config)
@@ -89,12 +90,14 @@ def test_target_reached_needs_the_same_target(done) -> None:
     "change",
     [
         "more steps",
+        "fewer steps",
         "another seed",
         "no export",
         "damaged export",
         "another publish dir",
         "unfinished",
         "workers",
+        "a multi-worker run",
         "no digest",
     ],
 )
@@ -102,8 +105,12 @@ def test_anything_missing_or_different_goes_on(done, change: str) -> None:
     config, data, ws = done
     workers = 1
     summary = json.loads(ws.metrics.read_text())
-    if change == "more steps":
-        config = config.with_options(max_steps=60)
+    mine = identity.of_run(identity.options_of(config), data, 1)
+    assert _finished(ws, config, data, workers) is not None  # as done, before the change
+    if change == "more steps":  # the same identity (a constant rate), not at its end
+        config = config.with_options(max_steps=31)
+    elif change == "fewer steps":
+        config = config.with_options(max_steps=29)
     elif change == "another seed":
         config = config.with_options(seed=config.recipe.seed + 1)
     elif change == "no export":
@@ -115,6 +122,9 @@ def test_anything_missing_or_different_goes_on(done, change: str) -> None:
     elif change == "unfinished":
         ws.metrics.write_text(json.dumps({**summary, "status": "preempted"}))
     elif change == "workers":
+        workers = 2
+    elif change == "a multi-worker run":  # its record says 2 workers, as this run does
+        identity.record(ws.checkpoints, "fast", "float32", dataclasses.replace(mine, workers=2))
         workers = 2
     elif change == "no digest":
         ws.metrics.write_text(json.dumps({**summary, "weights": None}))

@@ -10,6 +10,7 @@ HDF5 dataset is read where it lies (no copy).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Callable
@@ -27,14 +28,16 @@ from app.training.state.workspace import Workspace
 
 def check_exists(path: Path) -> None:
     """Raise ConfigError (exit 2, a usage error) when ``path`` (--data: a directory, or one
-    file holding the four arrays) does not exist; other problems (permissions, what is in
-    it) are the data's to report. Checked before the output directory is touched."""
+    file holding the four arrays) does not resolve to anything: missing, below a file, or a
+    symlink loop; other problems (permissions, what is in it) are the data's to report.
+    Checked before the output directory is touched."""
     try:
         os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
         raise ConfigError(f"--data {path}: no such file or directory") from None
-    except OSError:
-        return
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ConfigError(f"--data {path}: too many levels of symbolic links") from None
 
 
 def find(given: DataConfig) -> Sources:
