@@ -6,7 +6,7 @@
 formulation, in fresh processes, and prints a table of the final test RMSEs (raw label
 units) and the relative difference. bfloat16 passes when it is within
 :data:`TOLERANCE` of float32 on every set; ``--precision auto`` measures bfloat16 as a
-candidate only where the CPU computes it natively (docs/performance.md has the table).
+candidate only where the CPU computes it natively (docs/quality.md, "bfloat16", has the table).
 The JSON report goes to stdout, the table to stderr.
 """
 

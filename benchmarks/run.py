@@ -250,8 +250,8 @@ def ratios(report: dict[str, Any], threads: list[int]) -> dict[str, Any]:
             _get(report, "model", f"probe/{precision}", "gflops"),
         )
         steps = {n: model[n]["samples_per_s"] for n in model if "samples_per_s" in model[n]}
-        # Judged among the candidates the run measured (bfloat16 is not one under auto
-        # while its accuracy parity fails: docs/performance.md).
+        # Judged among the candidates the run measured (bfloat16 is one under auto only on a
+        # CPU with native bf16: docs/quality.md, "bfloat16").
         considered = report.get("end_to_end", {}).get("cache", {}).get("candidates", [])
         ours = {n: v for n, v in steps.items() if n in considered}
         if ours and chosen in ours:
@@ -419,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=10, help="timed train steps (model_step)")
     p.add_argument("--warmup", type=int, default=3)
     # One evaluation per window: every 50 steps is twice the job's default (--eval-every
-    # 100); what evaluating every 10 steps costs: docs/performance.md, (c).
+    # 100); what evaluating every 10 steps costs: docs/performance.md, "Evaluation".
     p.add_argument("--e2e-window", type=int, default=50, help="steps per progress window")
     p.add_argument("--e2e-steps", type=int, default=150, help="timed end-to-end steps")
     p.add_argument(
