@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import math
 import shutil
 import socket
@@ -272,3 +273,23 @@ def test_a_run_refused_by_the_output_lock_pushes_nothing(
     assert proc.returncode == 75, proc.stderr
     assert groups(gateway, "locked") == []
     assert not events(json_lines(proc.stdout), "metrics_pushed")
+
+
+def test_the_recorder_takes_numbers_only(logged: list) -> None:
+    """Progress fields that are no number (none yet, a string, a boolean) are no figure,
+    and never an error in the log handler, which would end the run."""
+    from app import logs
+
+    recorder = Recorder()
+    logs.add_handler(recorder)
+    try:
+        for util, throttled in ((None, None), (0.5, 1.5), ("n/a", "n/a"), (True, True), (0.7, 0)):
+            logs.event("progress", "step", step=3, cpu_util=util, cpu_throttled_s=throttled)
+        logs.event("end", "done", status="completed", final_step=3, test_rmse="n/a")
+    finally:
+        logging.getLogger(logs.LOGGER_NAME).removeHandler(recorder)
+    gauges = recorder.gauges()
+    assert gauges["coretrain_cpu_util_ratio"][1] == pytest.approx(0.6)
+    assert gauges["coretrain_cpu_throttled_seconds"][1] == 1.5
+    assert gauges["coretrain_steps"][1] == 3
+    assert math.isnan(gauges["coretrain_test_rmse"][1])

@@ -56,11 +56,15 @@ def send(url: str, job: str, registry: CollectorRegistry, deadline_s: float = DE
         while thread.is_alive() and not signals and time.monotonic() < end:
             thread.join(max(0.0, min(POLL_S, end - time.monotonic())))
     if outcome:
-        error = outcome[0]
-        return "" if error is None else f"{type(error).__name__}: {error}"[:ERROR_CHARS]
+        return "" if outcome[0] is None else failure(outcome[0])
     if signals:
         return f"stopped by {signal.Signals(signals[0]).name}: the push was abandoned"
     return f"no complete answer within {deadline_s:g} s: the push was abandoned"
+
+
+def failure(exc: BaseException) -> str:
+    """``exc`` as the warning's ``error``: its type and message, cut at ERROR_CHARS."""
+    return f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]
 
 
 @contextmanager

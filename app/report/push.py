@@ -50,7 +50,7 @@ from prometheus_client import CollectorRegistry, Gauge, Info
 from app import __version__, logs
 from app.errors import OutputLocked, Preempted, exit_code_of
 from app.report import ReportOptions, gateway_url
-from app.report.gateway import send
+from app.report.gateway import failure, send
 
 T = TypeVar("T")
 #: The ``end`` event's statuses (app/training/loop/outcome.py, and ``failed``).
@@ -86,6 +86,8 @@ class Recorder(logging.Handler):
         self.t0 = time.perf_counter()
 
     def emit(self, record: logging.LogRecord) -> None:
+        """Keep what ``record`` holds for the push; never raises (a field that is not a
+        number is no figure)."""
         fields, event = record.__dict__, getattr(record, "event", None)
         if event == "end":
             self.known.update(fields)
@@ -93,9 +95,12 @@ class Recorder(logging.Handler):
             self.known["final_step"] = fields.get("step")
             for key in ("baseline_rmse", "linear_rmse"):
                 self.known[key] = fields.get(key)
-            if fields.get("cpu_util") is not None:
-                self.cpu_util.append(float(fields["cpu_util"]))
-            self.throttled_s += float(fields.get("cpu_throttled_s") or 0.0)
+            util = _number(fields.get("cpu_util"))
+            throttled = _number(fields.get("cpu_throttled_s"))
+            if not math.isnan(util):
+                self.cpu_util.append(util)
+            if not math.isnan(throttled):
+                self.throttled_s += throttled
         elif event == "published":
             self.version = fields.get("version")
         elif event == "start" and isinstance(fields.get("plan"), dict):
@@ -162,7 +167,7 @@ def push(options: ReportOptions, output: Path, recorder: Recorder, status: str, 
         url = gateway_url(url)
         error = send(url, job, registry(recorder, output, status, code))
     except Exception as exc:  # a figure no gauge takes, say: a warning too, never the run's end
-        error = f"{type(exc).__name__}: {exc}"
+        error = failure(exc)
     if error:
         why = f"metrics not pushed to {url} (job {job}): {error}"
         logs.event("metrics_push_failed", why, level=logging.WARNING, url=url, job=job, error=error)
