@@ -28,7 +28,7 @@ from app.cluster import spec
 from app.cluster.spec import ClusterOptions
 from app.commands import Exit
 from app.config import TrainConfig
-from app.errors import NotPublished, Preempted, exit_code_of
+from app.errors import NotPublished, Preempted
 from app.report import ReportOptions, push
 from app.signals import StopRequest
 from app.training.admit import check_arguments
@@ -67,24 +67,14 @@ def run(
         return conclude(train(ws, config, plan, stop, cluster), held)
 
     url = report.metrics_push if report is not None and ws.is_chief else None
-    return body() if url is None else pushed(url, ws.output, body)
+    return body() if url is None or report is None else pushed(report, ws.output, body)
 
 
-def pushed(url: str, output: Path, body: Callable[[], Exit]) -> Exit:
-    """``body()``, with the run's outcome pushed to the Pushgateway at ``url`` when it
-    ends, returned or raised (app/report/push.py); a restart for a new plan pushes in the
-    new process."""
-    recorder = push.Recorder()
-    logs.add_handler(recorder)
-    try:
-        result = body()
-    except Exception as exc:
-        status = "preempted" if isinstance(exc, Preempted) else "failed"
-        push.push(url, output, recorder, status, exit_code_of(exc))
-        raise
-    status = str(recorder.known.get("status") or ("completed" if result.code == 0 else "failed"))
-    push.push(url, output, recorder, status, result.code)
-    return result
+def pushed(report: ReportOptions, output: Path, body: Callable[[], Exit]) -> Exit:
+    """``body()``, with the run's outcome pushed to ``report``'s Pushgateway when it ends,
+    returned or raised (app/report/push.py); a restart for a new plan pushes in the new
+    process."""
+    return push.reported(report, output, body, lambda result: result.code)
 
 
 def conclude(result: Result, held: IO[str]) -> Exit:
