@@ -385,19 +385,6 @@ def _make_top(top: Path) -> None:
             raise
 
 
-def ensure_dir(directory: Path, what: str = "output directory") -> Path:
-    """Create ``directory`` (and parents) if needed and check that files can be made in it.
-
-    The check creates an unnamed temporary file (``O_TMPFILE`` where the file system has
-    it, else a random name removed at once), so nothing is left behind and no planted
-    name is followed. Raises StorageError naming the directory (also for a symlink or a
-    directory of another owner: :func:`open_dir`).
-    """
-    with open_dir(directory, what) as d:
-        probe_writable(d, what)
-    return Path(directory)
-
-
 def probe_writable(d: Dir, what: str) -> None:
     """Raise StorageError unless a file can be created in ``d`` (an unnamed one where the
     file system has O_TMPFILE, else a random name removed at once)."""

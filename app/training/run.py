@@ -1,25 +1,15 @@
 """The training entry point, ``train(ws, config, plan) -> Result``: the recipe, phase by phase.
 
-1. **open**: the JSON log file in the workspace (app/training/state/workspace.py), the plan
-   in ``logs/plan.json`` and the ``start`` event (versions, config, plan, cluster).
-2. **admit**, before TensorFlow: every fact the run needs, each decided once, cheapest
-   first (the publish directory, the previous run, the identity, the sources and their
-   cache, the shape, the memory, the served signature: app/training/admit/), so bad input
-   fails in a fraction of a second with one line; or the result of this very run,
-   finished already (a rerun with nothing to do).
-3. **load**: the validation split and the baselines (app/training/inputs/load.py).
-4. **session**, TensorFlow from here on: the replicas (one process, or a worker of N:
-   app/training/loop/replicas.py), the formulation and precision, the trainer, the
-   restored checkpoint, the input pipeline (app/training/session.py).
-5. **loop**: the controller trains to the absolute step ``--max-steps`` (or the target
-   loss, a stop, a budget change) and returns how it ended (app/training/loop/controller.py,
-   app/training/loop/outcome.py); a restarted job continues and ends at the same total.
-6. **finish**: the exported step, the summary, the export and publishing, the ``end``
-   event (app/training/finish.py).
-
-The command (app/commands/train.py) builds the workspace, takes the output lock and
-applies the thread plan before calling :func:`train`; tests and benchmarks call it the
-same way.
+**open** the log, ``logs/plan.json`` and the ``start`` event; **admit** every fact the run
+needs, each decided once, cheapest first, before TensorFlow (app/training/admit/), or end
+as this very run finished already; **load** the split and the baselines
+(app/training/inputs/load.py); **session**, TensorFlow from here on: the replicas, the
+formulation and precision, the trainer, the restored checkpoint, the input pipeline
+(app/training/session.py); **loop** to the absolute step ``--max-steps`` (or the target, a
+stop, a budget change: app/training/loop/); **finish**: the exported step, the summary, the
+export and publishing, the ``end`` event (app/training/finish.py). The command
+(app/commands/train.py) builds the workspace, takes the output lock and applies the thread
+plan before calling :func:`train`; tests and benchmarks call it the same way.
 """
 
 from __future__ import annotations

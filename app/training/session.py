@@ -1,13 +1,11 @@
 """The TensorFlow part of a run, set up: what the loop trains and what it hands to the end.
 
-:func:`start` takes the run from its admitted facts (app/training/admit/) and inputs
-(app/training/inputs/load.py) to the first step: the workers agreed on the run's identity,
-the formulation and precision chosen (or kept from the checkpoints), the trainer built, the
-newest valid checkpoint and the best validated step restored, the identity recorded beside
-them, the input pipeline fed from the restored step. The :class:`Session` it returns
-builds the loop (:meth:`Session.controller`) and, once the loop has ended, the facts of the
-exported step (:meth:`Session.exported`). Nothing admitted is checked again here. Import it
-after :func:`app.budget.apply.import_tensorflow`.
+:func:`start` takes the run from its admitted facts (app/training/admit/) and inputs to the
+first step: the workers agreed on the identity, the formulation and precision chosen (or the
+checkpoints'), the trainer, the newest valid checkpoint and the best validated step
+restored, the identity recorded beside them, the input pipeline fed from the restored step.
+Nothing admitted is checked again. The :class:`Session` builds the loop and, once it ended,
+the exported step's facts. Import it after :func:`app.budget.apply.import_tensorflow`.
 """
 
 from __future__ import annotations
@@ -182,13 +180,10 @@ def _train_input(
     inputs: Inputs, reps: Replicas, stats: Any, start: int, precision: str,
     validation_rows: int = 0,
 ) -> tuple[Any, bool]:  # fmt: skip
-    """The batches of the training rows from ``start`` to ``end``, resident or streamed as measured
-    (app/data/input/pipeline.py ``choose_input``, judged on the rows that would be held);
-    from the rows a step computing in ``precision`` computes on when the cache keeps them
-    (``kept_rounded``) or making them pays (``makes_rounded``),
-    and whether the ``validation_rows`` evaluated rows are read once and held in memory
-    where they can't be gathered from a held split (``holds_validation``): the ``input``
-    event."""
+    """The batches of the training rows from ``start`` to ``end``, resident or streamed as
+    measured (app/data/input/pipeline.py ``choose_input``), from the rows a step computing in
+    ``precision`` computes on where the cache keeps them or making them pays, and whether the
+    ``validation_rows`` evaluated are held apart from a streamed split: the ``input`` event."""
     from app.data.input import order, pipeline
 
     data, rows = inputs.data, inputs.rows.train

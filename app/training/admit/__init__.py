@@ -1,28 +1,13 @@
 """Admission: every fact a run needs, established once, cheapest first, before TensorFlow
-trains anything. :func:`admit` returns the facts (:class:`~app.training.admit.facts.Admitted`)
-or, for this very run finished already, its recorded result (a rerun with nothing to do);
-every refusal is raised as the :class:`app.errors.AppError` of its exit code.
-
-Each fact has one module, and nothing after admission checks it again:
-
-=====================  ==========================================================
-the arguments          :func:`check_arguments`, before the output is touched: --data
-                       exists (sources.py), H×W fits the CNN (shape.py), --publish-dir
-                       exists (publish_dir.py)
-the publish directory  publish_dir.py: writable, its entries as TF Serving sees them
-the previous run       previous.py: fresh, a resume, or this run finished; checkpoints
-                       past --max-steps
-the run identity       identity.py: against the checkpoints' record (options first,
-                       the whole once the data are there)
-the sources            sources.py: the files, their key, their cache
-the data's shape       shape.py: each file's first row, K
-the memory bound       memory.py: the floor before converting, the peak after
-the served signature   signature.py: the newest version's record, then the champion
-=====================  ==========================================================
-
-A refusal that the options, the output and the data's shape can decide comes before the
-data are converted; when the output holds this run finished, those wait until the data say
-whether there is anything to do (a rerun on copied data is a no-op, not a refusal).
+trains anything (docs/architecture.md, "One way in"). :func:`admit` returns the facts
+(:class:`~app.training.admit.facts.Admitted`) or, for this very run finished already, its
+recorded result; each refusal is raised as the :class:`app.errors.AppError` of its exit
+code. One module per fact: the publish directory (publish_dir.py), the previous run
+(previous.py), the run's identity (identity.py), the sources and their cache (sources.py),
+the data's shape (shape.py), the memory bound (memory.py), the served signature
+(signature.py). What the options and the data's shape can refuse comes before the data are
+converted; when the output holds this run finished, it waits until the data say whether
+there is anything to do (a rerun on copied data is a no-op, not a refusal).
 """
 
 from __future__ import annotations
@@ -98,6 +83,7 @@ def by_shape(
     """Before the data are converted: each file's first row, the memory floor and, on the
     ``chief``, the signature's hint (shape.py, memory.py, signature.py)."""
     k = shape.first_rows(found)
-    memory.check_floor(found.height, found.width, k, batch_size, memory_limit)
+    least = memory.floor(height=found.height, width=found.width, outputs=k, batch_size=batch_size)
+    memory.check(least, memory_limit, batch_size)  # no row count could fit
     if chief:
         signature.hint(publishing, Signature(found.height * found.width, k), found)

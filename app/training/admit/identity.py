@@ -1,30 +1,15 @@
-"""Whether this run may resume the checkpoints in its output directory: its identity (the
-data, the options that change what the weights mean, the worker count: the record's format
-is app/training/state/identity.py) against the record ``checkpoints/run.json``.
-
-A resume whose record differs stops with one line naming what differs and how to start
-fresh (exit 2), before anything is written. What the options alone decide is checked
-before the data are converted (:func:`before_data`: the options, the worker count, an
-explicit ``--precision`` other than the checkpoints'); the whole identity once the cache is
-there (:func:`check`). The rules for records of older versions (docs/architecture.md,
-"Run identity"):
-
-- no ``data``/``options`` (written before the identity was recorded), or no ``run.json`` at
-  all: the resume goes on without the check, with an ``identity_unchecked`` warning, and
-  the record is completed from then on;
-- no ``options`` at all (an older coretrain's record): the recipe must be the seed's,
-  which such runs trained with (:data:`BEFORE`), else exit 2 naming the options;
-- an option missing from ``options`` (added to coretrain after the record was written)
-  counts as the value such a run trained with: :data:`BEFORE` where the default changed
-  since, else its default;
-- under the cosine schedule the learning rate reaches 0 at ``--max-steps``
-  (:data:`app.training.state.identity.HORIZON`): a resume with another ``--max-steps`` goes
-  on, with an ``lr_schedule_changed`` warning (training on past the end is a common,
-  deliberate use);
-- an option in the record that coretrain no longer has is ignored.
-
-The chief checks; in a multi-worker run every worker's identity is then compared with the
-chief's by the session (app/training/state/identity.py ``agree``). No TensorFlow here.
+"""Whether this run may resume the checkpoints in its output directory: its identity (the data,
+the options that change what the weights mean, the worker count; the record's format is
+app/training/state/identity.py) against the record ``checkpoints/run.json``. A difference
+stops the run with one line naming it and how to start fresh (exit 2), before anything is
+written: the options alone before the data are converted (:func:`before_data`), the whole
+identity once the cache is there (:func:`check`). Records of older versions
+(docs/architecture.md, "Run identity"): no identity in the record, or no record: resumed
+with an ``identity_unchecked`` warning, and refused when the recipe is not the seed's those
+runs trained with (:data:`BEFORE`); an option the record lacks counts as :data:`BEFORE`'s
+value or its default; another ``--max-steps`` under the cosine schedule is resumed with an
+``lr_schedule_changed`` warning; an option coretrain no longer has is ignored. The chief
+checks; the workers' agreement with it is the session's. No TensorFlow here.
 """
 
 from __future__ import annotations

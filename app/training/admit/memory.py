@@ -9,7 +9,7 @@ data are converted and before TensorFlow is imported, fits the memory bound
 (:class:`app.errors.MemoryBudgetExceeded`). The bound is the memory limit, or the machine's
 memory when that is smaller (:func:`app.budget.memory.memory_bound`): past either the
 kernel's OOM killer ends the run the same way. What no rows can lower (:func:`floor`) is
-checked before the conversion (:func:`check_floor`). No TensorFlow here.
+checked before the conversion. No TensorFlow here.
 
 The rule, bytes (constants measured on this project's model with TensorFlow 2.21 on 2
 CPUs, peak RSS of whole ``coretrain train`` runs: docs/security.md, "Memory")::
@@ -157,15 +157,6 @@ def _advice(found: Estimate, bound: int, batch_size: int, limited: bool) -> str:
             "value): check --height and --width"
         )
     return "lower --batch-size" + (" or raise the limit" if limited else "")
-
-
-def check_floor(
-    height: int, width: int, outputs: int, batch_size: int, memory_limit: int | None
-) -> None:
-    """Before the data are converted: raise MemoryBudgetExceeded (exit 8) when even
-    :func:`floor` does not fit the memory bound (no row count could)."""
-    least = floor(height=height, width=width, outputs=outputs, batch_size=batch_size)
-    check(least, memory_limit, batch_size)
 
 
 def check_peak(

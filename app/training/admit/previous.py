@@ -1,27 +1,18 @@
 """The previous run in the output directory: a fresh start, a resume, or this very run,
 finished (a rerun with nothing to do). No TensorFlow here.
 
-:func:`read` reads what an earlier run left, once: the checkpoints' record
-(``checkpoints/run.json``: app/training/state/identity.py), whether checkpoints are there, and
-``metrics.json`` of a run finished where this one would end (:func:`over`). Checkpoints
-already past ``--max-steps`` are refused (:func:`refuse_past_end`, exit 2): resumed, such a
-run would train nothing and export its later weights as this run's.
-
-A retried Job, or a CronJob that runs twice, reruns work that is done. Before the data are
-read, :func:`finished_unchanged` takes the sources' cache key for the data (their files
-unchanged since the run finished, as ``metrics.json``'s ``data_key`` records); else, once
-the cache is there, :func:`finished` compares the data's fingerprints. Either looks for the
-evidence that this very run is over: ``metrics.json`` of a finished run at ``--max-steps``
-(or its target reached) with the digest of the exported weights, the export itself
-(``model/``, its files as written), the identity in ``checkpoints/run.json`` equal to this
-run's (data fingerprints, identity options, workers), and, with ``--publish-dir``, a
-version there that holds those weights (or, when this run published them there and the
-version has been removed since, a rollback to respect: a ``publish_withdrawn`` warning, and
-they are not published again). All present: the run ends with exit 0 and one
-``already_finished`` event; nothing is exported, published or written but the log.
-Anything missing or different, or a multi-worker run (its workers would wait for a chief
-that ended): the run goes on as usual (a resume, which exports and offers the model to the
-gate again; weights already published are not published twice: app/release/publish.py).
+:func:`read` reads once what an earlier run left: the checkpoints' record
+(app/training/state/identity.py), whether checkpoints are there, and ``metrics.json`` of a
+run finished where this one would end (:func:`over`). A retried Job or a CronJob run twice
+reruns finished work: :func:`finished_unchanged` knows it from the sources' cache key
+before the data are read, :func:`finished` from the data's fingerprints once the cache is
+there. Either needs all the evidence: ``metrics.json`` of a run finished at ``--max-steps``
+(or its target reached) with the exported weights' digest, the export as written, the
+record's identity equal to this run's and, with ``--publish-dir``, a version holding those
+weights (or, published by this run and removed since, a rollback to respect: a
+``publish_withdrawn`` warning). Then the run ends with exit 0 and ``already_finished``,
+writing nothing but the log. Anything missing or different, or several workers (they would
+wait for a chief that ended): the run goes on as a resume.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
-"""What the data's shape alone can refuse, before the data are converted: H×W from the
-options, K from the first line (or the header) of the training labels
-(app/data/cache/bounds.py ``label_width``). No TensorFlow here.
-
-- an H×W the CNN can't take (app/geometry.py): ConfigError, exit 2, checked before the
-  output directory is touched (:func:`check_geometry`);
-- the first row of each file (training and test, labels and features), parsed as the
-  conversion will parse it: a header line, a comma-separated file or a ``--width`` the
-  lines don't have is the conversion's own one line (DataError, exit 3), and K is a count
-  of numbers (:func:`first_rows`).
-
-The memory and the serving signature this shape needs come next
-(app/training/admit/memory.py, signature.py).
+"""What the data's shape alone refuses, before the data are converted: an H×W the CNN can't
+take (app/geometry.py; ConfigError, exit 2, before the output directory is touched), and
+each file's first row parsed as the conversion will (a header line, a comma-separated file
+or a ``--width`` the lines don't have: the conversion's own DataError, exit 3), which gives
+K, a count of numbers (app/data/cache/bounds.py ``label_width``). No TensorFlow here.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """The serving signature a model of this run would have (H·W inputs, K outputs) against the
-champion's in ``--publish-dir``: a different one is refused (NotPublished, exit 7; its
-clients would break) unless ``--publish-allow-signature-change`` (then a
-``signature_change`` warning), before the first step. The gate checks it again when it
-publishes (app/release/publish.py): another run may have published since.
-
-Cheapest first. Before the data are converted (:func:`hint`), the newest version's record
-(app/release/layout.py ``recorded_signature``) says when the signature may differ; only
-then is the champion loaded (TensorFlow) and its own signature compared, after the labels
-(K values a row: a small share of the data) are parsed whole, so a K of the first line
-alone is not refused for the signature but for the line that differs (DataError, exit 3,
-as the conversion would). Otherwise the champion itself is compared once the data are
-there (:func:`served`). The chief checks (the one that publishes).
+champion's in ``--publish-dir``: another one is refused (NotPublished, exit 7: its clients
+would break) unless ``--publish-allow-signature-change`` (a ``signature_change`` warning),
+on the chief, before the first step. Cheapest first: before the data are converted
+(:func:`hint`) the newest version's record (app/release/layout.py) says when it may differ,
+and only then is the champion loaded (TensorFlow), the labels parsed whole first (a line
+that differs is the conversion's exit 3, not a signature refusal); otherwise the champion
+itself is compared once the data are there (:func:`served`). The gate compares again when
+it publishes (app/release/publish.py): another run may have published since.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""The run's data: the files ``--data`` names (:func:`find`), their key (the cache's name:
-app/data/cache/entry.py ``source_key``) and their binary cache (:func:`convert`), decided
-once a run; and, at its end, whether a file read where it lies changed while the run
+"""The run's data: the files ``--data`` names (:func:`find`), their binary cache
+(:func:`convert`: text parsed once, a float32 ``.npy`` or HDF5 dataset read where it lies),
+decided once a run; at its end, whether a file read where it lies changed while the run
 trained on it (:func:`changed_in_place`). No TensorFlow here.
-
-Text is parsed once into the binary cache (or the cache is reused) and checked, so bad
-input fails in a fraction of a second with one line (exit 3); a float32 ``.npy`` or an
-HDF5 dataset is read where it lies (no copy).
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
-"""The extras the loop runs at its boundaries, each made of hooks
-(app/training/loop/hooks.py), in the order of :data:`EXTRAS`: the best validated step, the
-budget watch and its throttling warning, the console's progress bar, the TensorBoard
-summaries.
-
-Every extra is a module here with ``hooks(context: Context) -> list[Hook]``: the hooks it
-adds to a run (none when it does not apply, e.g. summaries on a worker that is not the
-chief). As Keras gives its callbacks the model (``set_model``) and the batch's logs, the
-:class:`Context` gives an extra the model, the learning rate of a step and what it may
-need of the run; the hooks are given each call's losses and each evaluation's record. A
-new extra is one new module and its line in :data:`EXTRAS`. Import it once TensorFlow is up
-(the summaries write with it).
+"""The extras the loop runs at its boundaries, each made of hooks (app/training/loop/hooks.py),
+in the order of :data:`EXTRAS`. Every extra is a module here with
+``hooks(context: Context) -> list[Hook]`` (none where it does not apply). As Keras gives a
+callback the model and the batch's logs, the :class:`Context` gives an extra the model, the
+learning rate of a step and what it may need of the run; its hooks get each call's losses
+and each evaluation's record. A new extra is one new module and its line in
+:data:`EXTRAS`. Import it once TensorFlow is up (the summaries write with it).
 """
 
 from __future__ import annotations
