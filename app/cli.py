@@ -14,7 +14,9 @@ another command's option when no other command has an option of that name that i
 declared differently (``--format`` of ``plan`` and ``models`` is not; the thread options
 ``plan``, ``train``, ``predict`` and ``exec`` share are one declaration). A short variable a command
 does not read because of that is named in a one-line notice on stderr. A flag wins over
-both, the per-command variable over the short one.
+both, the per-command variable over the short one. A variable an option would read that is
+set but empty (or blank: ``CORETRAIN_MAX_STEPS=``, a manifest's slip) is a usage error
+naming it (exit 2), never the default.
 
 Library errors (:class:`app.errors.AppError`) are caught once here (:func:`_fail`): a
 one-line message on stderr and the error's exit code. TensorFlow is imported only by the
@@ -97,6 +99,22 @@ def _own(command: str, field: dataclasses.Field[Any]) -> str:
     return f"{ENV_PREFIX}{command.upper().replace('-', '_')}_{_name(field)}"
 
 
+class _Option(click.Option):
+    """A click option whose value may come from a variable that is set but empty: click
+    takes that for unset (the default), a usage error here (module docstring)."""
+
+    def resolve_envvar_value(self, ctx: click.Context) -> str | None:
+        names = [self.envvar] if isinstance(self.envvar, str) else list(self.envvar or [])
+        name = next((n for n in names if n in os.environ), None)  # the one click would read
+        if name is not None and not os.environ[name].strip():
+            raise click.BadParameter(
+                f"{name} is set but empty: give it a value, or unset it for the default",
+                ctx=ctx,
+                param=self,
+            )
+        return super().resolve_envvar_value(ctx)
+
+
 def _click_type(kind: Any, meta: typing.Mapping[str, Any]) -> Any:
     """The click parameter type of a field's annotation and bounds."""
     args = [a for a in typing.get_args(kind) if a is not type(None)]
@@ -150,7 +168,7 @@ def _option(command: str, field: dataclasses.Field[Any], kind: Any) -> Callable[
     if kind is not bool:
         kwargs["type"] = _click_type(kind, meta)
         kwargs["metavar"] = _metavar(kind, meta)
-    return click.option(flag_of(field), field.name, **kwargs)
+    return click.option(flag_of(field), field.name, cls=_Option, **kwargs)
 
 
 def options_of(command: str) -> Callable[[F], F]:
