@@ -19,8 +19,11 @@ set but empty (or blank: ``CORETRAIN_MAX_STEPS=``, a manifest's slip) is a usage
 naming it (exit 2), never the default.
 
 Library errors (:class:`app.errors.AppError`) are caught once here (:func:`_fail`): a
-one-line message on stderr and the error's exit code. TensorFlow is imported only by the
-commands that train or predict, after the thread plan has been applied.
+one-line message on stderr and the error's exit code. What a command prints as its product
+(``plan``, ``models``, ``bench-scaling``, ``--help``) to a reader that closed the pipe ends
+the process with the code SIGPIPE gives a Unix filter (141, nothing said); one that can't
+be written otherwise is exit 4. TensorFlow is imported only by the commands that train or
+predict, after the thread plan has been applied.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import functools
 import logging
 import os
 import re
+import signal
 import sys
 import traceback
 import typing
@@ -48,7 +52,7 @@ from app.commands.execute import ExecConfig
 from app.commands.models import ModelsReport
 from app.commands.plan import PlanReport
 from app.config import GenerateConfig, PredictConfig, TrainConfig
-from app.errors import AppError, Preempted, exit_code_of
+from app.errors import AppError, Preempted, StorageError, exit_code_of
 from app.options import flag_of, from_flat, option_fields
 from app.report import ReportOptions
 
@@ -191,16 +195,14 @@ def options_of(command: str) -> Callable[[F], F]:
         def noticed(*args: Any, **kwargs: Any) -> Any:
             for short, own in skipped.items():
                 if short in os.environ:
-                    click.echo(
+                    logs.say(
                         f"coretrain {command}: {short} is not read (another command has an "
-                        f"option of that name); set {own} instead",
-                        err=True,
+                        f"option of that name); set {own} instead"
                     )
             for name in sorted(unknown_variables(os.environ)):
-                click.echo(
+                logs.say(
                     f"coretrain {command}: {name} matches no option of any command, and is "
-                    f"ignored (coretrain {command} --help lists the variables)",
-                    err=True,
+                    f"ignored (coretrain {command} --help lists the variables)"
                 )
             return f(*args, **kwargs)
 
@@ -292,8 +294,31 @@ def _exit(result: Exit) -> typing.NoReturn:
     first), its code."""
     logs.clear_view()
     if result.message is not None:
-        click.echo(f"coretrain: {result.message}", err=True)
+        logs.say(f"coretrain: {result.message}")
     sys.exit(result.code)
+
+
+def _print(product: str) -> None:
+    """A command's product on stdout (:func:`_unwritten` when it can't be written)."""
+    try:
+        click.echo(product)
+    except OSError as exc:
+        _unwritten(exc)
+
+
+#: The exit of a command whose product's reader closed the pipe: 128 + SIGPIPE, as a shell
+#: reports a Unix filter ended by it (``ls | head -1``).
+CLOSED_PIPE = 128 + signal.SIGPIPE
+
+
+def _unwritten(exc: OSError) -> typing.NoReturn:
+    """End a command whose product (or help) could not be written to stdout: its reader
+    closed the pipe, :data:`CLOSED_PIPE` with nothing said; anything else (a full disk) is
+    exit 4 with one line."""
+    logs.give_up(1)
+    if isinstance(exc, BrokenPipeError):
+        sys.exit(CLOSED_PIPE)
+    _exit(Exit(StorageError.exit_code, f"stdout: {exc.strerror or exc}"))
 
 
 def _guarded(run: Callable[[], Any]) -> Any:
@@ -316,7 +341,7 @@ def plan_cmd(**values: Any) -> None:
     """Print the CPU budget and thread plan (never imports TensorFlow)."""
     from app.commands import plan
 
-    click.echo(_guarded(lambda: plan.run(build(PlanReport, values), build(PlanOptions, values))))
+    _print(_guarded(lambda: plan.run(build(PlanReport, values), build(PlanOptions, values))))
 
 
 @cli.command("generate")
@@ -351,7 +376,7 @@ def models_cmd(directory: Path, **values: Any) -> None:
     """List the model versions published in DIRECTORY (--publish-dir), newest last."""
     from app.commands import models
 
-    click.echo(_guarded(lambda: models.run(directory, build(ModelsReport, values))))
+    _print(_guarded(lambda: models.run(directory, build(ModelsReport, values))))
 
 
 @cli.command("predict")
@@ -369,7 +394,7 @@ def bench_scaling_cmd(**values: Any) -> None:
     """Measure how training scales with threads and worker processes on this machine."""
     from app.commands import bench_scaling as scaling
 
-    click.echo(_guarded(lambda: scaling.run(build(ScalingConfig, values))))
+    _print(_guarded(lambda: scaling.run(build(ScalingConfig, values))))
 
 
 @cli.command("exec", context_settings={"allow_interspersed_args": False})
@@ -389,14 +414,17 @@ def exec_cmd(command: tuple[str, ...], **values: Any) -> None:
 
 
 def main() -> None:
-    """Console-script entry point. A usage error is one line on stderr too (exit 2)."""
+    """Console-script entry point. A usage error is one line on stderr too (exit 2); help
+    or a version that can't be written is :func:`_unwritten`."""
+    logs.standard_streams()
     try:
         code = cli.main(prog_name="coretrain", standalone_mode=False)
     except click.ClickException as exc:
         ctx = getattr(exc, "ctx", None)
         where = ctx.command_path if ctx is not None else "coretrain"
-        click.echo(f"coretrain: {exc.format_message()} (see {where} --help)", err=True)
-        sys.exit(exc.exit_code)
+        _exit(Exit(exc.exit_code, f"{exc.format_message()} (see {where} --help)"))
     except click.Abort:  # Ctrl-C at a prompt; there are none, but click may raise it
         sys.exit(130)
+    except OSError as exc:  # --help or --version into a closed pipe or a full disk
+        _unwritten(exc)
     sys.exit(code if isinstance(code, int) else 0)
