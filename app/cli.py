@@ -54,19 +54,19 @@ from app.commands.plan import PlanReport
 from app.config import GenerateConfig, PredictConfig, TrainConfig
 from app.errors import AppError, Preempted, StorageError, exit_code_of
 from app.options import flag_of, from_flat, option_fields
-from app.report import ReportOptions
+from app.report import LogOptions, ReportOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 ENV_PREFIX = "CORETRAIN_"
 #: The configuration classes of each command: its options, in ``--help``'s order.
 COMMANDS: dict[str, tuple[type, ...]] = {
     "plan": (PlanReport, PlanOptions),
-    "generate": (GenerateConfig,),
+    "generate": (GenerateConfig, LogOptions),
     "train": (TrainConfig, PlanOptions, ClusterOptions, ReportOptions),
     "models": (ModelsReport,),
-    "predict": (PredictConfig, PlanOptions),
+    "predict": (PredictConfig, PlanOptions, LogOptions),
     "bench-scaling": (ScalingConfig,),
-    "exec": (ExecConfig, PlanOptions),
+    "exec": (ExecConfig, PlanOptions, LogOptions),
 }
 #: The command that owns every short ``CORETRAIN_<OPTION>`` of its options.
 OWNER = "train"
@@ -351,7 +351,7 @@ def generate_cmd(**values: Any) -> None:
     seed's format."""
     from app.commands import generate
 
-    _guarded(lambda: generate.run(build(GenerateConfig, values)))
+    _guarded(lambda: generate.run(build(GenerateConfig, values), build(LogOptions, values)))
 
 
 @cli.command("train")
@@ -385,7 +385,11 @@ def predict_cmd(**values: Any) -> None:
     """Predict labels for a features file with a trained or published model."""
     from app.commands import predict
 
-    _guarded(lambda: predict.run(build(PredictConfig, values), build(PlanOptions, values)))
+    def run() -> None:
+        log = build(LogOptions, values)
+        predict.run(build(PredictConfig, values), build(PlanOptions, values), log)
+
+    _guarded(run)
 
 
 @cli.command("bench-scaling")
@@ -408,7 +412,8 @@ def exec_cmd(command: tuple[str, ...], **values: Any) -> None:
     from app.commands import execute
 
     def run() -> Exit:
-        return execute.run(build(ExecConfig, values), build(PlanOptions, values), command)
+        config, log = build(ExecConfig, values), build(LogOptions, values)
+        return execute.run(config, build(PlanOptions, values), command, log)
 
     _exit(_guarded(run))
 

@@ -10,6 +10,7 @@ import io
 import json
 import logging
 import os
+import pty
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -300,3 +301,36 @@ def test_a_run_whose_stdout_closes_or_fills_keeps_its_code_and_its_log_file(
         assert records[0]["event"] == "start" and records[-1]["event"] == "end", name
         assert records[-1]["status"] == "completed" and records[-1]["final_step"] == 40
         assert [r["step"] for r in records if r["event"] == "progress"] == [20, 40], name
+
+
+def test_a_terminal_that_goes_away_under_the_bar_is_said_once(tmp_path: Path) -> None:
+    """The view on a real pseudo-terminal whose other side is closed mid-bar (a terminal
+    window shut, an ssh session dropped: writes fail with EIO): one line on stderr, the
+    process goes on to its own end."""
+    feed = (
+        "import sys, time\n"
+        "from app import logs\n"
+        "logs.setup(text=True)\n"
+        "for step in range(1, 400):\n"
+        "    logs.event('step', 's', level=logs.STEP, step=step, max_steps=400, loss=0.5,\n"
+        "               samples_per_step=8, cpu_budget=1.0)\n"
+        "    time.sleep(0.005)\n"
+        "logs.event('end', 'done', status='preempted')\n"
+        "print('the end', file=sys.stderr)\n"
+    )
+    master, slave = pty.openpty()
+    environ = env(TERM="xterm-256color", COLUMNS="120")
+    proc = subprocess.Popen([sys.executable, "-c", feed], stdin=subprocess.DEVNULL, stdout=slave,
+                            stderr=subprocess.PIPE, env=environ, cwd=REPO)  # fmt: skip
+    os.close(slave)
+    seen = b""
+    while b"training" not in seen:
+        seen += os.read(master, 4096)
+    os.close(master)  # the terminal is gone
+    assert proc.stderr is not None
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0, stderr
+    assert stderr.splitlines() == [
+        "coretrain: stdout: Input/output error: the log stops there",
+        "the end",
+    ]

@@ -12,14 +12,14 @@ CPU seconds against the budget and the CFS throttling of the cgroup that holds t
 over its life (:mod:`app.budget.usage`); the exit code is still the child's (128 + N for a
 death by signal N).
 
-The events go to stderr (stdout is the program's) as JSON lines. The ``exec`` line holds
-the plan in brief (:meth:`~app.budget.plan.ThreadPlan.brief`: the budget, its source, the
-threads, the pinning, oneDNN), the variables set and the user's kept, the affinity applied:
-what the program was given, in one line of a few hundred characters. Why (the plan's
-``reasons``, the files it was decided from: the cgroup files, every CPU flag, the mount
-table; a reason per variable) is in ``--plan-out FILE``, which holds the whole record
-instead of the line, and in ``coretrain plan --format json`` with the same options and
-variables.
+The events go to stderr (stdout is the program's): JSON lines, or lines for people when
+stderr is a terminal (``--log-format``). The ``exec`` line holds the plan in brief
+(:meth:`~app.budget.plan.ThreadPlan.brief`: the budget, its source, the threads, the
+pinning, oneDNN), the variables set and the user's kept, the affinity applied: what the
+program was given, in one line of a few hundred characters. Why (the plan's ``reasons``, the
+files it was decided from: the cgroup files, every CPU flag, the mount table; a reason per
+variable) is in ``--plan-out FILE``, which holds the whole record instead of the line, and
+in ``coretrain plan --format json`` with the same options and variables.
 
 A command that can't be found is exit 127, one found but not executable 126 (the shell's
 codes, POSIX "Command Search and Execution"; env(1) uses the same); a file the kernel
@@ -51,6 +51,7 @@ from app.commands import Exit
 from app.commands.supervise import ChildEnd, spawn
 from app.errors import CommandNotExecutable, CommandNotFound, ConfigError, StorageError
 from app.options import option
+from app.report import LogOptions
 
 
 @dataclass(frozen=True)
@@ -90,11 +91,12 @@ def resolve(command: str, environ: Mapping[str, str]) -> str:
     return path
 
 
-def run(config: ExecConfig, options: PlanOptions, argv: Sequence[str]) -> Exit:
-    """Plan, set the variables and the affinity, log the plan, then run ``argv``: replace
-    this process by it (never returns) or, with ``config.report``, run it as a child and
-    return its exit code. Raises ConfigError (no command, a bad setting),
-    CommandNotFound (127), CommandNotExecutable (126), StorageError (``--plan-out``)."""
+def run(config: ExecConfig, options: PlanOptions, argv: Sequence[str], log: LogOptions) -> Exit:
+    """Plan, set the variables and the affinity, log the plan (on stderr as ``log``
+    says), then run ``argv``: replace this process by it (never returns) or, with
+    ``config.report``, run it as a child and return its exit code. Raises ConfigError (no
+    command, a bad setting), CommandNotFound (127), CommandNotExecutable (126),
+    StorageError (``--plan-out``)."""
     if not argv:
         raise ConfigError("exec: no command given (coretrain exec [OPTIONS] -- COMMAND [ARGS]...)")
     path = resolve(argv[0], os.environ)
@@ -102,7 +104,7 @@ def run(config: ExecConfig, options: PlanOptions, argv: Sequence[str]) -> Exit:
     variables = runtime_env(plan, os.environ)
     env = variables.environ(os.environ)
     done = apply.set_affinity(plan)
-    logs.setup(stream=sys.stderr)  # stdout is the program's
+    logs.setup(stream=sys.stderr, text=log.text(sys.stderr))  # stdout is the program's
     _log_plan(plan, variables, argv, done, config.plan_out)
     with logs.handed_over():  # the program's standard streams as they were given
         if not config.report:
@@ -202,7 +204,7 @@ def _write_plan(path: Path, record: dict[str, Any]) -> None:
 def _log_end(
     end: ChildEnd, plan: ThreadPlan, throttled: Mapping[str, float | None], argv: Sequence[str]
 ) -> None:
-    """The ``exec_end`` event: a JSON line, or one sentence when stderr is a terminal."""
+    """The ``exec_end`` event (a sentence for people on a terminal: its message)."""
     budget_s = end.wall_s * plan.cpu_budget
     util = round(end.cpu_s / budget_s, 3) if budget_s > 0 else None
     how = f"signal {end.signal}" if end.signal is not None else f"exit {end.exit_code}"
@@ -214,9 +216,6 @@ def _log_end(
         + ("" if ratio is None else f" in {ratio:.0%} of CFS periods")
         + (f"; signals forwarded: {', '.join(end.forwarded)}" if end.forwarded else "")
     )
-    if sys.stderr.isatty():
-        print(f"coretrain exec: {message}", file=sys.stderr, flush=True)
-        return
     logs.event(
         "exec_end",
         message,
