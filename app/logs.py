@@ -21,12 +21,13 @@ number.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any, TextIO
 
 from pythonjsonlogger.json import JsonFormatter
@@ -72,22 +73,20 @@ class _Formatter(JsonFormatter):
         line = super().jsonify_log_record(log_data)
         if len(line) <= MAX_LINE:
             return line
-        return _dumps(_lean(json.loads(line)))
+        dumps = super().jsonify_log_record
+        return dumps(_lean(json.loads(line), dumps))
 
 
-def _dumps(data: Any) -> str:
-    return jsonvalues.dumps(data, ensure_ascii=False)
-
-
-def _lean(data: dict[str, Any]) -> dict[str, Any]:
-    """The record ``data`` (plain JSON values) cut to :data:`MAX_LINE` characters: the
-    longest string at any depth loses its middle (down to :data:`_KEPT_CHARS` characters),
-    then the next; when no long string is left, the largest field is replaced by a note of
-    its size (and when none is large, all but the message go). ``shortened`` names the
-    fields that lost something; ``timestamp``, ``level`` and ``event`` never do."""
+def _lean(data: dict[str, Any], dumps: Callable[[Any], str]) -> dict[str, Any]:
+    """The record ``data`` (plain JSON values) cut to :data:`MAX_LINE` characters as
+    ``dumps`` writes it: the longest string at any depth loses its middle (down to
+    :data:`_KEPT_CHARS` characters), then the next; when no long string is left, the
+    largest field is replaced by a note of its size (and when none is large, all but the
+    message go). ``shortened`` names the fields that lost something; ``timestamp``,
+    ``level`` and ``event`` never do."""
     shortened: list[str] = []
     noted: set[str] = set()
-    while (excess := len(_dumps(data)) - MAX_LINE) > 0:
+    while (excess := len(dumps(data)) - MAX_LINE) > 0:
         found = [
             (len(text), path)
             for path, text in _strings(data)
@@ -103,9 +102,7 @@ def _lean(data: dict[str, Any]) -> dict[str, Any]:
             name = str(path[0])
         else:
             sizes = {
-                k: len(_dumps(v))
-                for k, v in data.items()
-                if k not in (*_WHOLE, "shortened", *noted)
+                k: len(dumps(v)) for k, v in data.items() if k not in (*_WHOLE, "shortened", *noted)
             }
             name = max(sizes, key=lambda key: sizes[key], default="")
             if sizes.get(name, 0) < 100:  # a record of many small fields: they all go
@@ -142,15 +139,33 @@ def _shorter(text: str, cut: int) -> str:
     return f"{text[:head]} … [{cut} characters left out] … {text[len(text) - keep + head :]}"
 
 
-def _formatter() -> JsonFormatter:
+def _formatter(ascii_only: bool = False) -> JsonFormatter:
+    """JSON lines in UTF-8, or with ``ascii_only`` in ASCII (``\\u2248``: the same JSON)."""
     return _Formatter(
         "{levelname}{event}{message}",
         style="{",
         rename_fields={"levelname": "level"},
         timestamp=True,
-        json_ensure_ascii=False,
+        json_ensure_ascii=ascii_only,
         json_serializer=jsonvalues.dumps,  # NaN as null: a line every collector parses
     )
+
+
+def _writes_all_text(stream: IO[str]) -> bool:
+    """Whether ``stream``'s encoding writes every character (a UTF: the usual case). A
+    stream that can't (``PYTHONIOENCODING=ascii``, a Latin-1 locale) is set to write what
+    it can't encode as ``\\uXXXX`` (``errors="backslashreplace"``) instead of raising on
+    every record that holds a "≈" or a non-ASCII path: False."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    try:
+        if codecs.lookup(encoding).name.startswith("utf"):
+            return True
+    except LookupError:
+        pass
+    reconfigure = getattr(stream, "reconfigure", None)
+    if callable(reconfigure):
+        reconfigure(errors="backslashreplace")
+    return False
 
 
 def setup(
@@ -174,6 +189,7 @@ def setup(
         logger.removeHandler(handler)
         handler.close()
     out = sys.stdout if stream is None else stream
+    unicode = _writes_all_text(out)
     stdout: logging.Handler
     if text:
         from app.report.view import ConsoleView
@@ -181,7 +197,7 @@ def setup(
         stdout = ConsoleView(out)
     else:
         stdout = _Stream(out)
-        stdout.setFormatter(_formatter())
+        stdout.setFormatter(_formatter(ascii_only=not unicode))
         stdout.setLevel(level)
     stdout.addFilter(_Defaults(worker))
     logger.addHandler(stdout)

@@ -334,3 +334,18 @@ def test_a_terminal_that_goes_away_under_the_bar_is_said_once(tmp_path: Path) ->
         "coretrain: stdout: Input/output error: the log stops there",
         "the end",
     ]
+
+
+def test_a_stdout_that_can_t_encode_everything_still_gets_every_record(tmp_path: Path) -> None:
+    """PYTHONIOENCODING=ascii (or a Latin-1 locale) and a path with "é" and "≈": JSON lines
+    in ASCII (the same JSON), the view with the character escaped; no traceback."""
+    out = tmp_path / "données≈"
+    args = ("generate", "--out", str(out), "--train", "5", "--test", "2")
+    proc = run(*args, PYTHONIOENCODING="ascii")
+    assert (proc.returncode, proc.stderr) == (0, b"")
+    (record,) = [json.loads(line) for line in proc.stdout.decode("ascii").splitlines()]
+    assert record["files"]["train_labels"] == str(out / "train_labels.txt")
+    text = run(*args, "--log-format", "text", PYTHONIOENCODING="ascii")
+    assert (text.returncode, text.stderr) == (0, b"")
+    assert text.stdout.decode("ascii").startswith("synthetic demo data in ")
+    assert "donn\\xe9es\\u2248" in text.stdout.decode("ascii")
