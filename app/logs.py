@@ -368,9 +368,21 @@ def handed_over() -> Iterator[None]:
         os.close(null)
 
 
+#: Control characters (C0 but the tab, DEL, C1) as their Python escapes: a file name
+#: holding ``ESC [2J`` or a newline must neither drive the terminal it is shown on nor make
+#: one line two.
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if c != 0x09}
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters written as escapes (:data:`_CONTROLS`)."""
+    return text.translate(_CONTROLS)
+
+
 def say(line: str) -> None:
-    """``line`` on stderr (its middle left out past :data:`MAX_LINE` characters), never
-    raising: a stderr that can't be written is given up."""
+    """``line`` on stderr, :func:`printable` and its middle left out past :data:`MAX_LINE`
+    characters, never raising: a stderr that can't be written is given up."""
+    line = printable(line)
     if len(line) > MAX_LINE:
         line = _shorter(line, len(line) - MAX_LINE + 64)
     try:

@@ -12,6 +12,7 @@ import logging
 import os
 import pty
 import re
+import shutil
 import signal
 import struct
 import subprocess
@@ -379,3 +380,24 @@ def test_a_failing_view_never_ends_the_run(capsys: pytest.CaptureFixture[str]) -
     record.event = "progress"  # without its fields
     view.emit(record)  # logging's handleError, not an exception
     assert "KeyError" in capsys.readouterr().err
+
+
+def test_a_name_with_control_characters_neither_drives_the_terminal_nor_splits_a_line(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    """A file name is data, maybe someone else's: ESC [2J (clear the screen) and a newline
+    in it are shown as escapes, in the view and in the one line on stderr."""
+    hostile = "x\x1b[2J\ny"
+    shown = run_on_tty("generate", "--out", str(tmp_path / hostile), "--train", "5", "--test", "2")
+    assert shown.returncode == 0, shown.stderr
+    assert b"\x1b[2J" not in shown.raw and (tmp_path / hostile / "train_labels.txt").exists()
+    (line,) = shown.lines()
+    assert line.startswith(f"synthetic demo data in {tmp_path}/x\\x1b[2J\\x0ay: 5 training")
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    (data / hostile).write_text("not a number\n")
+    refused = run_on_tty("train", "--data", str(data), "--output", str(tmp_path / "out"),
+                         "--train-features", hostile)  # fmt: skip
+    assert refused.returncode == 3
+    (error,) = refused.stderr.splitlines()
+    assert "x\\x1b[2J\\x0ay" in error and "\x1b" not in error

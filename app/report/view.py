@@ -191,7 +191,7 @@ class ConsoleView(logging.Handler):
             self._print(escape(record.getMessage()), style="dim" if event == "log" else None)
 
     def _print(self, text: str, style: str | None = None) -> None:
-        self.console.print(text, style=style)
+        self.console.print(logs.printable(text), style=style)  # rich keeps ESC as it is
 
     def _tick(self, record: logging.LogRecord, f: dict[str, Any]) -> None:
         """Move the bar to the ``step`` record's step, at the record's own time."""
