@@ -235,7 +235,8 @@ def test_a_dumb_terminal_gets_json_lines_any_other_terminal_lines_for_people(
     assert dumb.returncode == 0, dumb.stderr
     (record,) = [json.loads(line) for line in dumb.lines()]
     assert record["event"] == "generated" and record["train"] == 20
-    for env in ({}, {"TERM": ""}, {"NO_COLOR": "1"}):  # xterm, TERM unset, no colours
+    # xterm, TERM unset, no colours, a COLUMNS of 0 (rich drew nothing at that width)
+    for env in ({}, {"TERM": ""}, {"NO_COLOR": "1"}, {"COLUMNS": "0"}):
         shown = run_on_tty(*args, "--out", str(tmp_path / "b"), env=env)
         assert shown.returncode == 0, shown.stderr
         (line,) = shown.lines()

@@ -151,6 +151,8 @@ class ConsoleView(logging.Handler):
     def __init__(self, stream: TextIO) -> None:
         super().__init__()
         self.console = _Console(file=stream, highlight=False, soft_wrap=True)
+        if self.console.width < 1:  # COLUMNS=0 made rich draw nothing at all: its fallback
+            self.console.width = 80
         self.progress: Progress | None = None
         self.task: Any = None
         self.now = 0.0  # the time of the last step record: the bar's clock
