@@ -73,12 +73,16 @@ def stderr_lines(proc: subprocess.CompletedProcess[bytes]) -> list[str]:
 
 
 @needs_dev_full
+@pytest.mark.parametrize("log_format", ["json", "text"])
 def test_generate_into_a_full_stdout_or_a_closed_pipe_says_it_once_and_exits_0(
-    tmp_path: Path,
+    log_format: str, tmp_path: Path
 ) -> None:
+    """JSON lines (logging's handler) and the view (rich, whose own rule for a broken pipe
+    was SystemExit(1)) alike."""
     for n, stdout in enumerate((FULL, closed_pipe())):
         out = tmp_path / f"data{n}"
-        proc = run("generate", "--out", str(out), "--train", "5", "--test", "2", stdout=stdout)
+        args = ("generate", "--out", str(out), "--train", "5", "--test", "2")
+        proc = run(*args, "--log-format", log_format, stdout=stdout)
         if isinstance(stdout, int):
             os.close(stdout)
         assert proc.returncode == 0
