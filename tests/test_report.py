@@ -298,17 +298,19 @@ def pty_stream(monkeypatch: pytest.MonkeyPatch, columns: int = 150) -> Iterator[
         os.close(master)
 
 
+@pytest.mark.parametrize("start", [0, 600])
 def test_the_eta_is_smoothed_where_each_call_s_own_estimate_jumps(
-    monkeypatch: pytest.MonkeyPatch,
+    start: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A steady run's calls as a loaded machine makes them: 10 steps each, 0.3 to 0.7 s,
-    every 8th 1.5 s longer (a checkpoint). Each call's own ETA (what the bar showed)
-    jumps by 2x and more; the bar's, rich's estimate over its window, never does."""
+    every 8th 1.5 s longer (a checkpoint), from step 0 or resumed at 600. Each call's own
+    ETA (what the bar showed) jumps by 2x and more; the bar's, rich's estimate over its
+    window, never does, and a resumed run's first step is not taken for a rate."""
     jitter = (1.0, 0.6, 1.4, 0.8, 1.2)
-    now, step, own = 1000.0, 0, []
+    now, step, own = 1000.0, start, []
     with pty_stream(monkeypatch) as tty:
         view = ConsoleView(tty.stream)
-        for call in range(120):
+        for call in range((1200 - start) // 10):
             seconds = 0.5 * jitter[call % len(jitter)] + (1.5 if call % 8 == 7 else 0.0)
             now, step = now + seconds, step + 10
             own.append((step, round((1200 - step) * seconds / 10)))
@@ -321,12 +323,14 @@ def test_the_eta_is_smoothed_where_each_call_s_own_estimate_jumps(
         view.clear()
     assert jumps(own, 1200), "the premise: each call's own rate moves the ETA by 2x"
     shown = etas(tty.lines())
-    assert [step for step, _ in shown[:3]] == [10, 20, 30]
+    assert [step for step, _ in shown[:3]] == [start + 10, start + 20, start + 30]
     assert [eta for _, eta in shown[:2]] == [None, None]  # not from the first call alone
     assert all(eta is not None for _, eta in shown[2:])
     assert jumps(shown, 1200) == [], shown
-    # rich's speed: the 20 steps of the calls after the first, in their 0.3 + 0.7 s
-    assert tty.lines()[2].endswith("30/1200 loss 0.03333 · 800 samples/s · ETA 0:59 · CPU 90% of 2")
+    # rich's speed: the 20 steps of the calls after the first, in their 0.3 + 0.7 s: 20/s
+    eta = {0: "0:59", 600: "0:29"}[start]  # 1170 or 570 steps to go, rounded up
+    third = f"{start + 30}/1200 loss {1 / (start + 30):.4g} · 800 samples/s · ETA {eta} · CPU"
+    assert third in tty.lines()[2]
 
 
 def test_the_view_draws_a_run_in_lines_with_a_summary(tmp_path: Path) -> None:
