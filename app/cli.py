@@ -14,11 +14,16 @@ another command's option when no other command has an option of that name that i
 declared differently (``--format`` of ``plan`` and ``models`` is not; the thread options
 ``plan``, ``train``, ``predict`` and ``exec`` share are one declaration). A short variable a command
 does not read because of that is named in a one-line notice on stderr. A flag wins over
-both, the per-command variable over the short one.
+both, the per-command variable over the short one. A variable an option would read that is
+set but empty (or blank: ``CORETRAIN_MAX_STEPS=``, a manifest's slip) is a usage error
+naming it (exit 2), never the default.
 
 Library errors (:class:`app.errors.AppError`) are caught once here (:func:`_fail`): a
-one-line message on stderr and the error's exit code. TensorFlow is imported only by the
-commands that train or predict, after the thread plan has been applied.
+one-line message on stderr and the error's exit code. What a command prints as its product
+(``plan``, ``models``, ``bench-scaling``, ``--help``) to a reader that closed the pipe ends
+the process with the code SIGPIPE gives a Unix filter (141, nothing said); one that can't
+be written otherwise is exit 4. TensorFlow is imported only by the commands that train or
+predict, after the thread plan has been applied.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import functools
 import logging
 import os
 import re
+import signal
 import sys
 import traceback
 import typing
@@ -46,21 +52,21 @@ from app.commands.execute import ExecConfig
 from app.commands.models import ModelsReport
 from app.commands.plan import PlanReport
 from app.config import GenerateConfig, PredictConfig, TrainConfig
-from app.errors import AppError, Preempted, exit_code_of
+from app.errors import AppError, Preempted, StorageError, exit_code_of
 from app.options import flag_of, from_flat, option_fields
-from app.report import ReportOptions
+from app.report import LogOptions, ReportOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 ENV_PREFIX = "CORETRAIN_"
 #: The configuration classes of each command: its options, in ``--help``'s order.
 COMMANDS: dict[str, tuple[type, ...]] = {
     "plan": (PlanReport, PlanOptions),
-    "generate": (GenerateConfig,),
+    "generate": (GenerateConfig, LogOptions),
     "train": (TrainConfig, PlanOptions, ClusterOptions, ReportOptions),
     "models": (ModelsReport,),
-    "predict": (PredictConfig, PlanOptions),
+    "predict": (PredictConfig, PlanOptions, LogOptions),
     "bench-scaling": (ScalingConfig,),
-    "exec": (ExecConfig, PlanOptions),
+    "exec": (ExecConfig, PlanOptions, LogOptions),
 }
 #: The command that owns every short ``CORETRAIN_<OPTION>`` of its options.
 OWNER = "train"
@@ -95,6 +101,22 @@ def envvars(command: str, field: dataclasses.Field[Any]) -> list[str]:
 def _own(command: str, field: dataclasses.Field[Any]) -> str:
     """The per-command variable of an option: ``CORETRAIN_<COMMAND>_<OPTION>``."""
     return f"{ENV_PREFIX}{command.upper().replace('-', '_')}_{_name(field)}"
+
+
+class _Option(click.Option):
+    """A click option whose value may come from a variable that is set but empty: click
+    takes that for unset (the default), a usage error here (module docstring)."""
+
+    def resolve_envvar_value(self, ctx: click.Context) -> str | None:
+        names = [self.envvar] if isinstance(self.envvar, str) else list(self.envvar or [])
+        name = next((n for n in names if n in os.environ), None)  # the one click would read
+        if name is not None and not os.environ[name].strip():
+            raise click.BadParameter(
+                f"{name} is set but empty: give it a value, or unset it for the default",
+                ctx=ctx,
+                param=self,
+            )
+        return super().resolve_envvar_value(ctx)
 
 
 def _click_type(kind: Any, meta: typing.Mapping[str, Any]) -> Any:
@@ -150,7 +172,7 @@ def _option(command: str, field: dataclasses.Field[Any], kind: Any) -> Callable[
     if kind is not bool:
         kwargs["type"] = _click_type(kind, meta)
         kwargs["metavar"] = _metavar(kind, meta)
-    return click.option(flag_of(field), field.name, **kwargs)
+    return click.option(flag_of(field), field.name, cls=_Option, **kwargs)
 
 
 def options_of(command: str) -> Callable[[F], F]:
@@ -173,16 +195,14 @@ def options_of(command: str) -> Callable[[F], F]:
         def noticed(*args: Any, **kwargs: Any) -> Any:
             for short, own in skipped.items():
                 if short in os.environ:
-                    click.echo(
+                    logs.say(
                         f"coretrain {command}: {short} is not read (another command has an "
-                        f"option of that name); set {own} instead",
-                        err=True,
+                        f"option of that name); set {own} instead"
                     )
             for name in sorted(unknown_variables(os.environ)):
-                click.echo(
+                logs.say(
                     f"coretrain {command}: {name} matches no option of any command, and is "
-                    f"ignored (coretrain {command} --help lists the variables)",
-                    err=True,
+                    f"ignored (coretrain {command} --help lists the variables)"
                 )
             return f(*args, **kwargs)
 
@@ -274,8 +294,31 @@ def _exit(result: Exit) -> typing.NoReturn:
     first), its code."""
     logs.clear_view()
     if result.message is not None:
-        click.echo(f"coretrain: {result.message}", err=True)
+        logs.say(f"coretrain: {result.message}")
     sys.exit(result.code)
+
+
+def _print(product: str) -> None:
+    """A command's product on stdout (:func:`_unwritten` when it can't be written)."""
+    try:
+        click.echo(product)
+    except OSError as exc:
+        _unwritten(exc)
+
+
+#: The exit of a command whose product's reader closed the pipe: 128 + SIGPIPE, as a shell
+#: reports a Unix filter ended by it (``ls | head -1``).
+CLOSED_PIPE = 128 + signal.SIGPIPE
+
+
+def _unwritten(exc: OSError) -> typing.NoReturn:
+    """End a command whose product (or help) could not be written to stdout: its reader
+    closed the pipe, :data:`CLOSED_PIPE` with nothing said; anything else (a full disk) is
+    exit 4 with one line."""
+    logs.give_up(1)
+    if isinstance(exc, BrokenPipeError):
+        sys.exit(CLOSED_PIPE)
+    _exit(Exit(StorageError.exit_code, f"stdout: {exc.strerror or exc}"))
 
 
 def _guarded(run: Callable[[], Any]) -> Any:
@@ -298,7 +341,7 @@ def plan_cmd(**values: Any) -> None:
     """Print the CPU budget and thread plan (never imports TensorFlow)."""
     from app.commands import plan
 
-    click.echo(_guarded(lambda: plan.run(build(PlanReport, values), build(PlanOptions, values))))
+    _print(_guarded(lambda: plan.run(build(PlanReport, values), build(PlanOptions, values))))
 
 
 @cli.command("generate")
@@ -308,7 +351,7 @@ def generate_cmd(**values: Any) -> None:
     seed's format."""
     from app.commands import generate
 
-    _guarded(lambda: generate.run(build(GenerateConfig, values)))
+    _guarded(lambda: generate.run(build(GenerateConfig, values), build(LogOptions, values)))
 
 
 @cli.command("train")
@@ -333,7 +376,7 @@ def models_cmd(directory: Path, **values: Any) -> None:
     """List the model versions published in DIRECTORY (--publish-dir), newest last."""
     from app.commands import models
 
-    click.echo(_guarded(lambda: models.run(directory, build(ModelsReport, values))))
+    _print(_guarded(lambda: models.run(directory, build(ModelsReport, values))))
 
 
 @cli.command("predict")
@@ -342,7 +385,11 @@ def predict_cmd(**values: Any) -> None:
     """Predict labels for a features file with a trained or published model."""
     from app.commands import predict
 
-    _guarded(lambda: predict.run(build(PredictConfig, values), build(PlanOptions, values)))
+    def run() -> None:
+        log = build(LogOptions, values)
+        predict.run(build(PredictConfig, values), build(PlanOptions, values), log)
+
+    _guarded(run)
 
 
 @cli.command("bench-scaling")
@@ -351,7 +398,7 @@ def bench_scaling_cmd(**values: Any) -> None:
     """Measure how training scales with threads and worker processes on this machine."""
     from app.commands import bench_scaling as scaling
 
-    click.echo(_guarded(lambda: scaling.run(build(ScalingConfig, values))))
+    _print(_guarded(lambda: scaling.run(build(ScalingConfig, values))))
 
 
 @cli.command("exec", context_settings={"allow_interspersed_args": False})
@@ -365,20 +412,24 @@ def exec_cmd(command: tuple[str, ...], **values: Any) -> None:
     from app.commands import execute
 
     def run() -> Exit:
-        return execute.run(build(ExecConfig, values), build(PlanOptions, values), command)
+        config, log = build(ExecConfig, values), build(LogOptions, values)
+        return execute.run(config, build(PlanOptions, values), command, log)
 
     _exit(_guarded(run))
 
 
 def main() -> None:
-    """Console-script entry point. A usage error is one line on stderr too (exit 2)."""
+    """Console-script entry point. A usage error is one line on stderr too (exit 2); help
+    or a version that can't be written is :func:`_unwritten`."""
+    logs.standard_streams()
     try:
         code = cli.main(prog_name="coretrain", standalone_mode=False)
     except click.ClickException as exc:
         ctx = getattr(exc, "ctx", None)
         where = ctx.command_path if ctx is not None else "coretrain"
-        click.echo(f"coretrain: {exc.format_message()} (see {where} --help)", err=True)
-        sys.exit(exc.exit_code)
+        _exit(Exit(exc.exit_code, f"{exc.format_message()} (see {where} --help)"))
     except click.Abort:  # Ctrl-C at a prompt; there are none, but click may raise it
         sys.exit(130)
+    except OSError as exc:  # --help or --version into a closed pipe or a full disk
+        _unwritten(exc)
     sys.exit(code if isinstance(code, int) else 0)

@@ -10,12 +10,15 @@ TensorFlow writes start-up notices to stderr when oneDNN is on (absl's pre-init 
 from __future__ import annotations
 
 import fcntl
+import json
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+import click
 import pytest
 
 from app.errors import ConfigError
@@ -252,3 +255,64 @@ def test_grouped_options_are_seen_flat_in_the_declared_order() -> None:
     assert built.inner == _Inner(b=6) and flat(built) == {"c": 3, "b": 6, "new": 2, "a": 5}
     with pytest.raises(ConfigError, match="--b must be at least 0"):
         from_flat(_Outer, {"b": -1})
+
+
+# A variable set but empty (a manifest's `- name: CORETRAIN_MAX_STEPS` without a value) is a
+# usage error naming it, not the default.
+
+
+def _context_args(command: click.Command, skip: click.Parameter, tmp_path: Path) -> list[str]:
+    """Arguments that satisfy ``command``'s required options (but ``skip``) and arguments."""
+    args = [
+        arg
+        for p in command.params
+        if isinstance(p, click.Option) and p.required and p is not skip
+        for arg in (p.opts[0], str(tmp_path))
+    ]
+    return args + [str(tmp_path) for p in command.params if isinstance(p, click.Argument)]
+
+
+def test_an_empty_or_blank_variable_is_an_error_naming_it_for_every_option(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from app.cli import cli
+
+    for name in [n for n in os.environ if n.startswith("CORETRAIN_")]:
+        monkeypatch.delenv(name)
+    checked: dict[str, int] = {}
+    for command_name, command in cli.commands.items():
+        for param in command.params:
+            if not isinstance(param, click.Option) or not param.envvar:
+                continue
+            args = _context_args(command, param, tmp_path)
+            for variable in param.envvar:
+                for value in ("", " \t"):
+                    monkeypatch.setenv(variable, value)
+                    with pytest.raises(click.BadParameter) as refused:
+                        command.make_context(command_name, list(args))
+                    message = refused.value.format_message()
+                    assert f"{variable} is set but empty" in message, (command_name, message)
+                    assert param.opts[0] in message
+                    monkeypatch.delenv(variable)
+                checked[command_name] = checked.get(command_name, 0) + 1
+    assert checked.keys() == cli.commands.keys()  # every command, each of its options
+
+
+def test_an_empty_variable_stops_a_run_before_anything_is_written(tmp_path: Path) -> None:
+    data, out = tmp_path / "data", tmp_path / "out"
+    data.mkdir()
+    proc = run_cli("train", "--data", str(data), "--output", str(out),
+                   env={"CORETRAIN_MAX_STEPS": ""})  # fmt: skip
+    assert proc.returncode == 2
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("coretrain: Invalid value for '--max-steps'")
+    assert "CORETRAIN_MAX_STEPS is set but empty" in line
+    assert not out.exists()
+    # The command line wins over the variable, as over any value of it; the per-command
+    # variable is the one read, so an empty short one beside it is not.
+    flag = run_cli("plan", "--cpus", "1", env={"CORETRAIN_CPUS": ""})
+    own = run_cli("plan", env={"CORETRAIN_PLAN_CPUS": "1", "CORETRAIN_CPUS": " "})
+    assert flag.returncode == own.returncode == 0, flag.stderr + own.stderr
+    assert json.loads(flag.stdout)["cpu_budget"] == json.loads(own.stdout)["cpu_budget"] == 1
+    empty_own = run_cli("plan", env={"CORETRAIN_PLAN_CPUS": "", "CORETRAIN_CPUS": "1"})
+    assert empty_own.returncode == 2 and "CORETRAIN_PLAN_CPUS is set but empty" in empty_own.stderr

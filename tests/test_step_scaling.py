@@ -10,6 +10,7 @@ import pytest
 
 from app.bench import step_scaling as scaling
 from tests.conftest import run_cli
+from tests.test_streams import assert_lean
 
 
 def test_speed_up_efficiency_and_knee_come_from_the_measured_rates() -> None:
@@ -35,6 +36,7 @@ def test_bench_scaling_measures_threads_and_processes_here(tmp_path: Path) -> No
     proc = run_cli("bench-scaling", "--max-threads", "2", "--batch-size", "200", "--out",
                    str(out), timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_lean(proc)  # no line over 2,000 characters, as every command (tests/test_streams.py)
     report = json.loads(out.read_text())
     assert report["cpus"] >= 2
     for name, result in report["threads"].items():

@@ -12,6 +12,15 @@ CPU seconds against the budget and the CFS throttling of the cgroup that holds t
 over its life (:mod:`app.budget.usage`); the exit code is still the child's (128 + N for a
 death by signal N).
 
+The events go to stderr (stdout is the program's): JSON lines, or lines for people when
+stderr is a terminal (``--log-format``). The ``exec`` line holds the plan in brief
+(:meth:`~app.budget.plan.ThreadPlan.brief`: the budget, its source, the threads, the
+pinning, oneDNN), the variables set and the user's kept, the affinity applied: what the
+program was given, in one line of a few hundred characters. Why (the plan's ``reasons``, the
+files it was decided from: the cgroup files, every CPU flag, the mount table; a reason per
+variable) is in ``--plan-out FILE``, which holds the whole record instead of the line, and
+in ``coretrain plan --format json`` with the same options and variables.
+
 A command that can't be found is exit 127, one found but not executable 126 (the shell's
 codes, POSIX "Command Search and Execution"; env(1) uses the same); a file the kernel
 can't execute (a script without ``#!``) runs under ``/bin/sh``, as execvp(3) runs it;
@@ -30,7 +39,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO, TypeVar
+from typing import Any, TypeVar
 
 from app import logs
 from app.atomic import write_json
@@ -42,6 +51,7 @@ from app.commands import Exit
 from app.commands.supervise import ChildEnd, spawn
 from app.errors import CommandNotExecutable, CommandNotFound, ConfigError, StorageError
 from app.options import option
+from app.report import LogOptions
 
 
 @dataclass(frozen=True)
@@ -57,8 +67,8 @@ class ExecConfig:
     )
     plan_out: Path | None = option(
         None,
-        "Write the applied plan and variables (the exec event, JSON) to this file instead "
-        "of a line on stderr.",
+        "Write the applied plan, whole (with its reasons and the files read), and the "
+        "variables (the exec event, JSON) to this file instead of a line on stderr.",
         shown_default="stderr",
     )
 
@@ -81,11 +91,12 @@ def resolve(command: str, environ: Mapping[str, str]) -> str:
     return path
 
 
-def run(config: ExecConfig, options: PlanOptions, argv: Sequence[str]) -> Exit:
-    """Plan, set the variables and the affinity, log the plan, then run ``argv``: replace
-    this process by it (never returns) or, with ``config.report``, run it as a child and
-    return its exit code. Raises ConfigError (no command, a bad setting),
-    CommandNotFound (127), CommandNotExecutable (126), StorageError (``--plan-out``)."""
+def run(config: ExecConfig, options: PlanOptions, argv: Sequence[str], log: LogOptions) -> Exit:
+    """Plan, set the variables and the affinity, log the plan (on stderr as ``log``
+    says), then run ``argv``: replace this process by it (never returns) or, with
+    ``config.report``, run it as a child and return its exit code. Raises ConfigError (no
+    command, a bad setting), CommandNotFound (127), CommandNotExecutable (126),
+    StorageError (``--plan-out``)."""
     if not argv:
         raise ConfigError("exec: no command given (coretrain exec [OPTIONS] -- COMMAND [ARGS]...)")
     path = resolve(argv[0], os.environ)
@@ -93,12 +104,13 @@ def run(config: ExecConfig, options: PlanOptions, argv: Sequence[str]) -> Exit:
     variables = runtime_env(plan, os.environ)
     env = variables.environ(os.environ)
     done = apply.set_affinity(plan)
-    logs.setup(stream=_stderr())  # stdout is the program's
+    logs.setup(stream=sys.stderr, text=log.text(sys.stderr))  # stdout is the program's
     _log_plan(plan, variables, argv, done, config.plan_out)
-    if not config.report:
-        _as_execvp(apply.replace_process, path, list(argv), env)  # never returns
-    throttling = Throttling(plan.cpu_stat)  # the cgroup that holds the quota
-    end = _as_execvp(spawn, path, list(argv), env)
+    with logs.handed_over():  # the program's standard streams as they were given
+        if not config.report:
+            _as_execvp(apply.replace_process, path, list(argv), env)  # never returns
+        throttling = Throttling(plan.cpu_stat)  # the cgroup that holds the quota
+        end = _as_execvp(spawn, path, list(argv), env)
     _log_end(end, plan, throttling.read(), argv)
     return Exit(end.exit_code)
 
@@ -128,12 +140,6 @@ def _as_execvp(
         raise _not_runnable(argv[0], exc) from exc
 
 
-def _stderr() -> TextIO:
-    """Where coretrain's own lines go: stderr, or nowhere when it was closed at start
-    (never stdout: that is the program's)."""
-    return sys.stderr if sys.stderr is not None else open(os.devnull, "w")
-
-
 def _not_runnable(command: str, exc: OSError) -> CommandNotFound | CommandNotExecutable:
     """The error of an exec that failed: 127 when the file went missing, else 126."""
     kind = CommandNotFound if isinstance(exc, FileNotFoundError) else CommandNotExecutable
@@ -147,7 +153,9 @@ def _log_plan(
     affinity: list[str],
     plan_out: Path | None,
 ) -> None:
-    """The ``exec`` event, once: on stderr, or as the JSON file ``plan_out``."""
+    """The ``exec`` event, once: on stderr, what the program is given (the plan in brief,
+    the variables set and kept, the affinity); or as the JSON file ``plan_out``, with the
+    whole plan and a reason per variable (``env_reasons``) too (module docstring)."""
     kept = ", ".join(f"{k}={v}" for k, v in variables.kept.items()) or "none"
     message = (
         f"{argv[0]}: {plan.intra_op_threads} threads for a budget of {plan.cpu_budget:g} "
@@ -156,16 +164,16 @@ def _log_plan(
     fields: dict[str, Any] = {
         "command": list(argv),
         "pid": os.getpid(),
-        "plan": plan.to_json(),
+        "plan": plan.brief(),
         "env": variables.set,
         "kept": variables.kept,
-        "env_reasons": list(variables.reasons),
         "affinity": affinity,
     }
     if plan_out is None:
         logs.event("exec", message, **fields)
     else:
-        _write_plan(plan_out, {"event": "exec", "message": message, **fields})
+        why = {"plan": plan.to_json(), "env_reasons": list(variables.reasons)}
+        _write_plan(plan_out, {"event": "exec", "message": message, **fields, **why})
 
 
 def _write_plan(path: Path, record: dict[str, Any]) -> None:
@@ -196,7 +204,7 @@ def _write_plan(path: Path, record: dict[str, Any]) -> None:
 def _log_end(
     end: ChildEnd, plan: ThreadPlan, throttled: Mapping[str, float | None], argv: Sequence[str]
 ) -> None:
-    """The ``exec_end`` event: a JSON line, or one sentence when stderr is a terminal."""
+    """The ``exec_end`` event (a sentence for people on a terminal: its message)."""
     budget_s = end.wall_s * plan.cpu_budget
     util = round(end.cpu_s / budget_s, 3) if budget_s > 0 else None
     how = f"signal {end.signal}" if end.signal is not None else f"exit {end.exit_code}"
@@ -208,9 +216,6 @@ def _log_end(
         + ("" if ratio is None else f" in {ratio:.0%} of CFS periods")
         + (f"; signals forwarded: {', '.join(end.forwarded)}" if end.forwarded else "")
     )
-    if sys.stderr is not None and sys.stderr.isatty():
-        print(f"coretrain exec: {message}", file=sys.stderr, flush=True)
-        return
     logs.event(
         "exec_end",
         message,

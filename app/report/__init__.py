@@ -1,11 +1,12 @@
-"""How a run reports beyond its JSON log: to a person at a terminal and to monitoring.
+"""How a command reports beyond its JSON log: to a person at a terminal and to monitoring.
 
-:class:`ReportOptions` are ``coretrain train``'s options for it: ``--log-format`` (stdout as
-JSON lines, or the readable view of :mod:`app.report.view` with a progress bar),
+:class:`LogOptions` is every logging command's ``--log-format`` (``train``, ``generate``,
+``predict``, ``exec``): its log stream as JSON lines, or the readable view of
+:mod:`app.report.view`. :class:`ReportOptions` adds ``coretrain train``'s
 ``--metrics-push`` and ``--metrics-job`` (the run's outcome pushed to a Prometheus
 Pushgateway at its end, under a job label that stays the same night after night:
-:mod:`app.report.push`). ``logs/train.jsonl`` is JSON lines whatever the format. No click,
-no TensorFlow here.
+:mod:`app.report.push`). A run's ``logs/train.jsonl`` is JSON lines whatever the format. No
+click, no TensorFlow here.
 """
 
 from __future__ import annotations
@@ -19,25 +20,49 @@ from app.errors import ConfigError
 from app.options import option
 
 LOG_FORMATS = ("auto", "json", "text")
+#: Values of ``TERM`` that name a terminal without cursor control: no view for them (rich's
+#: ``Console.is_dumb_terminal`` rule; less and Emacs' shell set ``dumb``).
+DUMB_TERMINALS = ("dumb", "unknown")
 #: The longest --metrics-push and --metrics-job: both are in the push's log line, and a log
 #: line stays under 2,000 characters (docs/architecture.md, "Lean lines").
 MAX_CHARS = 200
 
 
 @dataclass(frozen=True)
-class ReportOptions:
+class LogOptions:
+    """The format of a command's log stream (module docstring): stdout, or stderr for
+    ``coretrain exec``, whose stdout is its program's."""
+
+    log_format: str = option(
+        "auto",
+        "What the log stream (stdout; stderr for exec) shows: text, a readable view for people "
+        "(train: setup phases with their cost, a progress bar with the loss and ETA, "
+        "evaluations, a summary); json, one JSON object per line; auto, text when it is a "
+        "terminal (TERM not dumb), else json. A run's logs/train.jsonl is always JSON lines.",
+        choices=LOG_FORMATS,
+    )
+
+    def text(self, stream: TextIO | None) -> bool:
+        """Whether ``stream`` (the log stream) gets the readable view: ``text``, or ``auto``
+        on a terminal whose ``TERM`` is not one of :data:`DUMB_TERMINALS` (unset counts as
+        a terminal: the view's cursor codes are the ones every terminal emulator has).
+        A closed stream (None) gets JSON, which goes nowhere."""
+        if self.log_format != "auto":
+            return self.log_format == "text"
+        try:
+            tty = stream is not None and os.isatty(stream.fileno())
+        except (AttributeError, OSError, ValueError):
+            return False
+        return tty and os.environ.get("TERM", "").lower() not in DUMB_TERMINALS
+
+
+@dataclass(frozen=True)
+class ReportOptions(LogOptions):
     """The stdout format and the metrics push of a run (module docstring). Raises
     ConfigError (exit 2) for a ``--metrics-push`` that is no Pushgateway URL
     (:func:`gateway_url`), or a ``--metrics-job`` that is blank, not printable or over
     :data:`MAX_CHARS` characters."""
 
-    log_format: str = option(
-        "auto",
-        "What stdout shows: text, a readable view for people (setup phases with their cost, "
-        "a progress bar, evaluations, a summary); json, one JSON object per line; auto, text "
-        "when stdout is a terminal, else json. logs/train.jsonl is always JSON lines.",
-        choices=LOG_FORMATS,
-    )
     metrics_push: str | None = option(
         None,
         "Push the run's outcome (status, exit code, RMSEs, published version, steps, rates, "
@@ -62,17 +87,6 @@ class ReportOptions:
             raise ConfigError(
                 f"--metrics-job must be 1 to {MAX_CHARS} printable characters, not blank"
             )
-
-    def text(self, stream: TextIO) -> bool:
-        """Whether ``stream`` (stdout) gets the readable view: ``text``, or ``auto`` on a
-        terminal (``TERM=dumb`` counts as none, as for rich and less)."""
-        if self.log_format != "auto":
-            return self.log_format == "text"
-        try:
-            tty = os.isatty(stream.fileno())
-        except (AttributeError, OSError, ValueError):
-            return False
-        return tty and os.environ.get("TERM") != "dumb"
 
 
 def gateway_url(url: str) -> str:

@@ -1,29 +1,49 @@
-"""The console view: a run's log records rendered for a person at a terminal (rich).
+"""The console view: a command's log records rendered for a person at a terminal (rich).
 
 The same records as the JSON log (docs/architecture.md, "Logs"), shown as lines: the start,
 each setup phase as it begins with its cost and how to skip it (``phase``), warnings, each
 evaluation (``progress``), and at the ``end`` a summary block (test RMSE against the mean
 predictor and the linear baseline, the exported step, the wall time, where the model, the
-logs and the TensorBoard files are, what was published). Between evaluations a progress
-bar follows the ``step`` records the loop sends after every call into TensorFlow (level
-:data:`app.logs.STEP`, below INFO: never in the JSON log): step/max, samples/s, ETA, CPU
-use against the budget, throttling when there is any. The bar is rich's ``Progress``
-(transient: cleared when it stops, before the summary or an error line). No TensorFlow.
+logs and the TensorBoard files are, what was published); the other commands' events
+(``generated``, ``predicted``, ``exec``, ``exec_end``) as their message. Between
+evaluations a progress bar follows the ``step`` records the loop sends after every call
+into TensorFlow (level :data:`app.logs.STEP`, below INFO: never in the JSON log):
+step/max, the loss, samples/s, ETA, CPU use against the budget, throttling when there is
+any. The bar is rich's ``Progress`` (transient: cleared when it stops, before the summary
+or an error line), and so is its estimate: samples/s and the ETA are rich's speed over the
+steps of the last :data:`SPEED_WINDOW_S` seconds (``Task.speed``, ``Task.time_remaining``),
+timed by the records' own times, so one call slowed by an evaluation or a checkpoint moves
+them by its share of the window, not by its own rate. No TensorFlow.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 from pathlib import Path
 from typing import Any, TextIO
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn
+from rich.table import Column
+from rich.text import Text
+
+from app import logs
 
 #: Events a person does not need line by line (each is in logs/train.jsonl).
 QUIET = frozenset({"steps_per_loop", "checkpoint", "traceback", "input_loaded", "step"})
 _RMSE_NAMES = {"val_rmse": "validation RMSE", "test_rmse": "test RMSE"}
+#: Seconds of steps the bar's speed and ETA are estimated over (rich's
+#: ``speed_estimate_period``, its default).
+SPEED_WINDOW_S = 30.0
+#: Timed calls the bar's speed and ETA wait for: the first call's record only starts the
+#: clock (it traced the step function), and the next of an automatic --steps-per-loop is
+#: its calibration, a few steps: an estimate from it alone moved by 3x at the next call.
+ESTIMATED_FROM = 2
+#: The ``step`` record's fields the bar shows (:func:`bar_text`).
+_BAR_FIELDS = ("loss", "samples_per_step", "cpu_util", "cpu_budget", "cpu_throttled_s")
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
@@ -39,18 +59,30 @@ def _clock(seconds: float | None) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
-def bar_text(f: dict[str, Any]) -> str:
-    """The figures beside the bar for a ``step`` record's fields ``f``: samples/s, ETA,
-    CPU use against the budget, the throttled seconds when there were any."""
-    parts = []
-    if f.get("examples_per_sec") is not None:
-        parts.append(f"{f['examples_per_sec']:,.0f} samples/s")
-        parts.append(f"ETA {_clock(f.get('eta_s'))}")
+def bar_text(f: dict[str, Any], speed: float | None, eta_s: float | None) -> str:
+    """The figures beside the bar for the fields ``f`` of the last ``step`` record: the
+    loss; samples/s from ``speed`` (steps/s) and the ETA ``eta_s`` (seconds; None: not
+    known yet); CPU use against the budget, the throttled seconds when there were any."""
+    parts = [] if f.get("loss") is None else [f"loss {f['loss']:.4g}"]
+    if speed is not None and f.get("samples_per_step"):
+        parts.append(f"{speed * f['samples_per_step']:,.0f} samples/s")
+    parts.append(f"ETA {_clock(eta_s)}")
     if f.get("cpu_util") is not None:
         parts.append(f"CPU {f['cpu_util']:.0%} of {f['cpu_budget']:g}")
     if f.get("cpu_throttled_s"):
         parts.append(f"throttled {f['cpu_throttled_s']:.1f} s")
     return " · ".join(parts)
+
+
+class _Figures(ProgressColumn):
+    """:func:`bar_text` of the task's fields (the last ``step`` record's) and rich's
+    estimate over the task's samples (``Task.speed``, ``Task.time_remaining``), once it
+    rests on :data:`ESTIMATED_FROM` calls."""
+
+    def render(self, task: Task) -> Text:
+        known = task.fields["timed"] >= ESTIMATED_FROM
+        speed, eta = (task.speed, task.time_remaining) if known else (None, None)
+        return Text(bar_text(task.fields, speed, eta))
 
 
 def evaluation_line(f: dict[str, Any]) -> str:
@@ -101,6 +133,16 @@ def summary_block(f: dict[str, Any], output: str | None) -> list[str]:
     return lines
 
 
+class _Console(Console):
+    """rich's console, whose broken pipe is the view's to handle (logging's rule: a handler
+    never ends the process) instead of rich's ``SystemExit(1)``: it writes nothing more
+    and raises the error to :meth:`ConsoleView.handleError`."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
 class ConsoleView(logging.Handler):
     """The view of the module docstring on ``stream``, as a logging handler of the
     ``coretrain`` logger. A bar in progress is cleared before any other line is written
@@ -108,9 +150,12 @@ class ConsoleView(logging.Handler):
 
     def __init__(self, stream: TextIO) -> None:
         super().__init__()
-        self.console = Console(file=stream, highlight=False, soft_wrap=True)
+        self.console = _Console(file=stream, highlight=False, soft_wrap=True)
+        if self.console.width < 1:  # COLUMNS=0 made rich draw nothing at all: its fallback
+            self.console.width = 80
         self.progress: Progress | None = None
         self.task: Any = None
+        self.now = 0.0  # the time of the last step record: the bar's clock
         self.output: str | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -122,7 +167,7 @@ class ConsoleView(logging.Handler):
     def _show(self, event: str, record: logging.LogRecord) -> None:
         f = _fields(record)
         if event == "step":
-            self._tick(f)
+            self._tick(record, f)
         elif event == "start":
             self.output = f.get("config", {}).get("output_dir")
             self._print(f"[bold]{escape(record.getMessage())}[/]")
@@ -135,6 +180,11 @@ class ConsoleView(logging.Handler):
             self._print(escape(record.getMessage() + why), style="cyan")
         elif event == "progress":
             self._print(escape(evaluation_line(f)))
+        elif event in ("exec", "exec_end"):  # among the program's own lines: say whose
+            self._print(escape(f"coretrain exec: {record.getMessage()}"))
+            given = " ".join(f"{name}={value}" for name, value in (f.get("env") or {}).items())
+            if given:
+                self._print(f"  set: {escape(given)}", style="dim")
         elif event == "end":
             self._end(record, f)
         elif record.levelno >= logging.WARNING:
@@ -143,25 +193,34 @@ class ConsoleView(logging.Handler):
             self._print(escape(record.getMessage()), style="dim" if event == "log" else None)
 
     def _print(self, text: str, style: str | None = None) -> None:
-        self.console.print(text, style=style)
+        self.console.print(logs.printable(text), style=style)  # rich keeps ESC as it is
 
-    def _tick(self, f: dict[str, Any]) -> None:
+    def _tick(self, record: logging.LogRecord, f: dict[str, Any]) -> None:
+        """Move the bar to the ``step`` record's step, at the record's own time."""
+        self.now = record.created
+        started = self.progress is not None
         if self.progress is None:
             self.progress = Progress(
                 TextColumn("training"),
                 BarColumn(bar_width=16),
                 MofNCompleteColumn(),
-                TextColumn("{task.description}"),
+                _Figures(table_column=Column(no_wrap=True, overflow="ellipsis")),  # one line
                 console=self.console,
                 auto_refresh=False,
+                speed_estimate_period=SPEED_WINDOW_S,
                 transient=True,
                 redirect_stdout=False,
                 redirect_stderr=False,
+                get_time=lambda: self.now,
             )
-            self.progress.start()
-            self.task = self.progress.add_task("", total=f["max_steps"])
-        self.progress.update(self.task, completed=f["step"], description=escape(bar_text(f)))
-        self.progress.refresh()
+            self.task = self.progress.add_task("", total=f["max_steps"], timed=-1)
+        self.progress.update(self.task, completed=f["step"])
+        self.progress.tasks[0].fields["timed"] += 1
+        self.progress.tasks[0].fields.update({key: f.get(key) for key in _BAR_FIELDS})
+        if started:
+            self.progress.refresh()
+        else:
+            self.progress.start()  # drawn
 
     def _end(self, record: logging.LogRecord, f: dict[str, Any]) -> None:
         self.clear()
@@ -172,11 +231,18 @@ class ConsoleView(logging.Handler):
         elif f.get("status") != "failed":  # a failure is the one line on stderr
             self._print(escape(record.getMessage()))
 
+    def handleError(self, record: logging.LogRecord) -> None:
+        if not logs.lost(self, self.console.file):  # a closed or full stream: said once
+            super().handleError(record)
+
     def clear(self) -> None:
         """Stop and erase the progress bar, if one is shown."""
-        if self.progress is not None:
-            self.progress.stop()
-            self.progress = None
+        progress, self.progress = self.progress, None
+        if progress is not None:
+            try:
+                progress.stop()
+            except OSError:
+                logs.lost(self, self.console.file)
 
     def close(self) -> None:
         self.clear()

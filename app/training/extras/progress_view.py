@@ -2,8 +2,9 @@
 TensorFlow.
 
 A hook at the loop's :meth:`~app.training.loop.hooks.Hook.after_steps` boundary: the step,
-the loss, and since the previous call the samples/s, the ETA, the CPU use as a share of the
-budget and the throttled time (the same :class:`~app.training.loop.controller.Meter` as the
+the loss, the samples per step (the view's rate is its estimate of steps/s times them), and
+since the previous call the samples/s, the ETA, the CPU use as a share of the budget and the
+throttled time (the same :class:`~app.training.loop.controller.Meter` as the
 ``progress`` events). The record is at level :data:`app.logs.STEP`, below INFO, so the
 console view (app/report/view.py) draws it and the JSON log never holds it; a run gets this
 hook only when a view is shown. No TensorFlow here.
@@ -43,6 +44,7 @@ class StepView(Hook):
             step=step,
             max_steps=self.max_steps,
             loss=result.loss,
+            samples_per_step=self.meter.samples_per_step,
             cpu_budget=self.meter.cpu_budget,
             **fields,
         )
