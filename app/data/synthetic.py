@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from app.atomic import write_bytes
 from app.errors import ConfigError
+from app.output import Output
 
 NUM_OUTPUTS = 3
 
@@ -103,6 +103,7 @@ def generate(
             ("labels", labels, "%.6g"),
         ):
             path = out / f"{split}_{role}.txt"
-            write_bytes(path, _text(arr, fmt))
+            with Output(path, "data file") as sink:
+                sink.write(_text(arr, fmt))
             written[f"{split}_{role}"] = path
     return written
