@@ -3,20 +3,27 @@ planned for this process."""
 
 from __future__ import annotations
 
+import sys
+
 from app import logs
 from app.atomic import restrict_umask
 from app.budget import apply, detect_plan
 from app.budget.plan import PlanOptions
 from app.config import PredictConfig
+from app.output import is_stdout
+from app.signals import StopRequest
 
 
 def run(config: PredictConfig, options: PlanOptions) -> None:
-    """Plan and apply the threads, start TensorFlow, predict (app/serving/predict.py).
-    Raises ConfigError (no model), DataError (bad features), StorageError (output)."""
-    logs.setup()
+    """Plan and apply the threads, start TensorFlow, predict (app/serving/predict.py); the
+    log goes to stderr when the predictions go to stdout (``--out /dev/stdout``).
+    Raises ConfigError (no model), DataError (bad features), StorageError (output),
+    Preempted (SIGTERM/SIGINT)."""
+    logs.setup(stream=sys.stderr if is_stdout(config.out) else None)
     restrict_umask()
+    stop = StopRequest().install()
     apply.apply(detect_plan("/", options))
     apply.import_tensorflow()
     from app.serving.predict import predict
 
-    predict(config)
+    predict(config, stop)
