@@ -188,11 +188,14 @@ class Dir:
 
     def open(self, name: str, flags: int, what: str = "file") -> int:
         """Open the file ``name`` (``flags`` + O_NOFOLLOW|O_CLOEXEC; created FILE_MODE with
-        O_CREAT); return the descriptor. It must be a regular file of ours with one link.
-        Raises StorageError (FileNotFoundError when missing without O_CREAT)."""
+        O_CREAT); return the descriptor. It must be a regular file of ours with one link;
+        it is opened without blocking, so a FIFO planted under its name (whose open would
+        wait for a writer or a reader) is refused, not waited on. Raises StorageError
+        (FileNotFoundError when missing without O_CREAT)."""
         path = self.path / name
+        flags |= os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
         try:
-            fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE, dir_fd=self.fd)
+            fd = os.open(name, flags, FILE_MODE, dir_fd=self.fd)
         except FileNotFoundError:
             raise
         except OSError as exc:
@@ -208,6 +211,7 @@ class Dir:
         if problem is not None:
             os.close(fd)
             raise problem
+        os.set_blocking(fd, True)
         return fd
 
     def _open_error(self, path: Path, name: str, what: str, exc: OSError) -> StorageError:
@@ -236,12 +240,16 @@ class Dir:
         """Atomically write ``obj`` as indented JSON (UTF-8). Raises StorageError."""
         self.write_bytes(name, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
-    def read_bytes(self, name: str) -> bytes:
-        """The content of the regular file ``name`` (not followed if a symlink). Raises
-        StorageError, FileNotFoundError."""
+    def read_bytes(self, name: str, limit: int | None = None) -> bytes:
+        """The content of the regular file ``name`` (not followed if a symlink); with
+        ``limit``, a file of more bytes is refused unread. Raises StorageError,
+        FileNotFoundError."""
         fd = self.open(name, os.O_RDONLY)
         with os.fdopen(fd, "rb") as f:
-            return f.read()
+            data = f.read() if limit is None else f.read(limit + 1)
+        if limit is not None and len(data) > limit:
+            raise StorageError(f"{self.path / name}: more than {limit} bytes; not read")
+        return data
 
     def temp_dir(self, prefix: str, announce: Callable[[str], None] | None = None) -> Dir:
         """A new private (0700) directory ``<prefix><8 hex digits>`` in this one, to build

@@ -9,6 +9,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -171,5 +172,40 @@ def test_an_entry_whose_file_became_a_directory_is_replaced(tmp_path: Path) -> N
     entry.unlink()
     (entry / "x").mkdir(parents=True)
     assert measured.lookup(store, "choice", DEPENDS) is None
+    measured.keep(store, "choice", DEPENDS, VALUE)
+    assert measured.lookup(store, "choice", DEPENDS) == VALUE
+
+
+@pytest.mark.parametrize("planted", ["fifo", "huge"])
+def test_an_entry_file_that_is_a_fifo_or_huge_is_refused_unread(
+    tmp_path: Path, logged: list[logging.LogRecord], planted: str
+) -> None:
+    """Whoever can write the cache directory plants a FIFO (an open for reading waits for a
+    writer: the run hung before it trained) or a 2 GiB sparse file under entry.json."""
+    store = measured.Store(tmp_path / "cache")
+    measured.keep(store, "choice", DEPENDS, VALUE)
+    entry = _entry(store) / measured.ENTRY
+    entry.unlink()
+    if planted == "fifo":
+        os.mkfifo(entry)
+    else:
+        entry.touch()
+        os.truncate(entry, 2 << 30)
+    logged.clear()
+    found: list[object] = []
+    looking = threading.Thread(
+        target=lambda: found.append(measured.lookup(store, "choice", DEPENDS))
+    )
+    looking.start()
+    looking.join(timeout=60)
+    if looking.is_alive():  # blocked in open(): give it a writer, then fail
+        os.close(os.open(entry, os.O_WRONLY | os.O_NONBLOCK))
+        looking.join()
+        pytest.fail("the lookup waited for a writer of the FIFO")
+    assert found == [None]
+    (invalid,) = _events(logged, "measured_invalid")
+    assert (
+        "not a regular file" if planted == "fifo" else "more than 1048576 bytes"
+    ) in invalid.problem
     measured.keep(store, "choice", DEPENDS, VALUE)
     assert measured.lookup(store, "choice", DEPENDS) == VALUE

@@ -47,6 +47,8 @@ FORMAT = 1
 ENTRY = "entry.json"
 #: Kept entries of a cache directory (each a few hundred bytes).
 KEEP = 32
+#: The largest entry read: a few hundred bytes are written; anything much bigger is not one.
+ENTRY_BYTES = 1 << 20
 #: The name of a kept measurement: ``<what>-<key>``.
 NAME = re.compile(r"[a-z]+-[0-9a-f]{16}")
 #: The temporary name the marker is written under before its rename (app/atomic.py
@@ -90,7 +92,7 @@ def lookup(store: Store | None, what: str, depends: dict[str, Any]) -> dict[str,
                 why = "left unmarked by a killed run" if _killed(root, name) else "not coretrain's"
                 return _invalid(root.path / name, f"not a kept measurement: {why}")
             with root.sub(name, "kept measurement", create=False) as d:
-                raw = d.read_bytes(ENTRY)
+                raw = d.read_bytes(ENTRY, ENTRY_BYTES)
                 os.utime(cache_marker.MARKER, dir_fd=d.fd, follow_symlinks=False)
     except FileNotFoundError:
         return _invalid(store.directory / name, f"no {ENTRY}") if _exists(store, name) else None
