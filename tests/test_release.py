@@ -485,3 +485,33 @@ def test_too_few_test_rows_cannot_judge_a_champion(few_rows, tmp_path: Path) -> 
     (tmp_path / "empty").mkdir()
     first = publish(_export(_linear(few_rows), tmp_path / "c2"), tmp_path / "empty", few_rows, {})
     assert first.published and first.version == 1
+
+
+def test_a_version_whose_files_are_fifos_or_devices_is_no_model_and_never_loaded(
+    data, tmp_path: Path, logged
+) -> None:
+    """A FIFO among the variables made TensorFlow's loader wait for a writer, with the
+    publish lock held; a saved_model.pb linked to /dev/zero, never end. Neither is a model:
+    passed over as the champion, refused by predict, before TensorFlow opens anything."""
+    from app.release.publish import publish
+
+    models = tmp_path / "models"
+    fifo = _version(_linear(data, 0.9), models, "1")
+    (shard,) = (fifo / "variables").glob("variables.data-*")
+    shard.unlink()
+    os.mkfifo(shard)
+    zero = _version(_linear(data, 0.9), models, "2")
+    (zero / layout.SAVED_MODEL_FILE).unlink()
+    (zero / layout.SAVED_MODEL_FILE).symlink_to("/dev/zero")
+    record = _version(_linear(data, 0.9), models, "3") / layout.META_FILE
+    record.unlink()
+    os.mkfifo(record)  # a file TensorFlow does not open: still a model
+    assert [(e.number, e.is_model, e.what) for e in layout.entries(models)] == [
+        (1, False, f"variables/{shard.name} is not a regular file"),
+        (2, False, "saved_model.pb is not a regular file"),
+        (3, True, "a model"),
+    ]  # fmt: skip
+    with pytest.raises(ConfigError, match=f"{fifo}: not a model TensorFlow can load: variables/"):
+        layout.resolve_model(fifo)
+    decision = publish(_export(_linear(data), tmp_path / "cand"), models, data, {})
+    assert decision.published and decision.champion_version == 3 and decision.version == 4
