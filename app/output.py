@@ -118,18 +118,23 @@ class Output:
         except OSError as exc:
             if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
                 raise StorageError(f"{self.path}: cannot write: {exc.strerror}") from exc
-            self._temp = f".{target.name}.{secrets.token_hex(6)}.tmp"
-            self._fd = where.create(self._temp, "temporary file")
+            temp = f".{target.name}.{secrets.token_hex(6)}.tmp"
+            try:
+                self._fd = where.create(temp, "temporary file")
+            except FileNotFoundError as missing:  # the directory went away
+                raise StorageError(f"{self.path}: cannot write: {missing.strerror}") from None
+            self._temp = temp
 
     def _open_stream(self, found: os.stat_result) -> None:
-        """``path`` opened for writing without blocking, once a FIFO has a reader
-        (:meth:`_wait`); it must be what was found."""
+        """``path`` opened for writing without blocking, once a FIFO has a reader (ENXIO
+        until then: :meth:`_wait`; from a device, no such device); it must be what was
+        found."""
         flags = os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
         while self._fd < 0:
             try:
                 self._fd = os.open(self.path, flags)
             except OSError as exc:
-                if exc.errno != errno.ENXIO:  # ENXIO: a FIFO that no one reads yet
+                if exc.errno != errno.ENXIO or not stat.S_ISFIFO(found.st_mode):
                     raise StorageError(f"{self.path}: cannot write: {exc.strerror}") from exc
                 self._wait(None)
         if not os.path.samestat(os.fstat(self._fd), found):

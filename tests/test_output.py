@@ -110,6 +110,19 @@ def test_devices_are_written_through_never_replaced(tmp_path: Path) -> None:
     assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
 
 
+def test_a_device_that_is_not_there_is_refused_at_once() -> None:
+    """/dev/tty without a controlling terminal (a new session) is ENXIO, as a FIFO without
+    a reader is: for a device it is no such device, never waited for."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "app", "exec", "--plan-out", "/dev/tty", "--", "true"],
+        capture_output=True, text=True, cwd=REPO, timeout=60, start_new_session=True,
+    )  # fmt: skip
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stderr.splitlines()[-1] == (
+        "coretrain: /dev/tty: cannot write: No such device or address"
+    )
+
+
 def test_what_cannot_take_an_output_is_refused_untouched(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="is a directory"):
         _write(tmp_path)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -38,7 +39,7 @@ from app.config import PredictConfig
 from app.data.formats.base import Array, Shape
 from app.data.formats.detect import features_array, open_array
 from app.data.formats.sources import regular
-from app.errors import Preempted
+from app.errors import DataError, Preempted
 from app.output import Output
 from app.release.layout import entries, input_hw, resolve_model
 
@@ -47,8 +48,21 @@ def predict(config: PredictConfig, stop: Callable[[], bool] | None = None) -> di
     """Predict every row of ``config.features`` into ``config.out``; return a summary.
 
     Raises ConfigError (no model; an --out that is a directory or in none), DataError (bad
-    features: file:line), StorageError (the output can't be written), Preempted (``stop``).
+    features: file:line), StorageError (the output can't be written), Preempted (``stop``,
+    also when the signal interrupted a call that failed for it: EINTR in TensorFlow).
     """
+    try:
+        return _predict(config, stop)
+    except Preempted:
+        raise
+    except Exception as exc:
+        if stop is None or not stop():
+            raise
+        raise Preempted(f"stopped by signal while predicting into {config.out}") from exc
+
+
+def _predict(config: PredictConfig, stop: Callable[[], bool] | None) -> dict[str, Any]:
+    """:func:`predict`, without the translation of an interrupted call."""
     path = resolve_model(config.model)
     _passed_over(config.model, path)
     features = _features(config)
@@ -89,8 +103,15 @@ def predict(config: PredictConfig, stop: Callable[[], bool] | None = None) -> di
 def _features(config: PredictConfig) -> Array:
     """The features to predict on: ``--array`` of a container when given (as train reads
     one), else the file's own (app/data/formats/detect.py ``features_array``). Raises
-    DataError: not a regular file, missing, not a container with ``--array``."""
+    DataError: not a regular file, missing (``FILE:NAME``, the way messages name an array,
+    with how to read it), not a container with ``--array``."""
     regular(config.features)
+    file, _, member = str(config.features).rpartition(":")
+    if member and os.path.isfile(file) and not os.path.lexists(config.features):
+        raise DataError(
+            f"{config.features}: missing data file (the array {member} of {file} is read "
+            f"with --features {file} --array {member})"
+        )
     if config.array is not None:
         return open_array(config.features, config.array)
     return features_array(config.features)
