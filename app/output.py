@@ -42,11 +42,11 @@ class Output:
     --plan-out``, ``bench-scaling --out``, the files of ``generate --out``), written by one
     rule (docs/security.md, "Files"); a context manager: :meth:`write` the bytes in it.
 
-    - **Missing, or a regular file** (a symlink is followed to it, as a shell's ``>``
-      follows one, and stays a symlink): written to an unnamed file in its directory
-      (``O_TMPFILE``; a random ``O_EXCL`` name where the file system lacks it), fsynced
-      and renamed over it when the block ends without an error: a reader sees the old file
-      or the whole new one; an error, a stop or a kill leaves the old one.
+    - **Missing, or a regular file of the run's UID** (a symlink is followed to it, as a
+      shell's ``>`` follows one, and stays a symlink): written to an unnamed file in its
+      directory (``O_TMPFILE``; a random ``O_EXCL`` name where the file system lacks it),
+      fsynced and renamed over it when the block ends without an error: a reader sees the
+      old file or the whole new one; an error, a stop or a kill leaves the old one.
     - **A FIFO, a pipe or a character device** (``/dev/stdout``, ``/dev/null``, a
       terminal): written through as the bytes come (:attr:`streaming`), never replaced.
       The time spent waiting for a FIFO's reader to open it, and for the reader to take
@@ -54,8 +54,9 @@ class Output:
       SIGINT ends the wait at once (Preempted, exit 143): ``stop()`` when given, else a
       handler installed while the stream is open (the main thread's).
     - **A directory**, or a path whose directory does not exist: ConfigError (exit 2). A
-      block device or a socket: StorageError (exit 4), and so is anything that can't be
-      written (a read-only or full file system, a reader gone), naming the path.
+      block device, a socket or another UID's file: StorageError (exit 4), and so is
+      anything that can't be written (a read-only or full file system, a reader gone),
+      naming the path.
     """
 
     def __init__(
@@ -85,6 +86,11 @@ class Output:
             found = None
         except OSError as exc:
             raise StorageError(f"{self.path}: {self.what}: {exc.strerror}") from exc
+        if found is not None and stat.S_ISREG(found.st_mode) and found.st_uid != os.geteuid():
+            raise StorageError(
+                f"{self.path}: {self.what} belongs to uid {found.st_uid}, not to this run's uid "
+                f"{os.geteuid()}; refusing to replace it (remove it, or name another file)"
+            )
         if found is None or stat.S_ISREG(found.st_mode):
             self._open_file()
         elif stat.S_ISFIFO(found.st_mode) or stat.S_ISCHR(found.st_mode):

@@ -264,3 +264,37 @@ def test_bench_scalings_report_is_written_by_the_rule(
     (tmp_path / "link.json").symlink_to(tmp_path / "report.json")
     step_scaling.run(max_threads=1, out=tmp_path / "link.json")
     assert json.loads((tmp_path / "report.json").read_text()) == report
+
+
+_KILLED_WRITER = """
+import os, signal, sys
+from pathlib import Path
+from app.output import Output
+
+sink = Output(Path(sys.argv[1]), "--out").__enter__()
+sink.write(b"half of the new content")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_writer_killed_mid_file_leaves_the_old_file_and_nothing_else(tmp_path: Path) -> None:
+    target = tmp_path / "pred.txt"
+    target.write_bytes(b"old\n")
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_WRITER, str(target)], capture_output=True, timeout=60,
+        cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["pred.txt"]  # the temporary had no name
+    assert target.read_bytes() == b"old\n"
+
+
+def test_another_uids_file_is_never_replaced(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a file of another UID")
+    theirs = tmp_path / "theirs.txt"
+    theirs.write_bytes(b"theirs\n")
+    os.chown(theirs, 4321, 4321)
+    with pytest.raises(StorageError, match="belongs to uid 4321, not to this run's uid 0"):
+        _write(theirs)
+    assert theirs.read_bytes() == b"theirs\n" and theirs.stat().st_uid == 4321
