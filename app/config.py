@@ -418,8 +418,8 @@ class PredictConfig(Options):
     )
     features: Path = option(
         help="Features in any training format, recognised by content: text (one sample of "
-        "H×W floats per line, plain or gzip), .npy, or a .npz / HDF5 file's array --array "
-        "(by default features, else test_features, else its only array).",
+        "H×W floats per line, plain or gzip), .npy, or an array of a .npz / HDF5 file "
+        "(--array; by default features, else test_features, else its only array).",
     )
     out: Path = option(
         help="Where to write the predictions: one line of K values per input line, or a "

@@ -10,7 +10,11 @@ under a temporary name in DIR and renamed into place whole, under an ``fcntl`` l
 ``DIR/.lock`` so that two runs can't take the same number; a stop request ends the wait
 for that lock. DIR is opened once (app/atomic.py): the lock without following a symlink,
 the version built in a private temporary directory reached through its descriptor, renamed
-relative to DIR's descriptor.
+relative to DIR's descriptor, never over an entry (another program's N: the next number).
+Its ``coretrain.json`` records the number (``publish.version``), written just before the
+rename. The temporary directory's name is written into the held lock file before the
+directory is made, so whatever moment a publish is killed at, the next one (under the lock)
+knows what it left.
 
 The gate (as TFX's Evaluator "blesses" a candidate only when it is at least as good as
 the current one): the champion is the newest version that loads (a newer one that does
