@@ -121,6 +121,16 @@ def test_an_explicit_tolerance_is_the_plain_ratio_rule() -> None:
     assert not judge(broken, champion, 3, baseline=0.27, tolerance=0.0).published
 
 
+def test_an_exact_champion_is_beaten_only_by_an_exact_candidate() -> None:
+    """A champion of RMSE 0 on the test rows (test rows in its training data): no ratio to
+    resample (the interval was '+9999…%', 150 digits wide), a plain decision."""
+    exact = np.zeros(gate.MIN_ROWS)
+    worse = judge(np.full(gate.MIN_ROWS, 0.01), exact, 3, baseline=0.27)
+    assert not worse.published and worse.interval is None
+    assert worse.reason.startswith("champion version 3's test RMSE on these data is 0")
+    assert judge(exact, exact, 3, baseline=0.27).published
+
+
 def test_a_champion_that_does_not_fit_the_data_is_no_comparison() -> None:
     decision = judge(_errors(0.2), None, 4, baseline=0.27)
     assert decision.published and "can't be evaluated on these data" in decision.reason

@@ -177,7 +177,13 @@ def judge(
             f"move the RMSE ratio by more than {NOISE_TOLERANCE:.0%}: docs/deploy.md, 'The "
             "gate'); not published over it",
         )
-    diff = cand / champ - 1 if champ > 0 else math.inf
+    if champ == 0:  # no ratio to resample: only an exact candidate is as good
+        return decided(
+            cand == 0,
+            f"champion version {champion_version}'s test RMSE on these data is 0: only a "
+            f"candidate as exact is published; test RMSE {cand:.6g}",
+        )
+    diff = cand / champ - 1
     span = interval(candidate, champion) if rule == "noise" else None
     worse = (span[0] if span else diff) > tol
     why = f"test RMSE {cand:.6g} vs champion version {champion_version}'s {champ:.6g}: {diff:+.2%}"
