@@ -252,12 +252,14 @@ def test_publishes_above_every_entry_tf_serving_counts(data, tmp_path: Path, log
     (models / "8").mkdir()
     (models / "2").mkdir()
     (models / "2" / "junk").write_text("x")
+    os.mkfifo(models / "3")  # never opened: an open for reading would wait for a writer
     decision = publish(_export(_linear(data), tmp_path / "cand"), models, data, {})
     assert decision.published and decision.version == 9 and decision.champion_version == 1
     assert layout.served(models).number == 9 and layout.served(models).is_model
     assert (models / "7").read_text() == "not a model" and (models / "2" / "junk").exists()
+    assert (models / "3").is_fifo()
     passed = [r.version for r in logged if getattr(r, "event", "") == "champion_unloadable"]
-    assert passed == [8, 7, 2]
+    assert passed == [8, 7, 3, 2]
 
 
 def test_a_damaged_champion_is_passed_over_for_the_newest_that_loads(
