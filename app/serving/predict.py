@@ -76,7 +76,7 @@ def _predict(config: PredictConfig, stop: Callable[[], bool] | None) -> dict[str
     with Output(config.out, "--out", stop) as sink, _spool(config.out) as spool:
         for chunk in features.chunks(shape, config.allow_nonfinite, chunk_rows=config.batch_size):
             if stop is not None and stop():
-                raise Preempted(f"stopped by signal after {rows} rows: {config.out} not written")
+                raise Preempted(f"stopped by signal after {rows} rows; a file --out is as it was")
             out = next(iter(served(tf.constant(chunk)).values())).numpy().astype(np.float32)
             rows, outputs = rows + len(out), out.shape[1]
             if spool is not None:
