@@ -35,6 +35,7 @@ import re
 import secrets
 import shutil
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +48,8 @@ DIR_MODE = 0o770
 OTHERS = 0o007
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_PROC_FD = "/proc/self/fd"
-_RENAME_EXCHANGE = 2  # <linux/fs.h>
+PROC_FD = "/proc/self/fd"
+_RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2  # <linux/fs.h>
 
 
 def current_umask() -> int:
@@ -142,7 +143,7 @@ class Dir:
     def via(self) -> str:
         """A path that reaches this very directory (``/proc/self/fd/N``), for libraries that
         take paths (TensorFlow, Keras); the plain path where /proc is not mounted."""
-        return f"{_PROC_FD}/{self.fd}" if os.path.isdir(_PROC_FD) else str(self.path)
+        return f"{PROC_FD}/{self.fd}" if os.path.isdir(PROC_FD) else str(self.path)
 
     def named(self, text: str) -> str:
         """``text``, a library's message about a file reached through :attr:`via`, with the
@@ -187,11 +188,14 @@ class Dir:
 
     def open(self, name: str, flags: int, what: str = "file") -> int:
         """Open the file ``name`` (``flags`` + O_NOFOLLOW|O_CLOEXEC; created FILE_MODE with
-        O_CREAT); return the descriptor. It must be a regular file of ours with one link.
-        Raises StorageError (FileNotFoundError when missing without O_CREAT)."""
+        O_CREAT); return the descriptor. It must be a regular file of ours with one link;
+        it is opened without blocking, so a FIFO planted under its name (whose open would
+        wait for a writer or a reader) is refused, not waited on. Raises StorageError
+        (FileNotFoundError when missing without O_CREAT)."""
         path = self.path / name
+        flags |= os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
         try:
-            fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE, dir_fd=self.fd)
+            fd = os.open(name, flags, FILE_MODE, dir_fd=self.fd)
         except FileNotFoundError:
             raise
         except OSError as exc:
@@ -207,6 +211,7 @@ class Dir:
         if problem is not None:
             os.close(fd)
             raise problem
+        os.set_blocking(fd, True)
         return fd
 
     def _open_error(self, path: Path, name: str, what: str, exc: OSError) -> StorageError:
@@ -235,36 +240,47 @@ class Dir:
         """Atomically write ``obj`` as indented JSON (UTF-8). Raises StorageError."""
         self.write_bytes(name, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
-    def read_bytes(self, name: str) -> bytes:
-        """The content of the regular file ``name`` (not followed if a symlink). Raises
-        StorageError, FileNotFoundError."""
+    def read_bytes(self, name: str, limit: int | None = None) -> bytes:
+        """The content of the regular file ``name`` (not followed if a symlink); with
+        ``limit``, a file of more bytes is refused unread. Raises StorageError,
+        FileNotFoundError."""
         fd = self.open(name, os.O_RDONLY)
         with os.fdopen(fd, "rb") as f:
-            return f.read()
+            data = f.read() if limit is None else f.read(limit + 1)
+        if limit is not None and len(data) > limit:
+            raise StorageError(f"{self.path / name}: more than {limit} bytes; not read")
+        return data
 
-    def temp_dir(self, prefix: str) -> Dir:
-        """A new private (0700) directory ``<prefix><random>`` in this one, to build output in
-        before :meth:`publish` renames it into place. Raises OSError."""
+    def temp_dir(self, prefix: str, announce: Callable[[str], None] | None = None) -> Dir:
+        """A new private (0700) directory ``<prefix><8 hex digits>`` in this one, to build
+        output in before :meth:`publish` renames it into place; ``announce(name)`` is called
+        before it is made (to record it where a later run finds it). Raises OSError."""
         while True:
             name = f"{prefix}{secrets.token_hex(4)}"
+            if announce is not None:
+                announce(name)
             try:
                 os.mkdir(name, 0o700, dir_fd=self.fd)
             except FileExistsError:
                 continue
             return self.sub(name, "temporary directory", create=False)
 
-    def publish(self, tmp: Dir, name: str, exchange: bool = False) -> bool:
+    def publish(self, tmp: Dir, name: str, exchange: bool = False, replace: bool = True) -> bool:
         """Give the built directory ``tmp`` (made by :meth:`temp_dir`) the directory mode and
         rename it to ``name``; with ``exchange``, swap it with an existing ``name``
-        (``renameat2(RENAME_EXCHANGE)``: ``tmp``'s name then holds the old one). Returns
-        False when an exchange is not available here (nothing renamed). ``name`` must not
-        be a symlink (StorageError). Raises OSError."""
+        (``renameat2(RENAME_EXCHANGE)``: ``tmp``'s name then holds the old one); without
+        ``replace``, never over an existing ``name``, not even an empty directory
+        (``RENAME_NOREPLACE``: FileExistsError; where the kernel or file system lacks it, a
+        plain rename, which fails over anything but an empty directory). Returns False when
+        an exchange is not available here (nothing renamed). ``name`` must not be a symlink
+        (StorageError). Raises OSError."""
         self.check(name, "directory")
         os.fchmod(tmp.fd, DIR_MODE & ~current_umask())
-        if not exchange:
+        if exchange:
+            return _renameat2(self.fd, tmp.path.name, name, _RENAME_EXCHANGE)
+        if replace or not _renameat2(self.fd, tmp.path.name, name, _RENAME_NOREPLACE):
             os.rename(tmp.path.name, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
-            return True
-        return _exchange(self.fd, tmp.path.name, name)
+        return True
 
     def rename(self, src: str, dst: str) -> None:
         """``renameat`` within this directory (a symlink at ``dst`` is replaced, never
@@ -300,14 +316,15 @@ class Dir:
         return st is not None and stat.S_ISREG(st.st_mode)
 
 
-def _exchange(dir_fd: int, a: str, b: str) -> bool:
-    """Swap ``a`` and ``b`` in ``dir_fd`` atomically; False where renameat2 or
-    RENAME_EXCHANGE is unavailable (ENOSYS/EINVAL/EOPNOTSUPP). Raises OSError."""
+def _renameat2(dir_fd: int, a: str, b: str, flags: int) -> bool:
+    """``renameat2`` of ``a`` to ``b`` in ``dir_fd`` with ``flags`` (swap them, or rename
+    without replacing); False where renameat2 or the flag is unavailable
+    (ENOSYS/EINVAL/EOPNOTSUPP): nothing renamed. Raises OSError (FileExistsError)."""
     try:
         renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
     except (OSError, AttributeError):
         return False
-    if renameat2(dir_fd, os.fsencode(a), dir_fd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+    if renameat2(dir_fd, os.fsencode(a), dir_fd, os.fsencode(b), flags) == 0:
         return True
     err = ctypes.get_errno()
     if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):

@@ -419,12 +419,20 @@ class PredictConfig(Options):
     )
     features: Path = option(
         help="Features in any training format, recognised by content: text (one sample of "
-        "H×W floats per line, plain or gzip), .npy, or a .npz / HDF5 file's array features "
-        "(else test_features, else its only array).",
+        "H×W floats per line, plain or gzip), .npy, or an array of a .npz / HDF5 file "
+        "(--array; by default features, else test_features, else its only array).",
     )
     out: Path = option(
         help="Where to write the predictions: one line of K values per input line, or a "
-        "(n, K) float32 array when the name ends in .npy.",
+        "(n, K) float32 array when the name ends in .npy. A file is replaced whole once "
+        "complete; a FIFO, a pipe or a device (/dev/stdout) is written through.",
+    )
+    array: str | None = option(
+        None,
+        "The array to read when --features is a .npz or HDF5 file, by name (as train's "
+        "--test-features names one in a --data file).",
+        metavar="NAME",
+        shown_default="features, test_features or the only one",
     )
     batch_size: int = option(
         1000, "Lines predicted at a time (memory is bounded by this).", minimum=1

@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -116,3 +119,93 @@ def test_only_the_newest_entries_are_kept_and_data_caches_are_not_counted(
     with open_dir(store.directory) as root:  # the data caches' rule ignores them
         assert cache_evict.evict(root, "0123456789abcdef", cache_evict.Keep(count=1)) == []
     assert sorted(p.name for p in store.directory.iterdir()) == left
+
+
+# A keep() killed (SIGKILL, in a process of its own) at one of two moments: just after its
+# entry's directory is made, and with the marker written under its temporary name, not yet
+# renamed into place. Either leaves an entry without a marker.
+_KILLED_KEEP = """
+import json, os, signal, sys
+from pathlib import Path
+from app.data.cache import marker, measured
+
+def killed(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+if sys.argv[2] == "after_mkdir":
+    marker.write = killed
+else:
+    os.replace = killed
+depends, value = json.loads(sys.argv[3]), json.loads(sys.argv[4])
+measured.keep(measured.Store(Path(sys.argv[1])), "choice", depends, value)
+"""
+
+
+@pytest.mark.parametrize("moment", ["after_mkdir", "before_marker_rename"])
+def test_an_entry_a_killed_keep_left_is_replaced_and_the_next_run_reuses_it(
+    tmp_path: Path, logged: list[logging.LogRecord], moment: str
+) -> None:
+    store = measured.Store(tmp_path / "cache")
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_KEEP, str(store.directory), moment, json.dumps(DEPENDS),
+         json.dumps(VALUE)],
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1],
+    )  # fmt: skip
+    assert proc.returncode == -9, proc.stderr
+    left = sorted(p.name for p in _entry(store).iterdir())
+    assert left == ([] if moment == "after_mkdir" else [left[0]])
+    assert all(name.startswith("..coretrain.") and name.endswith(".tmp") for name in left)
+    logged.clear()
+    assert measured.lookup(store, "choice", DEPENDS) is None  # measured again...
+    (invalid,) = _events(logged, "measured_invalid")
+    assert "left unmarked by a killed run" in invalid.problem
+    measured.keep(store, "choice", DEPENDS, VALUE)  # ...and kept, replacing the leftover
+    assert not _events(logged, "measured_not_kept")
+    assert measured.lookup(store, "choice", DEPENDS) == VALUE  # the next run reuses it
+    assert sorted(p.name for p in _entry(store).iterdir()) == [cache_marker.MARKER, measured.ENTRY]
+
+
+def test_an_entry_whose_file_became_a_directory_is_replaced(tmp_path: Path) -> None:
+    store = measured.Store(tmp_path / "cache")
+    measured.keep(store, "choice", DEPENDS, VALUE)
+    entry = _entry(store) / measured.ENTRY
+    entry.unlink()
+    (entry / "x").mkdir(parents=True)
+    assert measured.lookup(store, "choice", DEPENDS) is None
+    measured.keep(store, "choice", DEPENDS, VALUE)
+    assert measured.lookup(store, "choice", DEPENDS) == VALUE
+
+
+@pytest.mark.parametrize("planted", ["fifo", "huge"])
+def test_an_entry_file_that_is_a_fifo_or_huge_is_refused_unread(
+    tmp_path: Path, logged: list[logging.LogRecord], planted: str
+) -> None:
+    """Whoever can write the cache directory plants a FIFO (an open for reading waits for a
+    writer: the run hung before it trained) or a 2 GiB sparse file under entry.json."""
+    store = measured.Store(tmp_path / "cache")
+    measured.keep(store, "choice", DEPENDS, VALUE)
+    entry = _entry(store) / measured.ENTRY
+    entry.unlink()
+    if planted == "fifo":
+        os.mkfifo(entry)
+    else:
+        entry.touch()
+        os.truncate(entry, 2 << 30)
+    logged.clear()
+    found: list[object] = []
+    looking = threading.Thread(
+        target=lambda: found.append(measured.lookup(store, "choice", DEPENDS))
+    )
+    looking.start()
+    looking.join(timeout=60)
+    if looking.is_alive():  # blocked in open(): give it a writer, then fail
+        os.close(os.open(entry, os.O_WRONLY | os.O_NONBLOCK))
+        looking.join()
+        pytest.fail("the lookup waited for a writer of the FIFO")
+    assert found == [None]
+    (invalid,) = _events(logged, "measured_invalid")
+    assert (
+        "not a regular file" if planted == "fifo" else "more than 1048576 bytes"
+    ) in invalid.problem
+    measured.keep(store, "choice", DEPENDS, VALUE)
+    assert measured.lookup(store, "choice", DEPENDS) == VALUE

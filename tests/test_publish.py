@@ -64,10 +64,50 @@ def test_a_clearly_worse_candidate_is_refused_and_a_better_one_published() -> No
 def test_the_interval_is_paired_and_repeatable() -> None:
     a = _errors(0.1)
     assert gate.interval(a, a) == (0.0, 0.0)  # the same errors: no difference at all
+    # Every row's squared error × 1.21: every resample's RMSE ratio is √1.21 = 1.1 when the
+    # rows are resampled together (an unpaired resampling spreads it).
+    assert gate.interval(a * 1.21, a) == pytest.approx((0.1, 0.1), abs=1e-12)
     b = _scaled(a, 1.1)
-    assert gate.interval(b, a) == gate.interval(b, a)
-    lo, hi = gate.interval(b, a)
+    first = gate.interval(b, a)
+    assert gate.interval(b, a, seed=1) != first  # the resamples depend on the seed...
+    assert gate.interval(b.copy(), a.copy(), seed=0) == first  # ...and only on it: repeatable
+    lo, hi = first
     assert lo < 0.1 < hi and hi - lo < 0.1
+
+
+def test_one_row_cannot_be_judged_against_a_champion() -> None:
+    """One row 'showed' a candidate 65 % better, "interval −65.33 %..−65.33 %": the bootstrap
+    sees no row it was not given. Below gate.MIN_ROWS rows, no comparison: not published
+    over the champion, saying how many rows it takes."""
+    one = judge(np.array([0.01]), np.array([0.083]), 2, baseline=0.27)
+    assert not one.published and one.interval is None
+    assert one.reason.startswith("cannot judge: the test set has 1 rows")
+    assert f"takes at least {gate.MIN_ROWS}" in one.reason and "champion version 2" in one.reason
+    few = _errors(0.1, n=gate.MIN_ROWS - 1)
+    assert not judge(_scaled(few, 0.5), few, 2, baseline=0.27).published
+    assert not judge(_scaled(few, 0.5), few, 2, baseline=0.27, tolerance=0.1).published
+    enough = _errors(0.1, n=gate.MIN_ROWS)
+    assert judge(_scaled(enough, 0.5), enough, 2, baseline=0.27).published
+    assert judge(np.array([0.01]), None, None, baseline=0.27).published  # no champion
+
+
+def test_the_minimum_rows_are_where_the_interval_is_the_tolerance_wide() -> None:
+    """gate.MIN_ROWS from its derivation (z / tolerance)², checked on the gate's own
+    bootstrap: two models with independent one-output Gaussian errors get an interval of
+    half-width NOISE_TOLERANCE at that many rows (the median of 20 draws), twice as wide at a
+    quarter of them."""
+
+    def half_width(n: int) -> float:
+        widths = []
+        for seed in range(20):
+            rng = np.random.default_rng(seed)
+            lo, hi = gate.interval(rng.normal(0, 1, n) ** 2, rng.normal(0, 1, n) ** 2)
+            widths.append((hi - lo) / 2)
+        return float(np.median(widths))
+
+    assert gate.MIN_ROWS == 97
+    assert half_width(gate.MIN_ROWS) == pytest.approx(gate.NOISE_TOLERANCE, rel=0.1)
+    assert half_width(gate.MIN_ROWS // 4) == pytest.approx(2 * gate.NOISE_TOLERANCE, rel=0.1)
 
 
 def test_an_explicit_tolerance_is_the_plain_ratio_rule() -> None:
@@ -79,6 +119,16 @@ def test_an_explicit_tolerance_is_the_plain_ratio_rule() -> None:
     assert judge(slightly, champion, 3, baseline=0.27, tolerance=0.05).published
     broken = np.full(10, np.nan)
     assert not judge(broken, champion, 3, baseline=0.27, tolerance=0.0).published
+
+
+def test_an_exact_champion_is_beaten_only_by_an_exact_candidate() -> None:
+    """A champion of RMSE 0 on the test rows (test rows in its training data): no ratio to
+    resample (the interval was '+9999…%', 150 digits wide), a plain decision."""
+    exact = np.zeros(gate.MIN_ROWS)
+    worse = judge(np.full(gate.MIN_ROWS, 0.01), exact, 3, baseline=0.27)
+    assert not worse.published and worse.interval is None
+    assert worse.reason.startswith("champion version 3's test RMSE on these data is 0")
+    assert judge(exact, exact, 3, baseline=0.27).published
 
 
 def test_a_champion_that_does_not_fit_the_data_is_no_comparison() -> None:

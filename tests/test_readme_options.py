@@ -15,7 +15,7 @@ import click
 from app.cli import cli
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-COMMANDS = ("train", "plan", "generate", "exec")
+COMMANDS = ("train", "plan", "generate", "predict", "exec")
 
 
 def _default(param: click.Option) -> str:

@@ -23,7 +23,7 @@ import pytest
 
 from app.config import TrainConfig
 from app.errors import ConfigError, Preempted, StorageError
-from app.release import layout
+from app.release import gate, layout
 from tests.conftest import prepare_cache, run_cli
 
 tf = pytest.importorskip("tensorflow")
@@ -152,8 +152,20 @@ def test_models_marks_what_tf_serving_serves(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def data(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory):
+def data(tmp_path_factory: pytest.TempPathFactory):
+    """A data set whose test split is large enough for the gate to compare (gate.MIN_ROWS)."""
+    from app.data import synthetic
+
     tmp = tmp_path_factory.mktemp("release")
+    synthetic.generate(tmp / "data", train=240, test=gate.MIN_ROWS + 3, seed=1)
+    config = TrainConfig.of(data_dir=tmp / "data", output_dir=tmp, cache_dir=tmp / "c")
+    return prepare_cache(config)
+
+
+@pytest.fixture(scope="module")
+def few_rows(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The tiny data set: 60 test rows, fewer than the gate compares on."""
+    tmp = tmp_path_factory.mktemp("few")
     return prepare_cache(TrainConfig.of(data_dir=tiny_data, output_dir=tmp, cache_dir=tmp / "c"))
 
 
@@ -202,8 +214,6 @@ def _rmse(model, data) -> float:
 
 
 def test_a_champion_with_non_finite_outputs_is_no_comparison_and_strict_json() -> None:
-    from app.release import gate
-
     nan = np.full(50, np.nan)
     decision = gate.judge(np.full(50, 0.01), nan, 2, baseline=0.5)
     assert decision.published and "no comparison" in decision.reason
@@ -242,12 +252,14 @@ def test_publishes_above_every_entry_tf_serving_counts(data, tmp_path: Path, log
     (models / "8").mkdir()
     (models / "2").mkdir()
     (models / "2" / "junk").write_text("x")
+    os.mkfifo(models / "3")  # never opened: an open for reading would wait for a writer
     decision = publish(_export(_linear(data), tmp_path / "cand"), models, data, {})
     assert decision.published and decision.version == 9 and decision.champion_version == 1
     assert layout.served(models).number == 9 and layout.served(models).is_model
     assert (models / "7").read_text() == "not a model" and (models / "2" / "junk").exists()
+    assert (models / "3").is_fifo()
     passed = [r.version for r in logged if getattr(r, "event", "") == "champion_unloadable"]
-    assert passed == [8, 7, 2]
+    assert passed == [8, 7, 3, 2]
 
 
 def test_a_damaged_champion_is_passed_over_for_the_newest_that_loads(
@@ -355,3 +367,153 @@ def test_what_a_killed_publish_left_is_removed_and_nothing_else(data, tmp_path: 
     assert decision.published and decision.version == 1
     assert sorted(p.name for p in models.iterdir()) == [".4.notes", ".lock", ".pruned.old", "1"]
     assert not (models / "1" / publish_lib.BUILDING).exists()
+
+
+def test_versions_are_ordered_by_number_as_tf_serving_orders_them(tmp_path: Path) -> None:
+    """TF Serving ranks versions by number: 10 is newer than 9, 100 than 10 (by name, "10"
+    and "100" would sort before "9")."""
+    from app.atomic import open_dir
+    from app.release.publish import _prune
+
+    for name in ("9", "10", "100"):
+        _model_dir(tmp_path / name)
+        (tmp_path / name / layout.META_FILE).write_text(json.dumps({"weights": name}))
+    assert [e.number for e in layout.entries(tmp_path)] == [9, 10, 100]
+    assert layout.served(tmp_path).number == 100 and layout.next_number(tmp_path) == 101
+    assert layout.newest(tmp_path) == tmp_path / "100"
+    assert [e.number for e in layout.models(tmp_path)] == [100, 10, 9]
+    assert [row.entry.number for row in layout.listing(tmp_path)] == [9, 10, 100]
+    with open_dir(tmp_path) as directory:
+        _prune(directory, keep=2)
+    assert layout.versions(tmp_path) == [10, 100]
+
+
+def test_a_published_version_records_the_number_it_was_published_as(data, tmp_path: Path) -> None:
+    from app.release.publish import publish
+
+    models = tmp_path / "models"
+    models.mkdir()
+    first = publish(_export(_linear(data, 0.5), tmp_path / "a"), models, data, {"run": "a"})
+    second = publish(_export(_linear(data), tmp_path / "b"), models, data, {"run": "b"})
+    assert (first.version, second.version) == (1, 2), second.reason
+    for number in (1, 2):
+        record = json.loads((models / str(number) / layout.META_FILE).read_text())
+        assert record["publish"]["version"] == number and record["publish"]["published"]
+    assert json.loads((models / "2" / layout.META_FILE).read_text())["publish"] == second.to_json()
+
+
+def test_a_number_taken_while_publishing_is_never_replaced(
+    data, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another program makes the (empty) directory 1 just before the rename: a plain rename
+    would replace it; the version goes above it, its record naming the number it got."""
+    from app.atomic import Dir
+    from app.release.publish import publish
+
+    models = tmp_path / "models"
+    models.mkdir()
+    real = Dir.publish
+
+    def another_program_first(self: Dir, tmp: Dir, name: str, **kwargs: bool) -> bool:
+        if name == "1":
+            (models / "1").mkdir()
+        return real(self, tmp, name, **kwargs)
+
+    monkeypatch.setattr(Dir, "publish", another_program_first)
+    decision = publish(_export(_linear(data), tmp_path / "cand"), models, data, {})
+    assert decision.published and decision.version == 2
+    assert list((models / "1").iterdir()) == []  # the other program's directory, untouched
+    record = json.loads((models / "2" / layout.META_FILE).read_text())
+    assert record["publish"]["version"] == 2
+    assert sorted(p.name for p in models.iterdir()) == [".lock", "1", "2"]
+
+
+_KILL_AFTER_MKDIR = """
+import os, signal, sys
+from pathlib import Path
+from app.atomic import Dir, open_dir
+from app.release import publish
+from app.release.gate import Decision
+
+real = Dir.temp_dir
+
+def made_then_killed(self, prefix, announce=None):
+    real(self, prefix, announce)
+    os.kill(os.getpid(), signal.SIGKILL)  # the moment after the directory is made
+
+Dir.temp_dir = made_then_killed
+with open_dir(Path(sys.argv[1]), create=False) as pub, publish._locked(pub) as lock:
+    publish._write_version(Path(sys.argv[2]), pub, lock, {}, Decision(True, "", 0.1, None, None))
+"""
+
+
+def test_a_publish_killed_as_its_temporary_directory_is_made_is_cleaned_by_the_next(
+    data, tmp_path: Path
+) -> None:
+    """A real publish SIGKILLed just after it made ``.1.<hex>/`` (before anything is in it):
+    the lock file named it before it was made, so the next publish removes it."""
+    from app.release.publish import publish
+
+    models = tmp_path / "models"
+    models.mkdir()
+    export = _export(_linear(data), tmp_path / "cand")
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILL_AFTER_MKDIR, str(models), str(export.path)],
+        capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[1],
+    )  # fmt: skip
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    (left,) = [p for p in models.iterdir() if p.name != ".lock"]
+    assert left.name.startswith(".1.") and list(left.iterdir()) == []  # no marker inside
+    (models / ".7.notes").mkdir()  # a user's directory of that shape: not named, kept
+    decision = publish(export, models, data, {})
+    assert decision.published and decision.version == 1
+    assert sorted(p.name for p in models.iterdir()) == [".7.notes", ".lock", "1"]
+    assert (models / ".lock").read_bytes() == b""  # names nothing once published
+
+
+def test_too_few_test_rows_cannot_judge_a_champion(few_rows, tmp_path: Path) -> None:
+    """60 test rows: a candidate is not published over the champion, whatever its RMSE;
+    with no champion it is (the mean predictor is its only reference)."""
+    from app.release.publish import publish
+
+    assert few_rows.test_size < gate.MIN_ROWS
+    models = tmp_path / "models"
+    _version(_linear(few_rows, 0.3), models, "1")
+    decision = publish(_export(_linear(few_rows), tmp_path / "cand"), models, few_rows, {})
+    assert not decision.published and decision.champion_version == 1
+    assert decision.reason.startswith(f"cannot judge: the test set has {few_rows.test_size} rows")
+    assert f"at least {gate.MIN_ROWS}" in decision.reason
+    assert layout.versions(models) == [1]
+    (tmp_path / "empty").mkdir()
+    first = publish(_export(_linear(few_rows), tmp_path / "c2"), tmp_path / "empty", few_rows, {})
+    assert first.published and first.version == 1
+
+
+def test_a_version_whose_files_are_fifos_or_devices_is_no_model_and_never_loaded(
+    data, tmp_path: Path, logged
+) -> None:
+    """A FIFO among the variables made TensorFlow's loader wait for a writer, with the
+    publish lock held; a saved_model.pb linked to /dev/zero, never end. Neither is a model:
+    passed over as the champion, refused by predict, before TensorFlow opens anything."""
+    from app.release.publish import publish
+
+    models = tmp_path / "models"
+    fifo = _version(_linear(data, 0.9), models, "1")
+    (shard,) = (fifo / "variables").glob("variables.data-*")
+    shard.unlink()
+    os.mkfifo(shard)
+    zero = _version(_linear(data, 0.9), models, "2")
+    (zero / layout.SAVED_MODEL_FILE).unlink()
+    (zero / layout.SAVED_MODEL_FILE).symlink_to("/dev/zero")
+    record = _version(_linear(data, 0.9), models, "3") / layout.META_FILE
+    record.unlink()
+    os.mkfifo(record)  # a file TensorFlow does not open: still a model
+    assert [(e.number, e.is_model, e.what) for e in layout.entries(models)] == [
+        (1, False, f"variables/{shard.name} is not a regular file"),
+        (2, False, "saved_model.pb is not a regular file"),
+        (3, True, "a model"),
+    ]  # fmt: skip
+    with pytest.raises(ConfigError, match=f"{fifo}: not a model TensorFlow can load: variables/"):
+        layout.resolve_model(fifo)
+    decision = publish(_export(_linear(data), tmp_path / "cand"), models, data, {})
+    assert decision.published and decision.champion_version == 3 and decision.version == 4

@@ -353,19 +353,3 @@ def test_a_stdout_that_can_t_encode_everything_still_gets_every_record(tmp_path:
     assert (text.returncode, text.stderr) == (0, b"")
     assert text.stdout.decode("ascii").startswith("synthetic demo data in ")
     assert "donn\\xe9es\\u2248" in text.stdout.decode("ascii")
-
-
-def test_predict_logs_to_stderr_when_its_out_is_stdout_itself(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``--out /dev/stdout`` (or the file stdout is): the predictions are the stream, so the
-    log goes to stderr; any other --out, one that does not exist yet included, stdout."""
-    from app.commands.predict import _log_stream
-
-    shared = tmp_path / "stream.txt"
-    with open(shared, "w") as stdout:
-        monkeypatch.setattr(sys, "stdout", stdout)
-        assert _log_stream(shared) is sys.stderr
-        assert _log_stream(Path(f"/proc/self/fd/{stdout.fileno()}")) is sys.stderr
-        assert _log_stream(tmp_path / "predictions.txt") is stdout
-        assert _log_stream(tmp_path) is stdout

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from app.cluster.spec import free_ports
+from app.output import Output
 
 #: Doubling the threads must gain at least this factor to be worth it (the knee).
 KNEE_GAIN = 1.2
@@ -203,7 +204,8 @@ def run(max_threads: int | None = None, batch: int = 1000, out: Path | None = No
     report["processes"] = _processes(cpus[:top], batch)
     report["seconds"] = round(time.monotonic() - t0, 1)
     if out is not None:
-        out.write_text(json.dumps(report, indent=2) + "\n")
+        with Output(out, "--out") as sink:
+            sink.write((json.dumps(report, indent=2) + "\n").encode())
     return report
 
 

@@ -34,7 +34,6 @@ import json
 import logging
 import os
 import shutil
-import stat
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -42,15 +41,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from app import logs
-from app.atomic import write_json
 from app.budget import apply, detect_plan
 from app.budget.plan import PlanOptions, ThreadPlan
 from app.budget.runtimes import RuntimeEnv, runtime_env
 from app.budget.usage import Throttling
 from app.commands import Exit
 from app.commands.supervise import ChildEnd, spawn
-from app.errors import CommandNotExecutable, CommandNotFound, ConfigError, StorageError
+from app.errors import CommandNotExecutable, CommandNotFound, ConfigError
 from app.options import option
+from app.output import Output
 from app.report import LogOptions
 
 
@@ -177,28 +176,11 @@ def _log_plan(
 
 
 def _write_plan(path: Path, record: dict[str, Any]) -> None:
-    """``record`` as JSON to ``path``: written through when it is not a regular file (a
-    FIFO, a terminal, ``/dev/stderr``, ``/dev/fd/N``: as a shell's ``>`` would, never
-    replaced), else atomically into the file it names (a symlink's target). Raises
-    ConfigError (exit 2) when its directory does not exist, StorageError (exit 4) when it
-    can't be written."""
-    try:
-        found = os.stat(path)  # symlinks followed
-    except FileNotFoundError:
-        found = None
-    except OSError as exc:
-        raise StorageError(f"{path}: --plan-out: {exc.strerror}") from exc
-    if found is not None and not stat.S_ISREG(found.st_mode):
-        try:
-            with open(path, "w") as out:
-                out.write(json.dumps(record) + "\n")
-        except OSError as exc:
-            raise StorageError(f"{path}: --plan-out: {exc.strerror}") from exc
-        return
-    target = Path(os.path.realpath(path))
-    if not target.parent.is_dir():
-        raise ConfigError(f"{path}: --plan-out directory {target.parent} does not exist")
-    write_json(target, record, "--plan-out directory")
+    """``record`` as a JSON line to ``path`` by app/output.py's rule (a file replaced whole;
+    a FIFO, a terminal, ``/dev/stderr`` written through). Raises ConfigError (exit 2: a
+    directory, or in none), StorageError (exit 4: can't be written)."""
+    with Output(path, "--plan-out") as sink:
+        sink.write((json.dumps(record) + "\n").encode())
 
 
 def _log_end(

@@ -8,36 +8,29 @@ people on a terminal (``--log-format``); to stderr when ``--out`` is stdout itse
 
 from __future__ import annotations
 
-import os
 import sys
-from pathlib import Path
-from typing import TextIO
 
 from app import logs
 from app.atomic import restrict_umask
 from app.budget import apply, detect_plan
 from app.budget.plan import PlanOptions
 from app.config import PredictConfig
+from app.output import is_stdout
 from app.report import LogOptions
+from app.signals import StopRequest
 
 
 def run(config: PredictConfig, options: PlanOptions, log: LogOptions) -> None:
-    """Plan and apply the threads, start TensorFlow, predict (app/serving/predict.py).
-    Raises ConfigError (no model), DataError (bad features), StorageError (output)."""
-    stream = _log_stream(config.out)
+    """Plan and apply the threads, start TensorFlow, predict (app/serving/predict.py); the
+    log goes to stderr when the predictions go to stdout (``--out /dev/stdout``).
+    Raises ConfigError (no model), DataError (bad features), StorageError (output),
+    Preempted (SIGTERM/SIGINT)."""
+    stream = sys.stderr if is_stdout(config.out) else sys.stdout
     logs.setup(stream=stream, text=log.text(stream))
     restrict_umask()
+    stop = StopRequest().install()
     apply.apply(detect_plan("/", options))
     apply.import_tensorflow()
     from app.serving.predict import predict
 
-    predict(config)
-
-
-def _log_stream(out: Path) -> TextIO:
-    """stdout, or stderr when ``out`` is the file stdout is (the same device and inode)."""
-    try:
-        same = os.path.samestat(os.stat(out), os.fstat(sys.stdout.fileno()))
-    except (OSError, ValueError):
-        same = False
-    return sys.stderr if same else sys.stdout
+    predict(config, stop)

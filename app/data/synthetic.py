@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from app.atomic import write_bytes
-from app.errors import ConfigError
+from app.errors import ConfigError, StorageError
+from app.output import Output
 
 NUM_OUTPUTS = 3
 
@@ -93,7 +93,12 @@ def generate(
     if kind not in KINDS:
         raise ConfigError(f"--kind must be one of {', '.join(KINDS)}, got {kind!r}")
     make = make_samples if kind == "demo" else make_lines
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError(f"{out}: --out is not a directory") from None
+    except OSError as exc:
+        raise StorageError(f"{out}: cannot make the directory: {exc.strerror}") from exc
     rng = np.random.default_rng(seed)
     written = {}
     for split, n in (("train", train), ("test", test)):
@@ -103,6 +108,7 @@ def generate(
             ("labels", labels, "%.6g"),
         ):
             path = out / f"{split}_{role}.txt"
-            write_bytes(path, _text(arr, fmt))
+            with Output(path, "data file") as sink:
+                sink.write(_text(arr, fmt))
             written[f"{split}_{role}"] = path
     return written

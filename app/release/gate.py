@@ -12,12 +12,15 @@ than the champion by more than :data:`NOISE_TOLERANCE`, the spread two runs of t
 recipe differ by; anything closer is the same model up to noise, and the newer one (trained
 on the newer data) is published. ``--publish-tolerance X`` (rule ``tolerance``) is the
 explicit override: published when the candidate's RMSE is at most the champion's × (1 + X),
-no interval. Under either rule a candidate must beat the mean predictor. Numpy only.
+no interval. Under either rule a candidate must beat the mean predictor, and is compared
+with a champion only on :data:`MIN_ROWS` test rows or more: on fewer the gate cannot judge
+and does not publish over the champion. Numpy only.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -30,6 +33,17 @@ CONFIDENCE = 0.95
 #: coefficient of variation measured for it (docs/quality.md, "The spread": 7.1 %, 600
 #: steps on 20,000 rows), the 95 % range of the difference of two such runs.
 NOISE_TOLERANCE = 0.20
+#: The standard normal quantile of :data:`CONFIDENCE` (two-sided): 1.96.
+_Z = statistics.NormalDist().inv_cdf(0.5 + CONFIDENCE / 2)
+#: The fewest test rows a candidate is compared with a champion on: 97. The interval's
+#: half-width is the test set's noise, z × the standard error of log(candidate RMSE /
+#: champion RMSE). For two models whose errors on a row are independent Gaussians of one
+#: output (a squared error is σ²χ²₁: Var(log RMSE) = Var(mean e²) / 4σ⁴ = 1/2n each, 1/n
+#: for their ratio) it is z/√n, which is within :data:`NOISE_TOLERANCE` from (z / 0.20)²
+#: rows. With fewer, the rows alone may move the ratio by more than the tolerance, and a
+#: bootstrap on them, which sees no row it was not given, does not show it (on one row its
+#: interval is a point): the comparison is "cannot judge" (docs/deploy.md, "The gate").
+MIN_ROWS = math.ceil((_Z / NOISE_TOLERANCE) ** 2)
 #: Resamples drawn at a time (bounds the index array: rows × this).
 _BLOCK = 50
 
@@ -155,7 +169,21 @@ def judge(
             f"champion version {champion_version} can't be evaluated on these data (other "
             f"input or output size); test RMSE {cand:.6g} beats the mean predictor",
         )
-    diff = cand / champ - 1 if champ > 0 else math.inf
+    if len(candidate) < MIN_ROWS:
+        return decided(
+            False,
+            f"cannot judge: the test set has {len(candidate)} rows, and comparing with champion "
+            f"version {champion_version} takes at least {MIN_ROWS} (below that the rows alone "
+            f"move the RMSE ratio by more than {NOISE_TOLERANCE:.0%}: docs/deploy.md, 'The "
+            "gate'); not published over it",
+        )
+    if champ == 0:  # no ratio to resample: only an exact candidate is as good
+        return decided(
+            cand == 0,
+            f"champion version {champion_version}'s test RMSE on these data is 0: only a "
+            f"candidate as exact is published; test RMSE {cand:.6g}",
+        )
+    diff = cand / champ - 1
     span = interval(candidate, champion) if rule == "noise" else None
     worse = (span[0] if span else diff) > tol
     why = f"test RMSE {cand:.6g} vs champion version {champion_version}'s {champ:.6g}: {diff:+.2%}"

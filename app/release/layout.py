@@ -80,16 +80,41 @@ class Entry:
             return "a directory without saved_model.pb"
         except OSError as exc:
             return f"unreadable: {exc.strerror}"
-        return "a directory without saved_model.pb"
+        return unloadable(self.path) or "a directory without saved_model.pb"
 
 
 def _is_model(child: Path) -> bool:
     """Whether ``child`` holds a readable ``saved_model.pb`` (symlinks followed, as TF
-    Serving follows them); an entry that can't be read is not one."""
+    Serving follows them) and nothing TensorFlow would open that is not a regular file
+    (:func:`unloadable`); an entry that can't be read is not one."""
     try:
-        return (child / SAVED_MODEL_FILE).is_file()
+        return (child / SAVED_MODEL_FILE).is_file() and unloadable(child) is None
     except OSError:  # EACCES, ELOOP, … on Python 3.11
         return False
+
+
+#: What TensorFlow opens to load a SavedModel directory: these files of its own, and every
+#: file of ``variables/`` (the checkpoint's index and shards).
+_LOADED = ("saved_model.pb", "saved_model.pbtxt", "fingerprint.pb")
+
+
+def unloadable(saved_model: Path) -> str | None:
+    """Why TensorFlow must not be asked to load the SavedModel directory ``saved_model``: a
+    file it opens to load it (:data:`_LOADED`, symlinks followed) is a FIFO, a device or a
+    socket, whose open or read waits for a writer or never ends (a FIFO made TF's loader
+    block with the publish lock held). None when each is a regular file or missing."""
+    try:
+        shards = [f"variables/{name}" for name in sorted(os.listdir(saved_model / "variables"))]
+    except OSError:
+        shards = []
+    for name in (*_LOADED, *shards):
+        try:
+            mode = os.stat(saved_model / name).st_mode
+        except OSError:
+            continue
+        if not stat.S_ISREG(mode):
+            return f"{name} is not a regular file"
+    return None
 
 
 def entries(directory: Path) -> list[Entry]:
@@ -266,10 +291,12 @@ def resolve_model(directory: Path) -> Path:
 
     Raises ConfigError (exit 2) when it holds no model.
     """
-    if (directory / SAVED_MODEL_DIR / SAVED_MODEL_FILE).is_file():
-        return directory / SAVED_MODEL_DIR
-    if (directory / SAVED_MODEL_FILE).is_file():
-        return directory
+    for found in (directory / SAVED_MODEL_DIR, directory):
+        if (found / SAVED_MODEL_FILE).is_file():
+            why = unloadable(found)
+            if why is not None:
+                raise ConfigError(f"{found}: not a model TensorFlow can load: {why}")
+            return found
     version = newest(directory)
     if version is not None:
         return version

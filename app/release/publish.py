@@ -10,7 +10,11 @@ under a temporary name in DIR and renamed into place whole, under an ``fcntl`` l
 ``DIR/.lock`` so that two runs can't take the same number; a stop request ends the wait
 for that lock. DIR is opened once (app/atomic.py): the lock without following a symlink,
 the version built in a private temporary directory reached through its descriptor, renamed
-relative to DIR's descriptor.
+relative to DIR's descriptor, never over an entry (another program's N: the next number).
+Its ``coretrain.json`` records the number (``publish.version``), written just before the
+rename. The temporary directory's name is written into the held lock file before the
+directory is made, so whatever moment a publish is killed at, the next one (under the lock)
+knows what it left.
 
 The gate (as TFX's Evaluator "blesses" a candidate only when it is at least as good as
 the current one): the champion is the newest version that loads (a newer one that does
@@ -31,13 +35,14 @@ import dataclasses
 import fcntl
 import logging
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import tensorflow as tf
@@ -52,13 +57,20 @@ from app.release.gate import Decision
 from app.release.layout import KERAS_FILE, META_FILE, SAVED_MODEL_DIR, Signature
 
 LOCK_NAME = ".lock"
-#: Written first into a version being built, removed just before it is renamed into place:
-#: a directory ``.N.*`` holding it is what a killed publish left (removed under the lock).
+#: A version's temporary directory ``.N.<hex>`` is named after this in the lock file before
+#: it is made, and holds a file of this name until it is renamed into place: either is
+#: what a killed publish left (removed under the lock).
 BUILDING = ".coretrain-building"
+_BUILDING_TEXT = b"a model version coretrain is building\n"
 #: A pruned version's name while it is removed (no longer a version to TF Serving).
 PRUNING = ".pruned."
 #: How long a run waits for another run's publishing to finish (seconds).
 LOCK_WAIT_S = 600.0
+#: Renames tried when other programs take the version numbers meanwhile.
+RENAME_TRIES = 10
+#: The lock file's content while a version is built: ``.coretrain-building .N.<hex>``.
+_INTENT = re.compile(r"\.coretrain-building (\.[0-9]+\.[0-9a-f]{8})\n")
+_INTENT_BYTES = 100
 
 
 @dataclass(frozen=True)
@@ -158,7 +170,7 @@ def publish(
         probe_writable(pub, "publish directory")
         candidate = load(exported.path / SAVED_MODEL_DIR)
         errors = evaluate(candidate, data)
-        with _locked(pub, stop):
+        with _locked(pub, stop) as lock:
             twin = layout.published_as(directory, exported.weights)
             if twin is not None:
                 return _duplicate(twin, gate.rmse(errors), directory)
@@ -166,13 +178,9 @@ def publish(
             decision = dataclasses.replace(decision, directory=str(directory))
             if not decision.published:
                 return decision
-            full = layout.no_room(directory)
-            if full is not None:
-                raise StorageError(full)
-            _remove_leftovers(pub)
-            number = layout.next_number(directory)
-            record = {**meta, "weights": exported.weights, "publish": decision.to_json()}
-            _write_version(exported.path, pub, number, record)
+            _remove_leftovers(pub, lock)
+            number = _write_version(exported.path, pub, lock, {**meta, "weights": exported.weights},
+                                    decision)  # fmt: skip
             decision = dataclasses.replace(decision, version=number)
             _prune(pub, keep)
     return decision
@@ -200,11 +208,14 @@ def _duplicate(number: int, rmse: float, directory: Path) -> Decision:
 
 
 @contextmanager
-def _locked(directory: Dir, stop: Callable[[], bool] | None = None) -> Iterator[None]:
+def _locked(directory: Dir, stop: Callable[[], bool] | None = None) -> Iterator[IO[bytes]]:
     """An exclusive ``fcntl`` lock on ``directory/.lock``, waited for up to LOCK_WAIT_S;
-    Preempted when ``stop()`` asks meanwhile (the export stays; a rerun publishes it)."""
+    Preempted when ``stop()`` asks meanwhile (the export stays; a rerun publishes it).
+    Yields the lock file, where :func:`_write_version` names what it builds."""
     path = directory.path / LOCK_NAME
-    with os.fdopen(directory.open(LOCK_NAME, os.O_RDWR | os.O_CREAT, "publish lock")) as handle:
+    with os.fdopen(
+        directory.open(LOCK_NAME, os.O_RDWR | os.O_CREAT, "publish lock"), "r+b"
+    ) as handle:
         deadline = time.monotonic() + LOCK_WAIT_S
         while True:
             try:
@@ -221,37 +232,88 @@ def _locked(directory: Dir, stop: Callable[[], bool] | None = None) -> Iterator[
                         f"{path}: another run kept publishing for {LOCK_WAIT_S:g} s"
                     ) from None
                 time.sleep(0.2)
-        yield
+        yield handle
 
 
-def _write_version(export_dir: Path, directory: Dir, number: int, meta: dict[str, Any]) -> None:
-    """Copy the export into a private temporary directory in ``directory``, then rename it
-    to N (never over an existing entry, nor a symlink)."""
+def _named(lock: IO[bytes]) -> str | None:
+    """The temporary directory the lock file ``lock`` names (:func:`_name`): a run was
+    building a version in it when it ended. None when it names none."""
+    lock.seek(0)
+    found = _INTENT.fullmatch(lock.read(_INTENT_BYTES).decode("latin-1"))
+    return found.group(1) if found else None
+
+
+def _name(lock: IO[bytes], building: str) -> None:
+    """Write into the held lock file ``lock`` (fsynced) that the temporary directory
+    ``building`` is being built ("": none)."""
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"{BUILDING} {building}\n".encode() if building else b"")
+    lock.flush()
+    os.fsync(lock.fileno())
+
+
+def _write_version(
+    export_dir: Path, directory: Dir, lock: IO[bytes], meta: dict[str, Any], decision: Decision,
+) -> int:  # fmt: skip
+    """Copy the export into a private temporary directory ``.N.<hex>`` in ``directory``
+    (named in the ``lock`` file before it is made, and holding :data:`BUILDING` until it is
+    renamed), then rename it to the next version number N, never over an existing entry:
+    when another program took N meanwhile, the next number, the record rewritten.
+    ``meta`` + the ``decision`` with its version is the version's :data:`META_FILE`.
+    Returns N. Raises StorageError."""
+    number = layout.next_number(directory.path)
     final = directory.path / str(number)
     try:
-        with directory.temp_dir(f".{number}.") as tmp:
+        with directory.temp_dir(f".{number}.", lambda name: _name(lock, name)) as tmp:
             try:
-                tmp.write_bytes(BUILDING, b"a model version coretrain is building\n")
+                tmp.write_bytes(BUILDING, _BUILDING_TEXT)
                 shutil.copytree(export_dir / SAVED_MODEL_DIR, tmp.via, dirs_exist_ok=True)
                 shutil.copy2(export_dir / KERAS_FILE, f"{tmp.via}/{KERAS_FILE}")
-                tmp.write_json(META_FILE, meta)
-                os.unlink(BUILDING, dir_fd=tmp.fd)
-                directory.publish(tmp, str(number))  # whole or not at all
+                number = _rename_as_next(directory, tmp, meta, decision)
+                final = directory.path / str(number)
             finally:
                 directory.remove(tmp.path.name)
+                _name(lock, "")
     except OSError as exc:
         raise StorageError(f"{final}: cannot publish: {exc.strerror or exc}") from exc
     logs.event("published", f"published model version {number} in {directory.path}", version=number)
+    return number
 
 
-def _remove_leftovers(directory: Dir) -> None:
+def _rename_as_next(directory: Dir, tmp: Dir, meta: dict[str, Any], decision: Decision) -> int:
+    """Rename the built ``tmp`` to the next version number, its record naming it; the
+    number again when another program took it first. Returns it. Raises StorageError,
+    OSError."""
+    for _ in range(RENAME_TRIES):
+        full = layout.no_room(directory.path)
+        if full is not None:
+            raise StorageError(full)
+        number = layout.next_number(directory.path)
+        record = {**meta, "publish": dataclasses.replace(decision, version=number).to_json()}
+        tmp.write_json(META_FILE, record)
+        os.unlink(BUILDING, dir_fd=tmp.fd)  # the name is in the lock file until renamed
+        try:
+            directory.publish(tmp, str(number), replace=False)  # whole or not at all
+            return number
+        except FileExistsError:
+            tmp.write_bytes(BUILDING, _BUILDING_TEXT)
+    raise StorageError(
+        f"{directory.path}: version numbers taken while publishing, {RENAME_TRIES} times"
+    )
+
+
+def _remove_leftovers(directory: Dir, lock: IO[bytes]) -> None:
     """Under the lock, no other run builds or prunes: remove what killed ones left, only
-    what carries coretrain's own evidence (a version being built, with :data:`BUILDING`;
-    a version being pruned, with :data:`META_FILE`). Both names are hidden from TF Serving."""
+    what carries coretrain's own evidence (the version being built that the lock file
+    names, or one holding :data:`BUILDING`; a version being pruned, with
+    :data:`META_FILE`). Both names are hidden from TF Serving."""
+    named = _named(lock)
     for name in directory.names():
         building = name.startswith(".") and name[1:].split(".")[0].isdigit()
         evidence = BUILDING if building else META_FILE if name.startswith(PRUNING) else None
-        if evidence and directory.is_dir(name) and directory.is_file(f"{name}/{evidence}"):
+        ours = name == named or (evidence and directory.is_file(f"{name}/{evidence}"))
+        if ours and directory.is_dir(name):
             directory.remove(name)
             logs.event("publish_cleanup", f"removed {directory.path / name}, left by a killed run")
 

@@ -17,7 +17,9 @@ and ``depends``; ``digest`` a SHA-256 of ``what``, ``depends`` and ``value``.
 entry is reused only when its format is :data:`FORMAT`, its digest matches its content and
 its ``depends`` equals this run's exactly. Anything that changes a dependency gives another
 key (no entry: measured); a damaged, truncated or foreign entry (or one of another format)
-is logged as a ``measured_invalid`` warning, measured again and replaced. The newest
+is logged as a ``measured_invalid`` warning, measured again and replaced; so is an entry
+a run killed while keeping it left before it was marked (its directory empty, or holding
+only the marker's temporary). The newest
 :data:`KEEP` entries by last use (the marker's modification time, set by every reuse) are
 kept, older ones removed when a new one is written (only under the marker's exclusive
 lock: app/data/cache/marker.py). They are not data caches: ``--cache-keep`` does not count
@@ -45,8 +47,13 @@ FORMAT = 1
 ENTRY = "entry.json"
 #: Kept entries of a cache directory (each a few hundred bytes).
 KEEP = 32
+#: The largest entry read: a few hundred bytes are written; anything much bigger is not one.
+ENTRY_BYTES = 1 << 20
 #: The name of a kept measurement: ``<what>-<key>``.
 NAME = re.compile(r"[a-z]+-[0-9a-f]{16}")
+#: The temporary name the marker is written under before its rename (app/atomic.py
+#: ``Dir.write_bytes``).
+_MARKER_TEMP = re.compile(rf"\.{re.escape(cache_marker.MARKER)}\.[0-9a-f]{{12}}\.tmp")
 
 
 @dataclass(frozen=True)
@@ -82,9 +89,10 @@ def lookup(store: Store | None, what: str, depends: dict[str, Any]) -> dict[str,
             if root.lstat(name) is None:
                 return None
             if cache_marker.owned(root, name) != "measured":
-                return _invalid(root.path / name, "not a kept measurement of coretrain's")
+                why = "left unmarked by a killed run" if _killed(root, name) else "not coretrain's"
+                return _invalid(root.path / name, f"not a kept measurement: {why}")
             with root.sub(name, "kept measurement", create=False) as d:
-                raw = d.read_bytes(ENTRY)
+                raw = d.read_bytes(ENTRY, ENTRY_BYTES)
                 os.utime(cache_marker.MARKER, dir_fd=d.fd, follow_symlinks=False)
     except FileNotFoundError:
         return _invalid(store.directory / name, f"no {ENTRY}") if _exists(store, name) else None
@@ -140,9 +148,13 @@ def keep(store: Store | None, what: str, depends: dict[str, Any], value: dict[st
     try:
         with store.open(create=True) as root:
             if root.lstat(name) is not None and cache_marker.owned(root, name) != "measured":
-                raise StorageError(f"{root.path / name}: in the way, and not coretrain's")
+                if not _killed(root, name):
+                    raise StorageError(f"{root.path / name}: in the way, and not coretrain's")
+                root.remove(name)  # a keep killed before its marker: replaced
             with root.sub(name, "kept measurement") as d:
                 cache_marker.write(d, cache_marker.MEASURED, key)  # first: provably ours
+                if d.is_dir(ENTRY):  # damaged: a rename can't replace a directory
+                    d.remove(ENTRY)
                 d.write_json(ENTRY, entry)
             tidy(root, KEEP)
     except (OSError, StorageError) as exc:
@@ -152,6 +164,18 @@ def keep(store: Store | None, what: str, depends: dict[str, Any], value: dict[st
             level=logging.WARNING,
             path=str(store.directory),
         )
+
+
+def _killed(root: Dir, name: str) -> bool:
+    """Whether the unmarked entry ``name`` is what a :func:`keep` killed between making its
+    directory and marking it left: a real directory of ours that is empty or holds only
+    the temporary of the marker's atomic write (:data:`_MARKER_TEMP`), so nothing of
+    anyone's is lost by replacing it."""
+    try:
+        with root.sub(name, "kept measurement", create=False) as d:
+            return all(_MARKER_TEMP.fullmatch(found) for found in d.names())
+    except (OSError, StorageError):
+        return False
 
 
 def tidy(root: Dir, keep_count: int) -> list[str]:
