@@ -5,13 +5,19 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
+import signal
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from app.data import synthetic
+from app.data.formats import files, hdf5, npz
+from app.data.formats.detect import kind, open_array
 from app.data.formats.sources import ROLES, find, fingerprint
+from app.data.formats.textfile import opener
+from app.data.formats.textfile.parallel import split_lines
 from app.errors import ConfigError, DataError
 from tests.conftest import run_cli
 
@@ -95,37 +101,105 @@ def test_the_fingerprint_follows_content_and_modification_time(tmp_path: Path) -
 
 
 def _special(path: Path, kind: str) -> None:
-    """Make ``path`` a FIFO, a character device (a symlink to /dev/null) or a socket."""
+    """Make ``path`` a FIFO, a character device (a symlink to /dev/null), a directory or a
+    socket."""
     if kind == "fifo":
         os.mkfifo(path)
     elif kind == "device":
         path.symlink_to("/dev/null")
+    elif kind == "directory":
+        path.mkdir()
     else:
         sock = socket.socket(socket.AF_UNIX)
         sock.bind(str(path))
         sock.close()
 
 
-@pytest.mark.parametrize(
-    ("kind", "named"),
-    [("fifo", "a FIFO"), ("device", "a character device"), ("socket", "a socket")],
-)
-def test_a_data_file_that_is_not_a_regular_file_is_refused_by_find(
-    tmp_path: Path, kind: str, named: str
+#: Every reader of a data file, each opening it its own way (app/data/formats/files.py is
+#: the one place they open it).
+READERS = {
+    "format": lambda p: kind(p),
+    "fingerprint": lambda p: fingerprint(p),
+    "array": lambda p: open_array(p),
+    "text": lambda p: opener.open_data(str(p)),
+    "ranges": lambda p: split_lines(p, 2, 1),
+    "npz": lambda p: npz.members(p),
+    "hdf5": lambda p: hdf5.members(p),
+}
+KINDS = [("fifo", "a FIFO (named pipe)"), ("device", "a character device"),
+         ("socket", "a socket"), ("directory", "a directory")]  # fmt: skip
+
+
+@pytest.fixture
+def no_wait() -> Iterator[None]:
+    """A read that waits (a FIFO opened for reading waits for a writer) fails the test
+    after 20 s instead of hanging the suite (SIGALRM interrupts the wait)."""
+
+    def waited(signum: int, frame: object) -> None:
+        raise AssertionError("the reader waited on the file")
+
+    before = signal.signal(signal.SIGALRM, waited)
+    signal.alarm(20)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, before)
+
+
+@pytest.mark.parametrize(("made", "named"), KINDS)
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_every_reader_refuses_a_data_file_that_is_not_a_regular_file(
+    tmp_path: Path, made: str, named: str, reader: str, no_wait: None
 ) -> None:
-    _special(tmp_path / "train_labels.txt", kind)
-    with pytest.raises(DataError, match=rf"labels\.txt: data file is {named}.*, not a regular"):
-        find(tmp_path, "train_labels")
-    with pytest.raises(DataError, match=rf"x\.lab: data file is {named}"):
-        _special(tmp_path / "x.lab", kind)
-        find(tmp_path, "train_labels", "x.lab")
+    path = tmp_path / "train_labels.txt"
+    _special(path, made)
+    with pytest.raises(DataError) as caught:
+        READERS[reader](path)
+    assert str(caught.value) == f"{path}: data file is {named}, not a regular file"
+
+
+def test_a_fifo_put_in_place_after_the_check_is_opened_without_waiting_and_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_wait: None
+) -> None:
+    """The status is taken again from the descriptor: a FIFO swapped in after the check is
+    opened at once (O_NONBLOCK) and refused, never read."""
+    regular = tmp_path / "regular"
+    regular.write_bytes(b"1 2 3\n")
+    fifo = tmp_path / "x.txt"
+    os.mkfifo(fifo)
+    monkeypatch.setattr(files, "checked", lambda path, what="": os.stat(regular))
+    with pytest.raises(DataError) as caught:
+        files.open_fd(fifo)
+    assert str(caught.value) == f"{fifo}: data file is a FIFO (named pipe), not a regular file"
+
+
+def test_a_fifo_or_a_device_given_as_data_is_named_as_one(tmp_path: Path, no_wait: None) -> None:
+    fifo = tmp_path / "data"
+    os.mkfifo(fifo)
+    with pytest.raises(DataError) as caught:
+        find(fifo, "train_labels")
+    assert str(caught.value) == f"{fifo}: --data is a FIFO (named pipe), not a regular file"
+    with pytest.raises(DataError) as caught:
+        find(Path("/dev/zero"), "train_labels")
+    assert str(caught.value) == "/dev/zero: --data is a character device, not a regular file"
+
+
+def test_a_symlink_loop_is_named_as_one(tmp_path: Path) -> None:
+    loop = tmp_path / "train_labels.txt"
+    loop.symlink_to(loop)
+    assert find(tmp_path, "train_labels") == loop
+    with pytest.raises(DataError) as caught:
+        fingerprint(loop)
+    assert str(caught.value) == (
+        f"{loop}: a symlink loop (a link that leads back to itself), not a file"
+    )
 
 
 def test_a_fifo_among_the_data_files_is_exit_3_in_one_line_before_it_is_opened(
     tiny_data: Path, tmp_path: Path
 ) -> None:
     """Opening a FIFO for reading blocks until a writer comes (forever, SIGTERM or not):
-    the run refuses it from its stat, and nothing ever opened it (a writer would block)."""
+    the run refuses it from its status, and nothing ever opened it (a writer would find a
+    reader)."""
     data = tmp_path / "data"
     shutil.copytree(tiny_data, data)
     (data / "test_labels.txt").unlink()

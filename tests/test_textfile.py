@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from app.data.formats import files
 from app.data.formats.textfile import (
     Span,
     blocks,
@@ -157,13 +158,13 @@ def test_missing_file(tmp_path: Path) -> None:
     path = tmp_path / "train_features.txt"
     with pytest.raises(DataError) as caught:
         read_all(path)
-    assert str(caught.value) == f"{path}: no such file"
+    assert str(caught.value) == f"{path}: missing data file"
 
 
 def test_directory_is_unreadable(tmp_path: Path) -> None:
     with pytest.raises(DataError) as caught:
         read_all(tmp_path)
-    assert str(caught.value) == f"{tmp_path}: cannot read: Is a directory"
+    assert str(caught.value) == f"{tmp_path}: data file is a directory, not a regular file"
 
 
 @pytest.mark.skipif(
@@ -230,9 +231,7 @@ def test_a_failing_seek_past_the_start_names_the_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """To a gzip file's trailer (its size, sampled) and to the start of a span."""
-    monkeypatch.setattr(
-        opener, "open", lambda path, mode: _SeeksOnlyToTheStart(io.FileIO(path)), raising=False
-    )
+    monkeypatch.setattr(files, "opened", lambda path: _SeeksOnlyToTheStart(io.FileIO(path)))
     packed = tmp_path / "train_features.txt.gz"
     packed.write_bytes(gzip.compress(lines_of(100, 4)))
     plain = tmp_path / "test_features.txt"
