@@ -142,26 +142,35 @@ class _Mapped:
         """What happened to the file since it was mapped, or None."""
         st = os.fstat(self.fd)
         if st.st_size < self.end:
-            return f"cut to {st.st_size:,} bytes (its rows need {self.end:,})"
-        return "written" if st.st_ctime_ns != self.ctime_ns else None
+            return truncated(st.st_size, self.end)
+        return "truncated and written again" if st.st_ctime_ns != self.ctime_ns else None
+
+
+def truncated(size: int, end: int) -> str:
+    """What a file of ``size`` bytes whose rows need ``end`` is, for a message."""
+    return f"truncated to {size:,} bytes (its rows need {end:,})"
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.signal.restype = ctypes.c_void_p
 _LIBC.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
 _HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_int)
-_watched: list[_Mapped] = []
+_watched: dict[tuple[int, int], _Mapped] = {}  # by device and inode
 _installed: list[object] = []  # the handler, kept alive while it is installed
 
 
 def watch_mapped(fd: int, end: int, error: Callable[[str], AppError]) -> None:
-    """Watch the file open as ``fd`` (a duplicate is kept), mapped for reading up to byte
-    ``end``: a SIGBUS while it is shorter, or after it was written, ends the run with
-    ``error(what happened)`` (:func:`end_now`); the first call installs the handler. Raises
-    OSError (``fd``)."""
-    mapped = _Mapped(os.dup(fd), end, os.fstat(fd).st_ctime_ns, error)
+    """Watch the file open as ``fd`` (a duplicate is kept, once per file), mapped for
+    reading up to byte ``end``: a SIGBUS while it is shorter, or after it was written, ends
+    the run with ``error(what happened)`` (:func:`end_now`); the first call installs the
+    handler. Raises OSError (``fd``)."""
+    st = os.fstat(fd)
+    known = _watched.get((st.st_dev, st.st_ino))
+    if known is not None and known.end >= end:
+        return
+    mapped = _Mapped(os.dup(fd) if known is None else known.fd, end, st.st_ctime_ns, error)
     os.set_inheritable(mapped.fd, False)
-    _watched.append(mapped)
+    _watched[st.st_dev, st.st_ino] = mapped
     if not _installed:
         handler = _HANDLER(_bus)
         _installed.append(handler)
@@ -174,7 +183,7 @@ def _bus(signum: int) -> None:
     it). A watched file that changed ends the run; else the kernel's action is put back and
     the read, repeated on return, ends the process as it would have."""
     with contextlib.suppress(BaseException):  # nothing may leave a signal handler
-        for mapped in tuple(_watched):
+        for mapped in tuple(_watched.values()):
             if (what := mapped.changed()) is not None:
                 end_now(mapped.error(what))
     _LIBC.signal(signal.SIGBUS, None)  # SIG_DFL
