@@ -171,6 +171,12 @@ class DataCache:
         where = self.where(f"{split}_{'x' if what == 'features' else 'y'}.f32")
         return self.rows_file(where, n * row), where[1], row
 
+    def check(self, split: str, what: str) -> None:
+        """Raises the file's error (:meth:`lost`) when ``split``'s ``what`` ("features" /
+        "labels") is shorter than its rows: after a read of a memory map, whose last page
+        reads zeros past a new end, not a SIGBUS."""
+        self._rows(split, what)[0].check()
+
     def features(self, split: str) -> np.memmap:
         """Memory-mapped raw features of ``split`` ("train"/"test"), shape (N, H, W)."""
         n = self.train_size if split == "train" else self.test_size

@@ -271,6 +271,7 @@ class Reader(_Steps):
         read_features(c, ids, x, self.source)
         y = aligned((len(ids), c.num_outputs))
         np.take(self._labels, ids, axis=0, out=y)
+        c.check("train", "labels")  # a last page cut short reads zeros
         return Chunk(j * order.WINDOW_STEPS, local, x, y)
 
 
@@ -305,9 +306,11 @@ class Ahead(_Steps):
         return at if self.rows is None else self.rows[at]
 
     def _announce(self, j: int) -> None:
-        """Announce chunk ``j``'s rows; a file cut short ends the run (nothing waits for
-        this thread: app/signals.py ``end_now``)."""
+        """Announce chunk ``j``'s rows; a file of the held split cut short (its last page
+        reads zeros past the new end, without a SIGBUS) ends the run (nothing waits for this
+        thread: app/signals.py ``end_now``)."""
         try:
             announce(self.cache, self._chunk(j)[0], self.source)
+            self.cache.check("train", "labels")
         except AppError as exc:
             end_now(exc)
