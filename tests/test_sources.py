@@ -7,6 +7,9 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +22,7 @@ from app.data.formats.sources import ROLES, find, fingerprint
 from app.data.formats.textfile import opener
 from app.data.formats.textfile.parallel import split_lines
 from app.errors import ConfigError, DataError
-from tests.conftest import run_cli
+from tests.conftest import REPO, json_lines, run_cli
 
 
 def _gzip_all(src: Path, dst: Path) -> None:
@@ -226,3 +229,83 @@ def test_a_dangling_symlink_is_named_as_one(tmp_path: Path) -> None:
         f"coretrain: {data / 'train_labels.txt'}: a symlink to /mnt/gone/labels.txt, which "
         "does not exist"
     )
+
+
+# --- what no check can see: a FIFO put in place after its check ------------------------------
+
+#: The command line with the check of the files named ``fifo`` blind (they look absent, as a
+#: regular file's place looks before a FIFO is put there) and ticks of ``sys.argv[1]`` s.
+_BLIND = """
+import sys
+from app import signals
+from app.data.formats import files
+checked = files.checked
+files.checked = lambda p, what="data file": None if str(p).endswith("fifo") else checked(p, what)
+signals.TICK_SECONDS = float(sys.argv.pop(1))
+from app.cli import main
+main()
+"""
+
+
+def _hdf5_on_a_fifo(tmp_path: Path) -> Path:
+    """The tiny data set's shape as an HDF5 file whose training labels are kept in the
+    external raw file ``fifo`` (a FIFO): HDF5 opens it by name when it reads them."""
+    import h5py
+    import numpy as np
+
+    os.mkfifo(tmp_path / "fifo")
+    path = tmp_path / "d.h5"
+    with h5py.File(path, "w") as f:
+        f["train_features"] = np.zeros((20, 440), np.float32)
+        f["test_features"] = np.zeros((5, 440), np.float32)
+        f["test_labels"] = np.zeros((5, 3), np.float32)
+        raw = [(str(tmp_path / "fifo"), 0, 240)]
+        f.create_dataset("train_labels", shape=(20, 3), dtype="<f4", external=raw)
+    return path
+
+
+def _blind(tmp_path: Path, tick: float) -> subprocess.Popen[str]:
+    path = _hdf5_on_a_fifo(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORETRAIN_")}
+    argv = [sys.executable, "-c", _BLIND, str(tick), "train", "--data", str(path),
+            "--output", str(tmp_path / "o"), "--height", "8", "--width", "55"]  # fmt: skip
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=REPO)  # fmt: skip
+
+
+def test_a_fifo_hdf5_opens_after_its_check_fails_the_run_instead_of_hanging_it(
+    tmp_path: Path,
+) -> None:
+    """HDF5 opens the FIFO by name and waits for a writer, holding the GIL: the wait's
+    ticks interrupt the open, so the run ends with exit 3 naming the file (it hung, holding
+    the output lock, and a SIGTERM was only logged)."""
+    proc = _blind(tmp_path, 0.2)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 3, stderr
+    (line,) = stderr.splitlines()
+    assert line.startswith(f"coretrain: {tmp_path / 'd.h5'}:train_labels: cannot read: ")
+
+
+def _waiting_on_a_fifo(pid: int) -> bool:
+    """Whether the main thread of ``pid`` waits in a FIFO's open for a writer."""
+    try:
+        return Path(f"/proc/{pid}/wchan").read_text() == "wait_for_partner"
+    except OSError:
+        return False
+
+
+def test_a_sigterm_ends_a_wait_in_hdf5s_open_of_a_fifo_at_once_with_143(tmp_path: Path) -> None:
+    """Ticks far apart, so the run waits in the open until the signal comes: it ends the
+    wait and the run as a stop, 143, one line."""
+    proc = _blind(tmp_path, 3600)
+    while not _waiting_on_a_fifo(proc.pid):
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr
+    (line,) = stderr.splitlines()
+    assert line == (
+        f"coretrain: {tmp_path / 'd.h5'}:train_labels: stopped by SIGTERM while waiting for it"
+    )
+    assert [r["status"] for r in json_lines(stdout) if r["event"] == "end"] == ["preempted"]
