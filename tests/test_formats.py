@@ -421,6 +421,12 @@ def _bad_cases(tmp: Path, arrays: dict) -> dict[str, tuple[Path, str]]:
     npy("rows", f"{d}/rows/train_labels.npy: 239 label rows but {d}/rows/train_features.npy",
         train_labels=labels[:239])  # fmt: skip
     npy("empty", f"{d}/empty/train_labels.npy: empty array", train_labels=labels[:0])
+    small = np.array([{"x": 1}] * 240, dtype=object)  # its pickle: far fewer than 240 × 8 bytes
+    npy("small_pickle", f"{d}/small_pickle/train_labels.npy: object dtype (pickled Python "
+        "objects are never read)", train_labels=small)  # fmt: skip
+    npy("negative", f"{d}/negative/train_labels.npy: shape (-240, 3): a negative length")
+    path = tmp / "negative" / "train_labels.npy"
+    path.write_bytes(path.read_bytes().replace(b"(240, 3)", b"(-240, 3)", 1))
     npy("truncated", f"{d}/truncated/train_features.npy: truncated")
     path = tmp / "truncated" / "train_features.npy"
     path.write_bytes(path.read_bytes()[:-1000])
@@ -440,8 +446,9 @@ def _bad_cases(tmp: Path, arrays: dict) -> dict[str, tuple[Path, str]]:
 
 
 BAD = [
-    "width", "shape", "labels3d", "object", "structured", "complex", "nonfinite", "rows", "empty",
-    "truncated", "npz_truncated", "npz_missing", "h5_rows", "h5_truncated",
+    "width", "shape", "labels3d", "object", "small_pickle", "structured", "complex", "nonfinite",
+    "rows", "empty", "negative", "truncated", "npz_truncated", "npz_missing", "h5_rows",
+    "h5_truncated",
 ]  # fmt: skip
 
 

@@ -160,6 +160,20 @@ def test_every_reader_refuses_a_data_file_that_is_not_a_regular_file(
     assert str(caught.value) == f"{path}: data file is {named}, not a regular file"
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/kmsg"), reason="no /proc/kmsg (Linux)")
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_every_reader_refuses_a_file_of_the_kernels_interface(reader: str, no_wait: None) -> None:
+    """/proc and /sys files say they hold 0 or 4096 bytes whatever they give, and
+    /proc/kmsg's read waits for the kernel's next message (as root): never data."""
+    for path in (Path("/proc/kmsg"), Path("/proc/self/environ")):
+        with pytest.raises(DataError) as caught:
+            READERS[reader](path)
+        assert str(caught.value) == (
+            f"{path}: data file is on the kernel's proc file system (the kernel's interface, "
+            "not a file of data)"
+        )
+
+
 def test_a_fifo_put_in_place_after_the_check_is_opened_without_waiting_and_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_wait: None
 ) -> None:

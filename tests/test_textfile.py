@@ -181,11 +181,16 @@ def test_file_without_read_permission(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/mem"), reason="no /proc/self/mem (Linux)")
-def test_a_file_that_opens_but_cannot_be_read() -> None:
-    """/proc/self/mem opens, and reading its offset 0 fails (EIO)."""
-    with pytest.raises(DataError) as caught:
-        read_all("/proc/self/mem")
-    assert str(caught.value) == "/proc/self/mem: cannot read: Input/output error"
+def test_a_file_of_the_kernels_interface_is_not_read() -> None:
+    """/proc/self/mem (a read of offset 0 fails) and /proc/kmsg (a read waits for the
+    kernel's next message, as root) are the kernel's, not data: refused unread."""
+    for path in ("/proc/self/mem", "/proc/kmsg"):
+        with pytest.raises(DataError) as caught:
+            read_all(path)
+        assert str(caught.value) == (
+            f"{path}: data file is on the kernel's proc file system (the kernel's interface, "
+            "not a file of data)"
+        )
 
 
 class _BadDisk:

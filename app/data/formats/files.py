@@ -20,11 +20,13 @@ swapped in the moment between) is bounded by app/signals.py ``waiting``. No Tens
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import stat
 from typing import BinaryIO
 
 from app.errors import DataError
+from app.mountinfo import read_mountinfo
 
 #: What a path that is not a regular file is, for the message.
 _KINDS = (
@@ -42,8 +44,33 @@ def kind(mode: int) -> str:
     return next((what for test, what in _KINDS if test(mode)), "not a file")
 
 
-def _refused(path: str | os.PathLike[str], mode: int, what: str) -> DataError:
-    return DataError(f"{path}: {what} is {kind(mode)}, not a regular file")
+def _data(path: str | os.PathLike[str], st: os.stat_result, what: str) -> None:
+    """Raises DataError naming ``path`` unless its status ``st`` is a regular file's, on a
+    file system that holds data."""
+    if not stat.S_ISREG(st.st_mode):
+        raise DataError(f"{path}: {what} is {kind(st.st_mode)}, not a regular file")
+    if (system := _file_system(st.st_dev)) in KERNEL_FILE_SYSTEMS:
+        raise DataError(
+            f"{path}: {what} is on the kernel's {system} file system (the kernel's "
+            "interface, not a file of data)"
+        )
+
+
+#: File systems whose files are the kernel's interface, not data: they say they hold 0 or
+#: 4096 bytes whatever they give, and some never end a read (``/proc/kmsg`` waits for the
+#: kernel's next message; a tracing pipe, for the next event).
+KERNEL_FILE_SYSTEMS = frozenset({
+    "proc", "sysfs", "debugfs", "tracefs", "securityfs", "configfs", "cgroup", "cgroup2",
+    "bpf", "efivarfs", "pstore", "fusectl", "binfmt_misc", "mqueue",
+})  # fmt: skip
+
+
+@functools.lru_cache(maxsize=64)
+def _file_system(device: int) -> str | None:
+    """The type of the file system mounted from ``device`` (``st_dev``) in this process's
+    mount table (app/mountinfo.py); None when no mount names it."""
+    name = f"{os.major(device)}:{os.minor(device)}"
+    return next((m.fs_type for m in read_mountinfo() if m.device == name), None)
 
 
 def missing(path: str | os.PathLike[str], detail: str = "") -> DataError:
@@ -65,16 +92,15 @@ def unreadable(path: str | os.PathLike[str], exc: OSError) -> DataError:
 def checked(path: str | os.PathLike[str], what: str = "data file") -> os.stat_result | None:
     """The status of ``path`` (a symlink followed) when it is a regular file; None when
     nothing is there (reported where it is read). Nothing is opened. Raises DataError naming
-    the file and ``what`` it was to be (a FIFO, a device, a socket, a directory; a symlink
-    loop; unreadable)."""
+    the file and ``what`` it was to be (a FIFO, a device, a socket, a directory, a file of
+    the kernel's: :data:`KERNEL_FILE_SYSTEMS`; a symlink loop; unreadable)."""
     try:
         st = os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
         raise unreadable(path, exc) from None
-    if not stat.S_ISREG(st.st_mode):
-        raise _refused(path, st.st_mode, what)
+    _data(path, st, what)
     return st
 
 
@@ -91,9 +117,7 @@ def open_fd(path: str | os.PathLike[str], what: str = "data file") -> int:
     except OSError as exc:
         raise unreadable(path, exc) from None
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):  # put in its place since it was checked
-            raise _refused(path, mode, what)
+        _data(path, os.fstat(fd), what)  # what was put in its place since it was checked
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
