@@ -421,6 +421,12 @@ def _bad_cases(tmp: Path, arrays: dict) -> dict[str, tuple[Path, str]]:
     npy("rows", f"{d}/rows/train_labels.npy: 239 label rows but {d}/rows/train_features.npy",
         train_labels=labels[:239])  # fmt: skip
     npy("empty", f"{d}/empty/train_labels.npy: empty array", train_labels=labels[:0])
+    small = np.array([{"x": 1}] * 240, dtype=object)  # its pickle: far fewer than 240 × 8 bytes
+    npy("small_pickle", f"{d}/small_pickle/train_labels.npy: object dtype (pickled Python "
+        "objects are never read)", train_labels=small)  # fmt: skip
+    npy("negative", f"{d}/negative/train_labels.npy: shape (-240, 3): a negative length")
+    path = tmp / "negative" / "train_labels.npy"
+    path.write_bytes(path.read_bytes().replace(b"(240, 3)", b"(-240, 3)", 1))
     npy("truncated", f"{d}/truncated/train_features.npy: truncated")
     path = tmp / "truncated" / "train_features.npy"
     path.write_bytes(path.read_bytes()[:-1000])
@@ -440,8 +446,9 @@ def _bad_cases(tmp: Path, arrays: dict) -> dict[str, tuple[Path, str]]:
 
 
 BAD = [
-    "width", "shape", "labels3d", "object", "structured", "complex", "nonfinite", "rows", "empty",
-    "truncated", "npz_truncated", "npz_missing", "h5_rows", "h5_truncated",
+    "width", "shape", "labels3d", "object", "small_pickle", "structured", "complex", "nonfinite",
+    "rows", "empty", "negative", "truncated", "npz_truncated", "npz_missing", "h5_rows",
+    "h5_truncated",
 ]  # fmt: skip
 
 
@@ -605,4 +612,75 @@ def test_an_array_read_in_place_and_changed_while_training_is_not_exported(
     assert list((out / "checkpoints").glob("ckpt-*.index"))  # kept
     assert not (out / "model").exists() and not (out / "metrics.json").exists()
     records = json_lines("".join(lines))
+    assert events(records, "end")[-1]["exit_code"] == 3
+
+
+# --- HDF5's own opens: external links, external storage, virtual sources ----------------------
+
+
+def _pointing_at(tmp_path: Path, arrays: dict, how: str, target: str) -> Path:
+    """An HDF5 data file whose training labels lie in ``target`` (a FIFO, /dev/zero) by
+    ``how``: an external link, external raw storage or a virtual dataset's source."""
+    labels = arrays["train_labels"]
+    path = tmp_path / "d.h5"
+    with h5py.File(path, "w") as f:
+        for role in ("test_features", "test_labels", "train_features"):
+            f.create_dataset(role, data=arrays[role])
+        if how == "external link":
+            f["train_labels"] = h5py.ExternalLink(target, "/y")
+        elif how == "external storage":
+            raw = [(target, 0, labels.nbytes)]
+            f.create_dataset("train_labels", shape=labels.shape, dtype="<f4", external=raw)
+        else:
+            layout = h5py.VirtualLayout(shape=labels.shape, dtype="<f4")
+            layout[:] = h5py.VirtualSource(target, "y", shape=labels.shape)
+            f.create_virtual_dataset("train_labels", layout)
+    return path
+
+
+#: How each of HDF5's files names the dataset it serves, in the message.
+_WHAT = {
+    "external link": "the file of HDF5 external link {path}:train_labels",
+    "external storage": "the external raw data file of HDF5 dataset {path}:train_labels",
+    "virtual": "the source file of HDF5 virtual dataset {path}:train_labels",
+}
+
+
+@pytest.mark.parametrize("how", sorted(_WHAT))
+@pytest.mark.parametrize("target", ["fifo", "/dev/zero"])
+def test_hdf5_data_in_a_fifo_or_a_device_is_refused_before_hdf5_opens_it(
+    tmp_path: Path, arrays: dict, how: str, target: str
+) -> None:
+    """HDF5 opens these files by name itself: a FIFO made it wait for a writer (the run held
+    its output lock), /dev/zero trained on zeros. Each is checked as a data file is first,
+    wherever the run reads: the key, the array, the rows."""
+    import os
+
+    from app.data.formats.sources import fingerprint
+
+    if target == "fifo":
+        target = str(tmp_path / "fifo")
+        os.mkfifo(target)
+    path = _pointing_at(tmp_path, arrays, how, target)
+    kind = "a FIFO (named pipe)" if "fifo" in target else "a character device"
+    expected = f"{target}: {_WHAT[how].format(path=path)} is {kind}, not a regular file"
+    for read in (
+        lambda: fingerprint(path, ["train_labels"]),
+        lambda: open_array(path, "train_labels"),
+    ):
+        with pytest.raises(DataError) as caught:
+            read()
+        assert str(caught.value) == expected
+
+
+def test_a_run_on_hdf5_external_storage_on_dev_zero_is_exit_3_not_trained_on_zeros(
+    tmp_path: Path, arrays: dict
+) -> None:
+    path = _pointing_at(tmp_path, arrays, "external storage", "/dev/zero")
+    code, stderr, records = _train(path, tmp_path / "out")
+    assert code == 3
+    assert stderr == [
+        f"coretrain: /dev/zero: {_WHAT['external storage'].format(path=path)} is a character "
+        "device, not a regular file"
+    ]
     assert events(records, "end")[-1]["exit_code"] == 3

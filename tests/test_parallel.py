@@ -73,7 +73,7 @@ def test_split_lines_keeps_small_files_and_single_lines_whole(tmp_path: Path) ->
     assert parallel.split_lines(path, 8) == [(0, path.stat().st_size)]  # < MIN_RANGE_BYTES
     path.write_bytes(b"1 " * 5000)  # no newline at all: nowhere to cut
     assert parallel.split_lines(path, 4, min_bytes=100) == [(0, 10000)]
-    with pytest.raises(DataError, match="no such file"):
+    with pytest.raises(DataError, match="missing data file"):
         parallel.split_lines(tmp_path / "missing.txt", 2)
 
 

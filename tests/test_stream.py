@@ -5,6 +5,7 @@ No TensorFlow: the reader is numpy and ``preadv`` on a real converted cache.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 
 from app.config import TrainConfig
 from app.data.cache import DataCache
+from app.data.cache.rows import runs
 from app.data.input import order, stream
 from app.errors import StorageError
 from tests.conftest import prepare_cache
@@ -127,7 +129,8 @@ def test_a_held_split_announces_the_rows_of_the_file_it_holds(
 ) -> None:
     """A split held as other rows than the cache's float32 ones (the bfloat16 rows) has
     those rows announced, at their offsets: announcing the float32 file read rows nothing
-    gathers."""
+    gathers. Only this thread pool's announcements are recorded: threads other tests left
+    (their readers and pools) announce their own files meanwhile."""
     import os
 
     held = tmp_path / "rows.bf16"
@@ -138,18 +141,19 @@ def test_a_held_split_announces_the_rows_of_the_file_it_holds(
     real = os.posix_fadvise
 
     def spy(fd: int, offset: int, length: int, advice: int) -> None:
-        if advice == os.POSIX_FADV_WILLNEED:
+        if advice == os.POSIX_FADV_WILLNEED and threading.get_ident() in mine:
             advised.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length))
         real(fd, offset, length, advice)
 
     monkeypatch.setattr(os, "posix_fadvise", spy)
     ahead = stream.Ahead(cache, None, source, seed=6, batch_size=10, end_step=50)
+    mine = {ahead._pool.submit(threading.get_ident).result()}  # its one thread
     ahead.ids(0)
     ahead._pool.shutdown(wait=True)  # the announcement made (close() would cancel it)
     ids, _ = ahead._chunk(1)  # the next chunk's rows, announced
-    starts, ends = stream.runs(ids)
-    runs = zip(starts.tolist(), ends.tolist(), strict=True)
-    expected = [(str(held), int(ids[a]) * row, (b - a) * row) for a, b in runs]
+    starts, ends = runs(ids)
+    spans = zip(starts.tolist(), ends.tolist(), strict=True)
+    expected = [(str(held), int(ids[a]) * row, (b - a) * row) for a, b in spans]
     assert advised == expected
 
 
@@ -171,9 +175,9 @@ def test_the_share_the_page_cache_holds_is_read_from_the_kernel(tmp_path: Path) 
 
 
 def test_runs_of_consecutive_rows() -> None:
-    starts, ends = stream.runs(np.array([3, 4, 5, 9, 11, 12]))
+    starts, ends = runs(np.array([3, 4, 5, 9, 11, 12]))
     assert starts.tolist() == [0, 3, 4] and ends.tolist() == [3, 4, 6]
-    assert [len(a) for a in stream.runs(np.zeros(0, np.int64))] == [0, 0]
+    assert [len(a) for a in runs(np.zeros(0, np.int64))] == [0, 0]
 
 
 def test_a_truncated_cache_file_is_a_storage_error(cache: DataCache, tmp_path: Path) -> None:
@@ -186,8 +190,12 @@ def test_a_truncated_cache_file_is_a_storage_error(cache: DataCache, tmp_path: P
         f.truncate(4 * 20 * 195 * 100)  # 100 of 240 rows left
     short = dataclasses.replace(cache, path=copy)
     out = np.empty((2, 20, 195, 1), np.float32)
-    with pytest.raises(StorageError, match="truncated"):
+    with pytest.raises(StorageError) as caught:
         stream.read_features(short, np.array([10, 200]), out)
+    assert str(caught.value) == (
+        f"{copy / 'train_x.f32'}: cache file truncated to 1,560,000 bytes (its rows need "
+        f"3,744,000) while this run read it; delete {copy}"
+    )
 
 
 def test_the_memory_estimate_counts_the_chunks_a_reader_holds() -> None:

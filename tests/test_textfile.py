@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from app.data.formats import files
 from app.data.formats.textfile import (
     Span,
     blocks,
@@ -157,13 +158,13 @@ def test_missing_file(tmp_path: Path) -> None:
     path = tmp_path / "train_features.txt"
     with pytest.raises(DataError) as caught:
         read_all(path)
-    assert str(caught.value) == f"{path}: no such file"
+    assert str(caught.value) == f"{path}: missing data file"
 
 
 def test_directory_is_unreadable(tmp_path: Path) -> None:
     with pytest.raises(DataError) as caught:
         read_all(tmp_path)
-    assert str(caught.value) == f"{tmp_path}: cannot read: Is a directory"
+    assert str(caught.value) == f"{tmp_path}: data file is a directory, not a regular file"
 
 
 @pytest.mark.skipif(
@@ -180,11 +181,16 @@ def test_file_without_read_permission(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/mem"), reason="no /proc/self/mem (Linux)")
-def test_a_file_that_opens_but_cannot_be_read() -> None:
-    """/proc/self/mem opens, and reading its offset 0 fails (EIO)."""
-    with pytest.raises(DataError) as caught:
-        read_all("/proc/self/mem")
-    assert str(caught.value) == "/proc/self/mem: cannot read: Input/output error"
+def test_a_file_of_the_kernels_interface_is_not_read() -> None:
+    """/proc/self/mem (a read of offset 0 fails) and /proc/kmsg (a read waits for the
+    kernel's next message, as root) are the kernel's, not data: refused unread."""
+    for path in ("/proc/self/mem", "/proc/kmsg"):
+        with pytest.raises(DataError) as caught:
+            read_all(path)
+        assert str(caught.value) == (
+            f"{path}: data file is on the kernel's proc file system (the kernel's interface, "
+            "not a file of data)"
+        )
 
 
 class _BadDisk:
@@ -230,9 +236,7 @@ def test_a_failing_seek_past_the_start_names_the_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """To a gzip file's trailer (its size, sampled) and to the start of a span."""
-    monkeypatch.setattr(
-        opener, "open", lambda path, mode: _SeeksOnlyToTheStart(io.FileIO(path)), raising=False
-    )
+    monkeypatch.setattr(files, "opened", lambda path: _SeeksOnlyToTheStart(io.FileIO(path)))
     packed = tmp_path / "train_features.txt.gz"
     packed.write_bytes(gzip.compress(lines_of(100, 4)))
     plain = tmp_path / "test_features.txt"

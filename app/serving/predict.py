@@ -38,7 +38,7 @@ from app import logs
 from app.config import PredictConfig
 from app.data.formats.base import Array, Shape
 from app.data.formats.detect import features_array, open_array
-from app.data.formats.sources import regular
+from app.data.formats.files import checked
 from app.errors import DataError, Preempted
 from app.output import Output
 from app.release.layout import entries, input_hw, resolve_model
@@ -105,7 +105,7 @@ def _features(config: PredictConfig) -> Array:
     one), else the file's own (app/data/formats/detect.py ``features_array``). Raises
     DataError: not a regular file, missing (``FILE:NAME``, the way messages name an array,
     with how to read it), not a container with ``--array``."""
-    regular(config.features)
+    checked(config.features)  # a FIFO, a device, a kernel's file: refused unopened
     file, _, member = str(config.features).rpartition(":")
     if member and os.path.isfile(file) and not os.path.lexists(config.features):
         raise DataError(

@@ -36,6 +36,7 @@ import io
 import json
 import logging
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -44,7 +45,9 @@ import numpy as np
 
 from app import logs
 from app.atomic import Dir
-from app.errors import StorageError
+from app.data.cache.rows import Lost, RowsFile
+from app.errors import DataError, StorageError
+from app.signals import watch_mapped
 
 FORMAT_VERSION = 3
 #: How the arrays' digests in the manifest are made: BLAKE2b (256 bits) of the whole file,
@@ -64,6 +67,10 @@ FILES = {
     "test_features": "test_x.f32",
     "test_labels": "test_y.f32",
 }
+
+
+#: A field of the reader's own: not an argument, compared or shown (nor copied by ``replace``).
+_OWN: dict[str, Any] = {"init": False, "compare": False, "repr": False}
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,13 @@ class DataCache:
     #: The shared lock on the cache's marker that keeps it from eviction while this run
     #: uses it (app/data/cache/marker.py ``hold``); None when not held.
     hold: IO[bytes] | None = field(default=None, compare=False, repr=False)
+    #: The array files opened for reading rows (:meth:`rows_file`), by path.
+    _files: dict[Path, RowsFile] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+    _lock: threading.Lock = field(
+        default_factory=threading.Lock, init=False, compare=False, repr=False
+    )
 
     def release(self) -> None:
         """Let the cache go: eviction may remove it once no other run holds it."""
@@ -122,50 +136,79 @@ class DataCache:
         offset of its first row: the cache's own file at 0, or the source read in place."""
         return self.in_place.get(name, (self.path / name, 0))
 
+    def lost(self, path: Path) -> Lost:
+        """The error of the array file ``path`` (this cache's, or a source it reads in
+        place) found ``what`` while the run reads it: a source is the data's (DataError,
+        exit 3: a rerun once it is whole resumes), a cache file the storage's (exit 4)."""
+        if any(path == where for where, _ in self.in_place.values()):
+            return lambda what: DataError(
+                f"{path}: {what} while this run read it where it lies (not a copy): the run "
+                "stops here, its checkpoints kept; rerun once the file is complete (the "
+                "same values resume the run)"
+            )
+        return lambda what: StorageError(
+            f"{path}: cache file {what} while this run read it; delete {self.path}"
+        )
+
+    def rows_file(self, where: tuple[Path, int], nbytes: int) -> RowsFile:
+        """The file ``where`` names (app/data/cache/rows.py), opened once for the run,
+        whose rows take ``nbytes`` from its offset. Raises StorageError (it can't be
+        opened)."""
+        path, base = where
+        with self._lock:
+            if path not in self._files:
+                try:
+                    self._files[path] = RowsFile(path, base + nbytes, self.lost(path))
+                except OSError as exc:
+                    raise StorageError(f"{path}: cannot read: {exc.strerror}") from exc
+            return self._files[path]
+
+    def _rows(self, split: str, what: str) -> tuple[RowsFile, int, int]:
+        """The file of ``split``'s ``what`` ("features"/"labels"), the byte offset of its
+        rows and a row's bytes."""
+        n = self.train_size if split == "train" else self.test_size
+        row = 4 * (self.height * self.width if what == "features" else self.num_outputs)
+        where = self.where(f"{split}_{'x' if what == 'features' else 'y'}.f32")
+        return self.rows_file(where, n * row), where[1], row
+
+    def check(self, split: str, what: str) -> None:
+        """Raises the file's error (:meth:`lost`) when ``split``'s ``what`` ("features" /
+        "labels") is shorter than its rows: after a read of a memory map, whose last page
+        reads zeros past a new end, not a SIGBUS."""
+        self._rows(split, what)[0].check()
+
     def features(self, split: str) -> np.memmap:
         """Memory-mapped raw features of ``split`` ("train"/"test"), shape (N, H, W)."""
         n = self.train_size if split == "train" else self.test_size
-        return _map(*self.where(f"{split}_x.f32"), (n, self.height, self.width))
+        return self._map(f"{split}_x.f32", (n, self.height, self.width))
 
     def read_rows(self, split: str, what: str, idx: np.ndarray) -> np.ndarray:
         """Rows ``idx`` (sorted int array) of ``what`` ("features" → (len, H, W), "labels" →
-        (len, K)) read with ``preadv``, one call per run of consecutive rows.
+        (len, K)) read with ``preadv`` (app/data/cache/rows.py).
 
         Unlike slicing the memory map, the pages read are not left mapped in the
         process, so its RSS stays bounded by a batch however large the data set.
-        Raises StorageError if the cache file is shorter than the manifest says.
+        Raises the file's error (:meth:`lost`) when it is shorter than the manifest says.
         """
         shape = (self.height, self.width) if what == "features" else (self.num_outputs,)
-        path, base = self.where(f"{split}_{'x' if what == 'features' else 'y'}.f32")
-        row_bytes = 4 * int(np.prod(shape))
         out = np.empty((len(idx), *shape), np.float32)
-        if len(idx) == 0:
-            return out
-        buf = memoryview(out.reshape(-1).view(np.uint8).data)
-        starts = np.flatnonzero(np.diff(idx, prepend=idx[0] - 2) != 1)
-        ends = [*starts[1:].tolist(), len(idx)]
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            for a, b in zip(starts.tolist(), ends, strict=True):
-                at = base + int(idx[a]) * row_bytes
-                got = os.preadv(fd, [buf[a * row_bytes : b * row_bytes]], at)
-                if got != (b - a) * row_bytes:
-                    raise StorageError(f"{path}: cache file is truncated; delete {self.path}")
-        finally:
-            os.close(fd)
+        if len(idx):
+            file, base, row = self._rows(split, what)
+            file.read(idx, base, row, memoryview(out.reshape(-1).view(np.uint8).data))
         return out
 
     def labels(self, split: str) -> np.memmap:
         """Memory-mapped raw labels of ``split``, shape (N, K)."""
         n = self.train_size if split == "train" else self.test_size
-        return _map(*self.where(f"{split}_y.f32"), (n, self.num_outputs))
+        return self._map(f"{split}_y.f32", (n, self.num_outputs))
 
-
-def _map(path: Path, offset: int, shape: tuple[int, ...]) -> np.memmap:
-    """A read-only float32 memory map of ``path`` from byte ``offset`` (a symlink is not
-    followed)."""
-    with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
-        return np.memmap(f, np.float32, "r", offset=offset, shape=shape)
+    def _map(self, name: str, shape: tuple[int, ...]) -> np.memmap:
+        """A read-only float32 memory map of the array ``name`` (a symlink is not
+        followed), watched for the SIGBUS of a file cut short under it (app/signals.py)."""
+        path, offset = self.where(name)
+        with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
+            watch_mapped(f.fileno(), offset + 4 * int(np.prod(shape)), self.lost(path))
+            return np.memmap(f, np.float32, "r", offset=offset, shape=shape)
 
 
 def digest(directory: Dir, name: str) -> str:

@@ -96,6 +96,8 @@ class Header:
         return f"expected rows of {shape.width} values ({shape.hint})"
 
     def _check_rows(self) -> None:
+        if any(n < 0 for n in self.shape):  # numpy's header reader lets them through
+            raise DataError(f"{self.label}: shape {self.shape}: a negative length")
         if self.rows == 0:
             raise DataError(f"{self.label}: empty array (no rows)")
 

@@ -144,14 +144,6 @@ def too_many_columns(where: str, limit: int) -> DataError:
     )
 
 
-def missing(path: Path, detail: str = "") -> DataError:
-    """The error of a data file that is not there: ``path``, and when it is a symlink, the
-    target it names that is not (a dangling link exists: "missing" alone misled)."""
-    if os.path.islink(path):
-        return DataError(f"{path}: a symlink to {os.readlink(path)}, which does not exist")
-    return DataError(f"{path}: missing data file{detail}")
-
-
 def add_sums(chunk: np.ndarray, total: np.ndarray, total_sq: np.ndarray) -> None:
     """Add the float64 column sums of ``chunk`` (float32, (rows, width)) and of its squares
     to ``total`` / ``total_sq``: the compiled adder when built (it releases the GIL), else

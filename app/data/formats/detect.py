@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from app.data.formats import hdf5, npy, npz
+from app.data.formats import files, hdf5, npy, npz
 from app.data.formats.arrays import listing, named
-from app.data.formats.base import Array, missing
+from app.data.formats.base import Array
 from app.data.formats.text import TextArray
 from app.errors import ConfigError, DataError
 
@@ -31,23 +31,19 @@ def _members(found: str, path: Path) -> list[str]:
 
 
 def kind(path: Path) -> str:
-    """ "npy", "npz", "hdf5" or "text", from the content of ``path``. Raises DataError
-    (missing, unreadable)."""
+    """ "npy", "npz", "hdf5" or "text", from the content of ``path`` (its first bytes, none
+    past its size). Raises DataError (missing, not a regular file, unreadable)."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(8)
+        with files.opened(path) as f:
             size = os.fstat(f.fileno()).st_size
-    except FileNotFoundError:
-        raise missing(path) from None
+            head = os.pread(f.fileno(), 8, 0) if size else b""
+            if head.startswith(npy.MAGIC):
+                return "npy"
+            if head.startswith(npz.MAGIC):
+                return "npz"
+            return "hdf5" if hdf5.is_hdf5(f.fileno(), size) else "text"
     except OSError as exc:
-        raise DataError(f"{path}: cannot read: {exc.strerror}") from exc
-    if head.startswith(npy.MAGIC):
-        return "npy"
-    if head.startswith(npz.MAGIC):
-        return "npz"
-    if hdf5.is_hdf5(path, size):
-        return "hdf5"
-    return "text"
+        raise files.unreadable(path, exc) from exc
 
 
 def open_array(path: Path, member: str | None = None) -> Array:

@@ -24,24 +24,59 @@ from typing import Any
 import h5py
 import numpy as np
 
+from app.data.formats import files
 from app.data.formats.arrays import ArrayFile, Header, float_rows, listing, named, reading
 from app.data.formats.base import CHUNK_BYTES, CHUNK_ROWS, Shape
 from app.errors import ConfigError, DataError
+from app.signals import waiting
 
 MAGIC = b"\x89HDF\r\n\x1a\n"
 #: What h5py raises for a damaged, cut or unexpected file.
 _BROKEN = (OSError, KeyError, ValueError, RuntimeError, TypeError)
 
 
-def is_hdf5(path: Path, size: int) -> bool:
-    """True when the signature is at byte 0, 512, 1024, 2048, … of ``path``."""
+def is_hdf5(fd: int, size: int) -> bool:
+    """True when the signature is at byte 0, 512, 1024, 2048, … of the file open as ``fd``
+    (``size`` bytes)."""
     offset = 0
-    with open(path, "rb") as f:
-        while offset + len(MAGIC) <= size:
-            if os.pread(f.fileno(), len(MAGIC), offset) == MAGIC:
-                return True
-            offset = 512 if offset == 0 else offset * 2
+    while offset + len(MAGIC) <= size:
+        if os.pread(fd, len(MAGIC), offset) == MAGIC:
+            return True
+        offset = 512 if offset == 0 else offset * 2
     return False
+
+
+def _places(name: str, path: Path, variable: str, beside: bool) -> list[Path]:
+    """Where HDF5 looks for the file ``name`` that the HDF5 file ``path`` refers to: as
+    named when absolute (an external link's then also as relative, by its last part), under
+    each directory of the environment variable ``variable`` (``${ORIGIN}``: ``path``'s
+    directory), beside ``path`` (``beside``: links and virtual datasets), in the working
+    directory. (HDF5 1.14: ``H5F__prefix_open_file``, ``H5D__build_file_prefix``.)"""
+    if name == ".":
+        return [path]
+    if os.path.isabs(name):
+        return [Path(name)]
+    prefixes = [p for p in os.environ.get(variable, "").split(":") if p]
+    places = [Path(p.replace("${ORIGIN}", str(path.parent))) / name for p in prefixes]
+    return [*places, *([path.parent / name] if beside else []), Path(name)]
+
+
+def _reached(name: str, path: Path, variable: str, what: str, beside: bool = True) -> Path | None:
+    """The file HDF5 opens for ``name`` (:func:`_places`): the first that is there, or None.
+    Every place where something is there is checked first (app/data/formats/files.py):
+    HDF5 opens by name and would wait on a FIFO, read a device. Raises DataError naming it
+    and ``what`` it is to HDF5."""
+    found = [p for p in _places(name, path, variable, beside) if files.checked(p, what)]
+    return found[0] if found else None
+
+
+def _open(path: Path, problem: str) -> h5py.File:
+    """The HDF5 file ``path`` opened for reading, once it is a regular file and every file
+    its external links reach is too (:func:`members`); the open bounded as a wait
+    (app/signals.py ``waiting``). Raises DataError ``<problem>: <h5py's error>``."""
+    members(path)
+    with waiting(str(path)), reading(problem, _BROKEN):
+        return h5py.File(path, "r")
 
 
 def _elsewhere(ds: h5py.Dataset, path: Path) -> bool:
@@ -55,6 +90,33 @@ def _elsewhere(ds: h5py.Dataset, path: Path) -> bool:
         return True
 
 
+def _dataset(f: h5py.File, name: str, path: Path) -> h5py.Dataset:
+    """The dataset ``name`` of ``f`` (the file ``path``) once the files its values lie in
+    are regular files: its external raw files (``HDF5_EXTFILE_PREFIX``, else the working
+    directory) and its virtual sources. Raises DataError: a FIFO or device among them (HDF5
+    would wait on it, or read it: ``/dev/zero`` trained on zeros), or a virtual source that
+    is not there (HDF5 reads its fill value in its place)."""
+    with waiting(f"{path}:{name}"), reading(f"{path}:{name}: cannot read", _BROKEN):
+        ds = f[name]
+    for raw, _, _ in ds.external or ():
+        what = f"the external raw data file of HDF5 dataset {path}:{name}"
+        _reached(raw, path, "HDF5_EXTFILE_PREFIX", what, beside=False)
+    lost = _missing_source(ds, path)
+    if lost is not None:
+        raise DataError(
+            f"{path}:{name}: a virtual dataset whose source {lost} is not there "
+            "(HDF5 would read its fill value in its place)"
+        )
+    return ds
+
+
+def _read(ds: h5py.Dataset, label: str, start: int, stop: int) -> np.ndarray:
+    """Rows ``start .. stop - 1`` of ``ds``, bounded as a wait (HDF5 opens an external raw
+    file by name at each read)."""
+    with waiting(label), reading(f"{label}: cannot read", _BROKEN):
+        return np.asarray(ds[start:stop])
+
+
 def stored_elsewhere(path: Path, names: Iterable[str]) -> dict[str, str]:
     """Of the datasets ``names`` of the HDF5 file ``path`` (as a role names them:
     :func:`arrays.named`), those whose values lie in other files (:func:`_elsewhere`), each
@@ -64,37 +126,67 @@ def stored_elsewhere(path: Path, names: Iterable[str]) -> dict[str, str]:
     Datasets the run does not read are not read. Raises DataError (unreadable)."""
     found = members(path)
     out: dict[str, str] = {}
-    with reading(f"{path}: not a readable HDF5 file", _BROKEN), h5py.File(path, "r") as f:
+    with _open(path, f"{path}: not a readable HDF5 file") as f:
         for name in sorted({n for wanted in names for n in named(found, wanted)[:1]}):
-            with reading(f"{path}:{name}: cannot read", _BROKEN):
-                ds = f[name]
-                if not _elsewhere(ds, path):
-                    continue
-                digest = hashlib.sha256(f"{ds.dtype.str}{ds.shape}".encode())
-                row = ds.dtype.itemsize * int(np.prod(ds.shape[1:]))
-                rows = max(1, CHUNK_BYTES // max(row, 1))
-                for a in range(0, ds.shape[0] if ds.shape else 0, rows):
-                    digest.update(np.ascontiguousarray(ds[a : a + rows]).tobytes())
+            ds = _dataset(f, name, path)
+            if not _elsewhere(ds, path):
+                continue
+            digest = hashlib.sha256(f"{ds.dtype.str}{ds.shape}".encode())
+            row = ds.dtype.itemsize * int(np.prod(ds.shape[1:]))
+            rows = max(1, CHUNK_BYTES // max(row, 1))
+            for a in range(0, ds.shape[0] if ds.shape else 0, rows):
+                values = _read(ds, f"{path}:{name}", a, a + rows)
+                digest.update(np.ascontiguousarray(values).tobytes())
             out[name] = digest.hexdigest()
     return out
 
 
 def members(path: Path) -> list[str]:
     """The datasets of the HDF5 file ``path`` by their path in it (:func:`_datasets`), kept
-    for the process while the file's status (inode, size, times) is the same."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        st = None
+    for the process while the file's status (inode, size, times) is the same. Raises
+    DataError: not a regular file, not HDF5, an external link to a file that is not a
+    regular one (:func:`_linked`)."""
+    st = files.checked(path)
     if st is None:
-        return list(_listed(str(path), None))
+        raise files.missing(path)
+    _linked(path, set())  # every time: a linked file may have changed since
     return list(_listed(str(path), (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)))
 
 
 @functools.lru_cache(maxsize=8)
-def _listed(path: str, status: tuple[int, ...] | None) -> tuple[str, ...]:
-    with reading(f"{path}: not a readable HDF5 file", _BROKEN), h5py.File(path, "r") as f:
+def _listed(path: str, status: tuple[int, ...]) -> tuple[str, ...]:
+    problem = f"{path}: not a readable HDF5 file"
+    with waiting(path), reading(problem, _BROKEN), h5py.File(path, "r") as f:
         return tuple(_datasets(f))
+
+
+def _linked(path: Path, seen: set[Path]) -> None:
+    """Check every file the external links of the HDF5 file ``path`` reach, and theirs in
+    turn (``seen``: those done), before HDF5 follows any of them: a regular file, or nothing
+    there (a link that leads nowhere). Raises DataError naming the link and the file."""
+    seen.add(path.resolve())
+    found: list[tuple[str, h5py.ExternalLink]] = []
+
+    def visit(name: str, link: object) -> None:
+        if isinstance(link, h5py.ExternalLink):
+            found.append((name, link))
+
+    problem = f"{path}: not a readable HDF5 file"
+    with waiting(str(path)), reading(problem, _BROKEN), h5py.File(path, "r") as f:
+        f.visititems_links(visit)
+    for name, link in found:
+        what = f"the file of HDF5 external link {path}:{name}"
+        target = _reached(link.filename, path, "HDF5_EXT_PREFIX", what)
+        if target is None and os.path.isabs(link.filename):  # HDF5 then tries its last part
+            target = _reached(Path(link.filename).name, path, "HDF5_EXT_PREFIX", what)
+        if target is not None and target.resolve() not in seen and is_hdf5_file(target):
+            _linked(target, seen)
+
+
+def is_hdf5_file(path: Path) -> bool:
+    """:func:`is_hdf5` of the file ``path`` (app/data/formats/files.py's rule)."""
+    with files.opened(path) as f:
+        return is_hdf5(f.fileno(), os.fstat(f.fileno()).st_size)
 
 
 def _datasets(f: h5py.File) -> list[str]:
@@ -118,22 +210,18 @@ def _datasets(f: h5py.File) -> list[str]:
 
 def _missing_source(ds: h5py.Dataset, path: Path) -> str | None:
     """For a virtual dataset, the first source HDF5 would not find (it reads the fill value
-    there, silently): its file, looked for as HDF5 does (as named when absolute, else under
-    ``HDF5_VDS_PREFIX``, beside ``path``, in the working directory; ``.`` is ``path``
-    itself), or ``FILE:DATASET`` when the file lacks the dataset; None when all are there."""
+    there, silently): its file, looked for as HDF5 does (:func:`_places`, under
+    ``HDF5_VDS_PREFIX``; each place checked as a data file is), or ``FILE:DATASET`` when
+    the file lacks the dataset; None when all are there."""
     if not ds.is_virtual:
         return None
     for source in ds.virtual_sources():
         name = source.file_name
-        places = [path] if name == "." else [Path(name)] if os.path.isabs(name) else [
-            *(Path(p) / name for p in os.environ.get("HDF5_VDS_PREFIX", "").split(":") if p),
-            path.parent / name,
-            Path(name),
-        ]  # fmt: skip
-        found = next((p for p in places if p.is_file()), None)
+        what = f"the source file of HDF5 virtual dataset {path}:{ds.name.lstrip('/')}"
+        found = _reached(name, path, "HDF5_VDS_PREFIX", what)
         if found is None:
             return name
-        with h5py.File(found, "r") as src:
+        with _open(found, f"{found}: not a readable HDF5 file") as src:
             if not isinstance(src.get(source.dset_name), h5py.Dataset):
                 return f"{name}:{source.dset_name}"
     return None
@@ -153,21 +241,15 @@ class HdfArray(ArrayFile):
             )
         self.name = meant[0] if meant else name
         self.name_member(path, self.name, found, "dataset in the HDF5 file")
-        with reading(f"{self.label}: cannot read", _BROKEN), h5py.File(path, "r") as f:
-            ds = f[self.name]
-            lost = _missing_source(ds, path)
-            if lost is not None:
-                raise DataError(
-                    f"{self.label}: a virtual dataset whose source {lost} is not there "
-                    "(HDF5 would read its fill value in its place)"
-                )
+        with _open(path, f"{self.label}: cannot read") as f:
+            ds = _dataset(f, self.name, path)
             self.header = Header(self.label, tuple(int(n) for n in ds.shape), ds.dtype)
             self.chunk_rows = ds.chunks[0] if ds.chunks else None
             # In place: contiguous (filters need chunks in HDF5), and in this very file (an
             # external link's offset is in the file it links to).
             plain = ds.chunks is None and not _elsewhere(ds, path)
-            offset = ds.id.get_offset() if plain else None
-        self.offset, self.file_size = offset, os.stat(path).st_size
+            self.offset = ds.id.get_offset() if plain else None
+            self.file_size = f.id.get_filesize()
 
     def chunks(
         self, shape: Shape, allow_nonfinite: bool, chunk_rows: int = CHUNK_ROWS
@@ -177,14 +259,14 @@ class HdfArray(ArrayFile):
         block = step  # rows read at once: whole chunks of the dataset when they fit the bound
         if self.chunk_rows and self.chunk_rows * self.header.row_values * 4 <= CHUNK_BYTES:
             block = -(-self.chunk_rows // step) * step
-        with reading(f"{self.label}: cannot read", _BROKEN), h5py.File(self.path, "r") as f:
-            ds = f[self.name]
+        with _open(self.path, f"{self.label}: cannot read") as f:
+            ds = _dataset(f, self.name, self.path)
             held: dict[str, Any] = {"start": -1, "rows": np.zeros(0)}  # the block read last
 
             def read(a: int, b: int) -> np.ndarray:
                 first = a // block * block
                 if held["start"] != first:
-                    held["start"], held["rows"] = first, ds[first : first + block]
+                    held["start"], held["rows"] = first, _read(ds, self.label, first, first + block)
                 rows: np.ndarray = held["rows"]
                 return rows[a - first : b - first]
 

@@ -3,9 +3,13 @@
 refused from the header alone).
 
 A float32, native byte order, C-ordered array is used where it lies: :meth:`NpyArray.in_place`
-gives its offset and the cache maps the file itself (no conversion, no copy). Any other real
-dtype, or Fortran order, is read through a read-only memory map in blocks and converted
-once. A file shorter than its header says is refused (truncated). No TensorFlow here.
+gives its offset and the cache maps the file itself (no conversion, no copy). Its rows, and
+those of any other real dtype or of Fortran order (converted once), are read in blocks with
+``preadv``, not through a memory map: a file cut short while it is read gives a short read
+(DataError naming it), not the SIGBUS that ends a process reading a map past the end. A file
+shorter than its header says is refused (truncated); a dtype that is not real numbers (an
+object array's pickle) is refused from the header, before its size is measured. No
+TensorFlow here.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import IO
 
 import numpy as np
 
+from app.data.formats import files
 from app.data.formats.arrays import ArrayFile, Header, float_rows
 from app.data.formats.base import CHUNK_ROWS, Shape
 from app.errors import DataError
@@ -46,28 +51,46 @@ class NpyArray(ArrayFile):
 
     def __init__(self, path: Path) -> None:
         self.path, self.label = path, str(path)
-        try:
-            with open(path, "rb") as f:
-                self.header, fortran, offset = read_header(f, self.label)
-                self.file_size = os.fstat(f.fileno()).st_size
-        except OSError as exc:
-            raise DataError(f"{path}: cannot read: {exc.strerror}") from exc
+        with files.opened(path) as f:
+            self.header, self.fortran, offset = read_header(f, self.label)
+            self.file_size = os.fstat(f.fileno()).st_size
+        self.header.check_dtype()  # an object array's pickle is never read, nor measured
         if offset + self.size > self.file_size:
             raise DataError(
                 f"{path}: truncated: its header says {self.header.shape} {self.header.dtype} "
                 f"({offset + self.size:,} bytes with the header), the file has "
                 f"{self.file_size:,}"
             )
-        self.offset = None if fortran else offset
+        self.values_at = offset
+        self.offset = None if self.fortran else offset
 
     def chunks(
         self, shape: Shape, allow_nonfinite: bool, chunk_rows: int = CHUNK_ROWS
     ) -> Iterator[np.ndarray]:
         self.header.check(shape)
+        with files.opened(self.path) as f:
+            fd = f.fileno()
+            yield from float_rows(
+                self.header, lambda a, b: self._rows(fd, a, b), shape.width, allow_nonfinite,
+                chunk_rows,
+            )  # fmt: skip
+
+    def _rows(self, fd: int, start: int, stop: int) -> np.ndarray:
+        """Rows ``start .. stop - 1`` as the file holds them, read with ``preadv`` (a file
+        cut short since gives fewer values, never a SIGBUS as a memory map would): (values,)
+        in C order, or (rows, …) of a Fortran-ordered array (each of its columns a run of
+        the file). Raises DataError (unreadable)."""
+        h, dt = self.header, self.header.dtype
         try:
-            mapped = np.load(self.path, mmap_mode="r", allow_pickle=False)
-        except (ValueError, OSError) as exc:
-            raise DataError(f"{self.path}: cannot map: {exc}") from None
-        yield from float_rows(
-            self.header, lambda a, b: mapped[a:b], shape.width, allow_nonfinite, chunk_rows
-        )
+            if not self.fortran:
+                out = np.empty((stop - start) * h.row_values, dt)
+                at = self.values_at + start * h.row_values * dt.itemsize
+                return out[: os.preadv(fd, [out.view(np.uint8).data], at) // dt.itemsize]
+            cols = np.empty((h.row_values, stop - start), dt)
+            for c, col in enumerate(cols):
+                at = self.values_at + (c * h.rows + start) * dt.itemsize
+                if os.preadv(fd, [col.view(np.uint8).data], at) != col.nbytes:
+                    return cols[:0]
+        except OSError as exc:
+            raise files.unreadable(self.path, exc) from None
+        return cols.reshape(*h.shape[1:][::-1], stop - start).T

@@ -16,6 +16,7 @@ from typing import IO
 
 import numpy as np
 
+from app.data.formats import files
 from app.data.formats.arrays import ArrayFile, Header, float_rows, reading
 from app.data.formats.base import CHUNK_ROWS, Shape
 from app.data.formats.npy import read_header
@@ -28,7 +29,11 @@ _BROKEN = (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, KeyErr
 
 def members(path: Path) -> list[str]:
     """The array names of the .npz ``path`` (its ``.npy`` members without the suffix)."""
-    with reading(f"{path}: not a readable .npz (zip) file", _BROKEN), zipfile.ZipFile(path) as zf:
+    with (
+        files.opened(path) as f,
+        reading(f"{path}: not a readable .npz (zip) file", _BROKEN),
+        zipfile.ZipFile(f) as zf,
+    ):
         return [n.removesuffix(".npy") for n in zf.namelist() if n.endswith(".npy")]
 
 
@@ -48,8 +53,9 @@ class NpzArray(ArrayFile):
     @contextmanager
     def _stream(self) -> Iterator[tuple[IO[bytes], Header, bool]]:
         with (
+            files.opened(self.path) as f,
             reading(f"{self.label}: truncated or corrupt .npz", _BROKEN),
-            zipfile.ZipFile(self.path) as zf,
+            zipfile.ZipFile(f) as zf,
             zf.open(f"{self.name}.npy") as stream,
         ):
             header, fortran, _ = read_header(stream, self.label)

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.data.formats import hdf5
-from app.data.formats.base import Array, missing
+from app.data.formats import files, hdf5
+from app.data.formats.base import Array
 from app.data.formats.detect import open_array
 from app.errors import ConfigError, DataError
 
@@ -82,19 +81,19 @@ def in_container(path: Path, names: Mapping[str, str | None]) -> dict[str, str]:
     """The members of the four roles in the container ``path`` (``--data FILE``): the
     array ``names[role]`` when given (``--train-features NAME``), else the one named after
     the role."""
-    regular(path)
     return {role: names.get(role) or role for role in ROLES}
 
 
 def find(data_dir: Path, role: str, name: str | None = None) -> Path:
     """The file of ``role`` in ``data_dir``: ``name`` if given, else the one of its
-    default names (:data:`SUFFIXES`) that exists.
+    default names (:data:`SUFFIXES`) that exists. What it is (a regular file) is decided
+    where it is opened (app/data/formats/files.py).
 
-    Raises DataError (exit 3) when none exists, ConfigError (exit 2) when two exist
-    (which one is meant can't be known).
+    Raises DataError (exit 3) when none exists (or ``data_dir`` is a FIFO, a device or a
+    socket), ConfigError (exit 2) when two exist (which one is meant can't be known).
     """
     if name is not None:
-        return regular(data_dir / name)
+        return data_dir / name
     names = [f"{role}{suffix}" for suffix in SUFFIXES]
     found = [data_dir / n for n in names if os.path.lexists(data_dir / n)]
     if len(found) > 1:
@@ -104,42 +103,13 @@ def find(data_dir: Path, role: str, name: str | None = None) -> Path:
             f"--{role.replace('_', '-')}"
         )
     if not found:
+        if not os.path.isdir(data_dir):  # a FIFO or a device given as --data
+            files.checked(data_dir, "--data")
         raise DataError(
             f"{data_dir / names[0]}: missing data file ({role.replace('_', ' ')}; also "
             f"looked for {', '.join(names[1:])})"
         )
-    return regular(found[0])
-
-
-#: What a path that is not a regular file is, for the message.
-_KINDS = (
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISDIR, "a directory"),
-)
-
-
-def regular(path: Path) -> Path:
-    """``path`` when it is a regular file (a symlink is followed: the data directory is the
-    operator's) or missing (reported where it is read); checked with ``stat``, before
-    anything opens it.
-
-    Raises DataError (exit 3) naming the file when it is a FIFO, a device, a socket or a
-    directory: opening a FIFO for reading blocks until a writer comes, a device or a
-    socket is no data set, and neither can be fingerprinted or resumed.
-    """
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return path
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read: {exc.strerror}") from exc
-    if not stat.S_ISREG(st.st_mode):
-        kind = next((what for test, what in _KINDS if test(st.st_mode)), "not a file")
-        raise DataError(f"{path}: data file is {kind}, not a regular file")
-    return path
+    return found[0]
 
 
 def fingerprint(path: Path, members: Iterable[str] = ()) -> dict[str, object]:
@@ -152,25 +122,24 @@ def fingerprint(path: Path, members: Iterable[str] = ()) -> dict[str, object]:
     new file (converted again), a mount of the same file is not. For an HDF5 file, a
     SHA-256 of the values of each of ``members`` (the datasets the run reads in it) that
     lies in another file too (``elsewhere``: app/data/formats/hdf5.py
-    ``stored_elsewhere``). Raises DataError (missing or unreadable)."""
+    ``stored_elsewhere``). Raises DataError (missing, not a regular file, unreadable)."""
     try:
-        with open(path, "rb") as f:
+        with files.opened(path) as f:
             st = os.fstat(f.fileno())
             digest = hashlib.sha256()
             size = st.st_size
             between = [size * i // (SAMPLES + 1) for i in range(1, SAMPLES + 1)]
             for offset in dict.fromkeys([0, *between, max(size - SAMPLE_BYTES, 0)]):
                 digest.update(os.pread(f.fileno(), SAMPLE_BYTES, offset))
-    except FileNotFoundError as exc:
-        raise missing(path) from exc
+            container = hdf5.is_hdf5(f.fileno(), size)
     except OSError as exc:
-        raise DataError(f"{path}: cannot read: {exc.strerror}") from exc
+        raise files.unreadable(path, exc) from exc
     out: dict[str, object] = {
         "bytes": size,
         "mtime_ns": st.st_mtime_ns,
         "ctime_ns": st.st_ctime_ns,
         "sample_sha256": digest.hexdigest(),
     }
-    if hdf5.is_hdf5(path, size) and (elsewhere := hdf5.stored_elsewhere(path, members)):
+    if container and (elsewhere := hdf5.stored_elsewhere(path, members)):
         out["elsewhere"] = elsewhere
     return out

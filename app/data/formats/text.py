@@ -6,20 +6,18 @@ is never used in place. No TensorFlow here.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from app.data.formats import textfile
+from app.data.formats import files, textfile
 from app.data.formats.base import (
     CHUNK_ROWS,
     Converted,
     Io,
     Place,
     Shape,
-    missing,
     too_many_columns,
 )
 from app.data.formats.textfile import parallel
@@ -31,10 +29,10 @@ class TextArray:
 
     def __init__(self, path: Path) -> None:
         self.path, self.label = path, str(path)
-        try:
-            self.size = os.stat(path).st_size
-        except FileNotFoundError:
-            raise missing(path) from None
+        st = files.checked(path)
+        if st is None:
+            raise files.missing(path)
+        self.size = st.st_size
 
     def columns(self, limit: int) -> int:
         """The fields on the first line, counted without parsing more than ``limit``; a

@@ -21,6 +21,7 @@ same bits (tested).
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 from dataclasses import dataclass
@@ -30,8 +31,9 @@ import numpy as np
 import tensorflow as tf
 
 from app.data.cache import DataCache
+from app.data.cache.rows import Lost
 from app.data.input.stream import ALIGNMENT, Source, Stats, aligned
-from app.errors import StorageError
+from app.signals import truncated, watch_mapped
 
 
 @dataclass
@@ -96,33 +98,43 @@ MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 
 def populate(mapping: mmap.mmap) -> None:
     """Map every page of ``mapping`` for reading (no copy: the page cache's pages); where
-    the kernel lacks ``MADV_POPULATE_READ``, by reading a byte of each page."""
+    the kernel lacks ``MADV_POPULATE_READ``, by reading a byte of each page. Raises OSError
+    (EFAULT: the file is shorter than the mapping)."""
     try:
         mapping.madvise(MADV_POPULATE_READ)
-    except OSError:  # EINVAL before Linux 5.14
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:  # EINVAL before Linux 5.14
+            raise
         np.frombuffer(mapping, np.uint8)[:: mmap.PAGESIZE].sum()
 
 
-def map_private(path: Path, start: int, end: int) -> tuple[mmap.mmap, int]:
+def map_private(path: Path, start: int, end: int, lost: Lost) -> tuple[mmap.mmap, int]:
     """Bytes ``start .. end`` of the file ``path`` mapped private and writable (a symlink is
-    not followed), populated for reading (:func:`populate`): the mapping, from the page
-    boundary at or below ``start``, and where ``start`` is in it. Raises StorageError when
-    the file is shorter than ``end``."""
+    not followed), populated for reading (:func:`populate`) and watched for a SIGBUS while
+    it is mapped (app/signals.py ``watch_mapped``: ``lost`` ends the run): the mapping, from
+    the page boundary at or below ``start``, and where ``start`` is in it. Raises
+    ``lost(what)`` when the file is shorter than ``end``."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        if os.fstat(fd).st_size < end:
-            raise StorageError(f"{path}: cache file is truncated; delete {path.parent}")
+        if (size := os.fstat(fd).st_size) < end:
+            raise lost(truncated(size, end))
+        watch_mapped(fd, end, lost)
         offset = start - start % mmap.ALLOCATIONGRANULARITY  # a mapping starts on a page
         length = max(end - offset, 1)
         prot = mmap.PROT_READ | mmap.PROT_WRITE
         mapping = mmap.mmap(fd, length, mmap.MAP_PRIVATE, prot, offset=offset)
+        try:
+            populate(mapping)
+        except OSError:  # cut short since the check
+            raise lost(truncated(os.fstat(fd).st_size, end)) from None
     finally:
         os.close(fd)
-    populate(mapping)
     return mapping, start - offset
 
 
-def _mapped(where: tuple[Path, int], shape: tuple[int, ...], dtype: np.dtype) -> tf.Tensor:
+def _mapped(
+    where: tuple[Path, int], shape: tuple[int, ...], dtype: np.dtype, lost: Lost
+) -> tf.Tensor:
     """A tensor of ``shape`` and ``dtype`` (float32, or bfloat16: ml_dtypes') over a
     private, populated memory map of the file ``where`` names from its byte offset on (the
     cache's own file at 0, or an array read in place after its header;
@@ -130,11 +142,11 @@ def _mapped(where: tuple[Path, int], shape: tuple[int, ...], dtype: np.dtype) ->
     :data:`ALIGNMENT` (HDF5 may put a dataset anywhere) is copied into aligned memory:
     TensorFlow's kernels refuse unaligned tensors (a ``Check failed: IsAligned()`` abort in
     ``GatherOp``). DLPack from numpy knows no bfloat16: those are handed over as uint16 and
-    bitcast, which keeps the buffer. Raises StorageError when the file is shorter than
-    ``shape``."""
+    bitcast, which keeps the buffer. Raises ``lost(what)`` when the file is shorter than
+    ``shape``; a SIGBUS when it is cut short later ends the run with it."""
     path, base = where
     count = int(np.prod(shape))
-    mapping, skip = map_private(path, base, base + dtype.itemsize * count)
+    mapping, skip = map_private(path, base, base + dtype.itemsize * count, lost)
     bits = np.dtype(np.float32) if dtype == np.float32 else np.dtype(f"u{dtype.itemsize}")
     array = np.frombuffer(mapping, bits, count, offset=skip).reshape(shape)
     if base % ALIGNMENT:  # TensorFlow's kernels check the alignment: a copy that has it
@@ -151,7 +163,8 @@ def hold(cache: DataCache, stats: Stats | None, source: Source | None = None) ->
     ``stats`` (None: raw; the labels only for rows standardised already)."""
     n, h, w, k = cache.train_size, cache.height, cache.width, cache.num_outputs
     source = source or Source.raw(cache)
-    features = _mapped(source.where, (n, h, w, 1), source.dtype)
-    labels = _mapped(cache.where("train_y.f32"), (n, k), np.dtype(np.float32))
+    features = _mapped(source.where, (n, h, w, 1), source.dtype, cache.lost(source.where[0]))
+    where = cache.where("train_y.f32")
+    labels = _mapped(where, (n, k), np.dtype(np.float32), cache.lost(where[0]))
     rounded = source.dtype != np.float32
     return Resident(features, labels, standardization(stats, not source.standardized), rounded)

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -35,7 +36,8 @@ from app.data.cache import DataCache, rounded
 from app.data.input import mapped, order, stream
 from app.data.input.mapped import Resident
 from app.data.input.stream import Stats
-from app.errors import StorageError
+from app.errors import AppError, StorageError
+from app.signals import end_now
 
 PREFETCH_BATCHES = 2
 #: Epochs a run gathers from a held split for it to make the rows rounded to bfloat16
@@ -47,6 +49,21 @@ Transform = Callable[[tf.Tensor], tf.Tensor]
 
 def _identity(t: tf.Tensor) -> tf.Tensor:
     return t
+
+
+def _ending(read: Callable[..., Any]) -> Callable[..., Any]:
+    """``read`` for ``tf.numpy_function``: an AppError it raises (a file cut short under
+    the run, app/data/cache/rows.py) ends the run at once with its own code and one line
+    (app/signals.py ``end_now``); TensorFlow would turn it into an UnknownError, exit 1,
+    with a traceback's text for its message."""
+
+    def call(*args: Any) -> Any:
+        try:
+            return read(*args)
+        except AppError as exc:
+            end_now(exc)
+
+    return call
 
 
 def training_rows(cache: DataCache, rows: np.ndarray | None) -> int:
@@ -196,7 +213,7 @@ def _timed_load(cache: DataCache, rows: np.ndarray, held: stream.Source) -> floa
         (cache.where("train_y.f32"), 4 * cache.num_outputs),
     ):
         start, end = base + int(rows[0]) * row, base + (int(rows[-1]) + 1) * row
-        area, _ = mapped.map_private(path, start, end)
+        area, _ = mapped.map_private(path, start, end, cache.lost(path))
         area.close()
     return time.perf_counter() - t0
 
@@ -283,7 +300,8 @@ def train_input(
         ahead = stream.Ahead(cache, rows, source, **order_of)
 
         def indices(step: tf.Tensor) -> tf.Tensor:
-            idx = tf.numpy_function(lambda s: ahead.ids(int(s)), [step], tf.int64, stateful=False)
+            idx = tf.numpy_function(_ending(lambda s: ahead.ids(int(s))), [step], tf.int64,
+                                    stateful=False)  # fmt: skip
             idx.set_shape((batch_size,))
             return idx
 
@@ -308,7 +326,7 @@ def _chunks(
 
     def streamed(step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         x, y, at = tf.numpy_function(
-            lambda s: reader.element(int(s)), [step], types, stateful=False
+            _ending(lambda s: reader.element(int(s))), [step], types, stateful=False
         )
         x.set_shape((None, c.height, c.width, 1))
         y.set_shape((None, c.num_outputs))
@@ -415,7 +433,7 @@ def eval_dataset(
         )
 
     def fetch(start: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        x, y = tf.numpy_function(load, [start], (tf.float32, tf.float32), stateful=False)
+        x, y = tf.numpy_function(_ending(load), [start], (tf.float32, tf.float32), stateful=False)
         x.set_shape((None, cache.height, cache.width, 1))
         y.set_shape((None, cache.num_outputs))
         return features_fn(x), y

@@ -26,8 +26,13 @@ once no tensor refers to it any more.
 Memory: the chunk the steps gather from, the one being read, the one the batches still in
 flight came from (the memory estimate, app/training/admit/memory.py, counts
 :data:`CHUNKS_HELD` chunks). Labels are read through a memory map of the labels file (K
-floats a row: its pages stay mapped, a ``K / (H·W + K)`` share of the split at most).
-Never imports TensorFlow.
+floats a row: its pages stay mapped, a ``K / (H·W + K)`` share of the split at most; a
+``preadv`` per run of 4 rows of 12 bytes cost 3–6 ms a chunk against 0.02 ms), watched for
+the SIGBUS of a file cut short (app/signals.py ``watch_mapped``). The features are read from
+the file opened when the run began, and a file cut short under the run is its error
+(app/data/cache/rows.py); an error in a background read ends the run at once with its code
+(app/signals.py ``end_now``: TensorFlow would make it an UnknownError of exit 1). Never
+imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -44,8 +49,10 @@ from pathlib import Path
 import numpy as np
 
 from app.data.cache import DataCache
+from app.data.cache.rows import RowsFile
 from app.data.input import order
-from app.errors import StorageError
+from app.errors import AppError
+from app.signals import end_now
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
@@ -118,13 +125,9 @@ class Source:
         return self.dtype.itemsize * cache.height * cache.width
 
 
-def runs(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Runs of consecutive values in sorted ``ids``: (starts, ends) as positions in ``ids``
-    (``ids[starts[i]:ends[i]]`` is one run)."""
-    if len(ids) == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    starts = np.flatnonzero(np.diff(ids, prepend=ids[0] - 2) != 1)
-    return starts, np.append(starts[1:], len(ids))
+def _file(cache: DataCache, source: Source) -> RowsFile:
+    """The training features file of ``source`` (app/data/cache/rows.py), opened once."""
+    return cache.rows_file(source.where, source.row_bytes(cache) * cache.train_size)
 
 
 def announce(cache: DataCache, ids: np.ndarray, source: Source | None = None) -> None:
@@ -132,16 +135,10 @@ def announce(cache: DataCache, ids: np.ndarray, source: Source | None = None) ->
     (``POSIX_FADV_WILLNEED`` per run of consecutive rows): it starts reading all that the
     page cache does not hold at once, so a split read from the disk has many reads in
     flight, not one 62 KB read at a time (docs/performance.md, "Streaming from disk").
-    ``source``: the rows' file (default the cache's float32 rows)."""
+    ``source``: the rows' file (default the cache's float32 rows). Raises the file's error
+    when it was cut short (``DataCache.lost``)."""
     source = source or Source.raw(cache)
-    (path, base), row = source.where, source.row_bytes(cache)
-    starts, ends = runs(ids)
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
-            os.posix_fadvise(fd, base + int(ids[a]) * row, (b - a) * row, os.POSIX_FADV_WILLNEED)
-    finally:
-        os.close(fd)
+    _file(cache, source).announce(ids, source.where[1], source.row_bytes(cache))
 
 
 def read_features(
@@ -149,22 +146,12 @@ def read_features(
 ) -> None:
     """Read training rows ``ids`` (sorted) of the features into ``out`` (len(ids), H, W, 1)
     of ``source``'s dtype (default the cache's float32 rows, raw), one ``preadv`` per run,
-    all of them announced first (:func:`announce`). Raises StorageError if the file is
-    shorter than the manifest says."""
+    all of them announced first (:func:`announce`). Raises the file's error when it is
+    shorter than the manifest says (``DataCache.lost``)."""
     source = source or Source.raw(cache)
     announce(cache, ids, source)
-    (path, base), row = source.where, source.row_bytes(cache)
-    buf = memoryview(out.reshape(-1).view(np.uint8).data)
-    starts, ends = runs(ids)
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        os.posix_fadvise(fd, base, 0, os.POSIX_FADV_RANDOM)  # no readahead past a block
-        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
-            at = base + int(ids[a]) * row
-            if os.preadv(fd, [buf[a * row : b * row]], at) != (b - a) * row:
-                raise StorageError(f"{path}: cache file is truncated; delete {cache.path}")
-    finally:
-        os.close(fd)
+    view = memoryview(out.reshape(-1).view(np.uint8).data)
+    _file(cache, source).read(ids, source.where[1], source.row_bytes(cache), view)
 
 
 def cached_share(where: tuple[Path, int], nbytes: int) -> float:
@@ -243,7 +230,7 @@ class Reader(_Steps):
         super().__init__(cache, rows, **order_of)
         #: Where the feature rows are read from (default the cache's float32 rows, raw).
         self.source = source or Source.raw(cache)
-        self._labels = cache.labels("train")
+        self._labels = cache.labels("train")  # mapped, watched (K floats a row)
         self._chunks: dict[int, Future[Chunk]] = {}
         self._free: list[np.ndarray] = []  # chunk buffers nothing refers to any more
 
@@ -284,6 +271,7 @@ class Reader(_Steps):
         read_features(c, ids, x, self.source)
         y = aligned((len(ids), c.num_outputs))
         np.take(self._labels, ids, axis=0, out=y)
+        c.check("train", "labels")  # a last page cut short reads zeros
         return Chunk(j * order.WINDOW_STEPS, local, x, y)
 
 
@@ -318,4 +306,11 @@ class Ahead(_Steps):
         return at if self.rows is None else self.rows[at]
 
     def _announce(self, j: int) -> None:
-        announce(self.cache, self._chunk(j)[0], self.source)
+        """Announce chunk ``j``'s rows; a file of the held split cut short (its last page
+        reads zeros past the new end, without a SIGBUS) ends the run (nothing waits for this
+        thread: app/signals.py ``end_now``)."""
+        try:
+            announce(self.cache, self._chunk(j)[0], self.source)
+            self.cache.check("train", "labels")
+        except AppError as exc:
+            end_now(exc)

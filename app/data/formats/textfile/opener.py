@@ -12,6 +12,7 @@ import gzip
 import zlib
 from typing import BinaryIO
 
+from app.data.formats import files
 from app.errors import DataError
 
 #: A longer line is an error (a binary file, or no newlines); with ``chunk_rows`` this
@@ -25,15 +26,10 @@ _GZIP_MAGIC = b"\x1f\x8b"
 def open_data(path: str) -> tuple[BinaryIO, BinaryIO]:
     """(raw file, byte stream): the stream decompresses when the file starts with gzip magic.
 
-    The caller closes both. Raises DataError: no such file, or it cannot be read
-    (permissions, a directory, ...).
+    The caller closes both. Raises DataError: no such file, not a regular file, or it
+    cannot be read (permissions, ...): app/data/formats/files.py.
     """
-    try:
-        raw = open(path, "rb")  # noqa: SIM115 - closed by the caller
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
-    except OSError as exc:  # permissions, a directory, ...
-        raise cannot_read(path, exc) from None
+    raw = files.opened(path)
     try:
         magic = raw.read(len(_GZIP_MAGIC))
         raw.seek(0)
@@ -68,7 +64,7 @@ def read_into(stream: BinaryIO, view: memoryview, path: str) -> int:
 
 def cannot_read(path: str, exc: OSError) -> DataError:
     """``<path>: cannot read: <reason>`` for an I/O failure."""
-    return DataError(f"{path}: cannot read: {exc.strerror or exc}")
+    return files.unreadable(path, exc)
 
 
 def line_too_long(path: str, line: int) -> DataError:

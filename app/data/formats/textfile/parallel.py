@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from app.atomic import FILE_MODE
-from app.data.formats import textfile
+from app.data.formats import files, textfile
 from app.data.formats.base import Converted
 from app.data.formats.textfile import blocks, follow, opener
 from app.errors import DataError, InputTooLarge, Preempted
@@ -100,7 +100,7 @@ def split_lines(
         raise ValueError(f"parts and min_bytes must be >= 1, got {parts} and {min_bytes}")
     name = os.fspath(path)
     try:
-        with open(name, "rb") as f:
+        with files.opened(name) as f:
             size = os.fstat(f.fileno()).st_size
             count = max(1, min(parts, size // min_bytes))
             cuts = [0]
@@ -110,8 +110,6 @@ def split_lines(
                 if cut >= size:
                     break
                 cuts.append(cut)
-    except FileNotFoundError:
-        raise DataError(f"{name}: no such file") from None
     except OSError as exc:
         raise opener.cannot_read(name, exc) from None
     return list(zip(cuts, [*cuts[1:], size], strict=True))
@@ -202,7 +200,9 @@ def _ranges(
     if threads == 1 or textfile.is_gzip(src):
         return [(0, 0)]
     min_bytes = MIN_RANGE_BYTES if min_range_bytes is None else min_range_bytes
-    parts = max(threads * RANGES_PER_THREAD, -(-os.stat(src).st_size // MAX_RANGE_BYTES))
+    st = files.checked(src)  # there: is_gzip opened it
+    size = st.st_size if st is not None else 0
+    parts = max(threads * RANGES_PER_THREAD, -(-size // MAX_RANGE_BYTES))
     return split_lines(src, parts, min_bytes)
 
 
@@ -355,7 +355,7 @@ def _count_lines(src: str, start: int, stop: int, last: bool, buf: memoryview) -
         else lambda b: int(np.count_nonzero(np.frombuffer(b, np.uint8) == 10))
     )
     lines, pos, tail = 0, start, b"\n"
-    with open(src, "rb", buffering=0) as f:
+    with files.opened(src, buffering=0) as f:
         while pos < stop:
             got = os.preadv(f.fileno(), [buf[: min(_COUNT_BYTES, stop - pos)]], pos)
             if got == 0:
@@ -374,7 +374,7 @@ def _advise(src: str, start: int, stop: int, advice: int) -> None:
     made from it replaces the text; a text larger than the memory would otherwise push out
     of the page cache the rows just written, which the training reads next (at the seed's
     scale: the page cache held 34 % of them when the run began, docs/performance.md)."""
-    with contextlib.suppress(OSError), open(src, "rb", buffering=0) as f:
+    with contextlib.suppress(OSError, DataError), files.opened(src, buffering=0) as f:
         os.posix_fadvise(f.fileno(), start, stop - start, advice)
 
 
