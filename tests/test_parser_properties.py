@@ -47,6 +47,7 @@ from app.config import TrainConfig
 from app.data.formats.sources import ROLES
 from app.data.formats.textfile import parallel
 from app.training.inputs.load import load_data
+from tests.conftest import cache_dir
 
 EXAMPLES = int(os.environ.get("CORETRAIN_HYPOTHESIS_EXAMPLES", "300"))
 H, W = 2, 3
@@ -208,7 +209,7 @@ def _run(files: dict[str, bytes], threads: int, root: Path) -> tuple[int, str, o
     plan = SimpleNamespace(intra_op_threads=threads)
     err = io.StringIO()
     try:
-        return 0, "", load_data(config, config.resolved_cache_dir, plan, lambda: False)  # type: ignore[arg-type]
+        return 0, "", load_data(config, cache_dir(config), plan, lambda: False)  # type: ignore[arg-type]
     except Exception as exc:  # what the CLI does with it
         with contextlib.redirect_stderr(err), mock.patch.object(cli.logs, "event"):
             try:

@@ -116,10 +116,12 @@ def train(
 
 def _open(ws: workspace.Workspace, config: TrainConfig, plan: ThreadPlan,
           cluster: Cluster | None) -> None:  # fmt: skip
-    """The JSON log file in ``ws``, the plan in ``logs/plan.json`` and the ``start`` event."""
+    """The JSON log file in ``ws``, the plan in ``logs/plan.json``, the ``start`` event, then
+    the ``cache_default`` warning if there is one."""
     workspace.open_log(ws)
     write_json(ws.plan_file, plan.to_json(), "output directory")
     _log_start(config, plan, cluster, ws.plan_file)
+    workspace.log_cache_note(ws)
 
 
 def _log_start(
