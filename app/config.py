@@ -83,9 +83,11 @@ class CacheConfig(Options):
 
     cache_dir: Path | None = option(
         None,
-        "Binary data cache directory.",
+        "Binary data cache directory. By default one per user, shared by all their runs; "
+        "OUTPUT/cache when there is none: no HOME, or one that can't be written (a "
+        "cache_default warning says why).",
         directory=True,
-        shown_default="OUTPUT/cache",
+        shown_default="$XDG_CACHE_HOME/coretrain or ~/.cache/coretrain",
     )
     max_cache_bytes: int | None = option(
         None,
@@ -314,7 +316,8 @@ class TrainConfig(Options):
     """
 
     output_dir: Path = option(
-        help="Directory for checkpoints/, model/, logs/, metrics.json, cache/.",
+        help="Directory for checkpoints/, model/, logs/, metrics.json (and cache/ when there "
+        "is no cache directory: --cache-dir).",
         flag="--output",
         directory=True,
     )
@@ -380,12 +383,6 @@ class TrainConfig(Options):
     def with_options(self, **values: Any) -> TrainConfig:
         """A new configuration: this one with the options ``values`` (by name) changed."""
         return TrainConfig.of(**{**flat(self), **values})
-
-    @property
-    def resolved_cache_dir(self) -> Path:
-        """The binary cache directory: ``--cache-dir`` or ``<output>/cache``."""
-        cache_dir = self.cache.cache_dir
-        return cache_dir if cache_dir is not None else self.output_dir / "cache"
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable dict of every option, flat (paths as strings)."""

@@ -125,7 +125,7 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
 
             pipeline.train_input = in_memory  # type: ignore[assignment]
         else:
-            data = cache_lib.prepare(sources(config), config.resolved_cache_dir)
+            data = cache_lib.prepare(sources(config), Path(spec["cache"]))
             input_ms = _input_ms(data, plan, spec["batch"], config.recipe.seed)
         summary = train(workspace.for_run(config), config, plan).summary
         records = [json.loads(line) for line in (Path(out) / "logs" / "train.jsonl").open()]
@@ -166,9 +166,7 @@ def _prepare(spec: dict[str, Any]) -> dict[str, Any]:
             data_dir=Path(spec["data"]), output_dir=Path(out), cache_dir=Path(spec["cache"])
         )
         data, wall, cpu = worker.timed(
-            lambda: cache_lib.prepare(
-                sources(config), config.resolved_cache_dir, threads=spec["threads"]
-            )
+            lambda: cache_lib.prepare(sources(config), Path(spec["cache"]), threads=spec["threads"])
         )
     return {
         "wall_s": round(wall, 3),

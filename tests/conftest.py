@@ -42,6 +42,14 @@ def widen(text: bytes, fields: int = 6) -> bytes:
     return b"\n".join(line + pad if line.strip() else line for line in text.split(b"\n"))
 
 
+# The suite's runs keep their data cache in their own output directory, as a run without a
+# per-user cache directory does (app/data/cache/userdir.py: no HOME, no XDG_CACHE_HOME): each
+# test's runs start from nothing and never share a cache or a kept measurement with another
+# test's, and nothing is written into the home of whoever runs the suite. Tests of the
+# per-user directory give their runs a HOME or XDG_CACHE_HOME of their own.
+for _name in ("HOME", "XDG_CACHE_HOME"):
+    os.environ.pop(_name, None)
+
 # Runs a test compares must compute the same way: without this, --formulation auto and
 # --precision auto would pick by timing, which the machine's load can change.
 PINNED = {"CORETRAIN_FORMULATION": "fast", "CORETRAIN_PRECISION": "float32"}
@@ -112,12 +120,20 @@ def reference(
     return pool.submit(train, tiny_data, out)
 
 
+def cache_dir(config: Any) -> Path:
+    """The data cache directory of a run of the TrainConfig ``config`` in the suite's
+    environment (above: no per-user directory): ``--cache-dir``, else OUTPUT/cache."""
+    from app.training.state import workspace
+
+    return workspace.for_run(config, environ={}).cache
+
+
 def prepare_cache(config: Any, **kwargs: Any) -> Any:
     """``cache.prepare`` for a TrainConfig, as a training run calls it (one place for tests)."""
     from app.data import cache
     from app.training.admit.sources import find
 
-    return cache.prepare(find(config.data), config.resolved_cache_dir, **kwargs)
+    return cache.prepare(find(config.data), cache_dir(config), **kwargs)
 
 
 class _Records(logging.Handler):

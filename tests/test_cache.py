@@ -23,7 +23,7 @@ from app.data.cache import marker as cache_marker
 from app.data.cache import store as cache_store
 from app.errors import DataError, Preempted
 from app.training.admit.sources import find
-from tests.conftest import prepare_cache
+from tests.conftest import cache_dir, prepare_cache
 
 
 def _config(data: Path, tmp_path: Path) -> TrainConfig:
@@ -58,7 +58,7 @@ def test_unchanged_sources_reuse_the_cache_and_changed_ones_convert_again(
     first.release()
     prepare_cache(config, keep=cache.Keep(1))
     assert not first.path.exists()  # beyond --cache-keep 1, and nobody uses it any more
-    assert sorted(p.name for p in config.resolved_cache_dir.iterdir()) == [second.path.name]
+    assert sorted(p.name for p in cache_dir(config).iterdir()) == [second.path.name]
 
 
 def test_line_count_mismatch_names_both_files_and_leaves_no_cache(
@@ -73,14 +73,14 @@ def test_line_count_mismatch_names_both_files_and_leaves_no_cache(
     assert str(data / "train_labels.txt") in str(err.value)
     assert str(data / "train_features.txt") in str(err.value)
     assert "239" in str(err.value) and "240" in str(err.value)
-    assert list(config.resolved_cache_dir.iterdir()) == []
+    assert list(cache_dir(config).iterdir()) == []
 
 
 def test_a_stopped_conversion_keeps_its_finished_files_and_the_rerun_does_the_rest(
     tiny_data: Path, tmp_path: Path, logged: list[logging.LogRecord]
 ) -> None:
     config = _config(tiny_data, tmp_path)
-    root = config.resolved_cache_dir
+    root = cache_dir(config)
     work = root / f"{cache.PARTIAL}{cache.source_key(find(config.data))}"
     # Stop as soon as the first file is done (its record is the last thing written).
     with pytest.raises(Preempted):
@@ -141,7 +141,7 @@ def _mark_work(d: Path, key: str = "0123456789abcdef") -> None:
 
 def test_temporary_dirs_of_dead_conversions_are_removed(tiny_data: Path, tmp_path: Path) -> None:
     config = _config(tiny_data, tmp_path)
-    root = config.resolved_cache_dir
+    root = cache_dir(config)
     root.mkdir(parents=True)
     dead = root / ".0123456789abcdef.999999999.0000000a"  # pid 999999999 does not exist
     alive = root / f".0123456789abcdef.{os.getpid()}.0000000b"
@@ -254,7 +254,7 @@ def test_a_swapped_finished_file_of_a_stopped_conversion_is_converted_again(
     reference = (done.path / "train_x.f32").read_bytes()
     # What a conversion stopped after its first file leaves, with that file swapped.
     key = cache.source_key(find(config.data))
-    partial = config.resolved_cache_dir / f"{cache.PARTIAL}{key}"
+    partial = cache_dir(config) / f"{cache.PARTIAL}{key}"
     shutil.copytree(done.path, partial)
     shutil.rmtree(done.path)
     (partial / "train_features.json").write_text(
@@ -275,7 +275,7 @@ def test_a_temporary_file_a_killed_conversion_left_does_not_reach_the_cache(
 ) -> None:
     config = TrainConfig.of(data_dir=tiny_data, output_dir=tmp_path / "out")
     key = cache.source_key(find(config.data))
-    partial = config.resolved_cache_dir / f"{cache.PARTIAL}{key}"
+    partial = cache_dir(config) / f"{cache.PARTIAL}{key}"
     partial.mkdir(parents=True)
     stale = partial / ".train_features.npz.69a40875690a.tmp"  # killed mid atomic write
     stale.write_bytes(b"half a file")
@@ -342,7 +342,7 @@ def test_conversion_temp_dirs_live_by_their_owner_lock_not_their_pid(
     """Containers sharing a cache volume have their own PID namespaces (both may be pid 7):
     a temporary dir is in use while its .owner file is flock-ed, whatever pid it names."""
     config = TrainConfig.of(data_dir=tiny_data, output_dir=tmp_path / "out")
-    root = config.resolved_cache_dir
+    root = cache_dir(config)
     live = root / ".0123456789abcdef.999999999.0000000c"  # no such pid here, but a live owner
     dead = root / f".0123456789abcdef.{os.getpid()}.0000000d"  # "our" pid, but nobody owns it
     for d in (live, dead):
@@ -370,7 +370,7 @@ def test_another_data_sets_stopped_conversion_is_kept_for_it_to_resume(
     """A stopped conversion of other data (its resumable .partial-<key>, nobody holding it)
     survives a run on these data; a dead private work directory is removed."""
     config = _config(tiny_data, tmp_path)
-    root = config.resolved_cache_dir
+    root = cache_dir(config)
     root.mkdir(parents=True)
     other = "fedcba9876543210"
     resumable = root / f".partial-{other}"

@@ -83,6 +83,22 @@ def test_the_least_recently_used_beyond_the_bytes_go(tmp_path: Path) -> None:
     assert _names(tmp_path) == {again.path.name}
 
 
+@pytest.mark.parametrize(
+    ("count", "sizes"),
+    [(3, 2), (2, 3)],
+    ids=["the_bytes_bound_before_the_count", "the_count_bounds_before_the_bytes"],
+)
+def test_the_byte_bound_adds_to_the_count(tmp_path: Path, count: int, sizes: int) -> None:
+    """--cache-keep and --cache-keep-bytes both apply: a cache goes when it passes either,
+    whichever bounds first (each bound alone would keep a third cache here)."""
+    one, two, three = _three(tmp_path)
+    size = sum(p.stat().st_size for p in one.path.iterdir())  # every cache here has this size
+    four = _prepare(tmp_path, 4, keep=cache.Keep(count, sizes * size))
+    # newest first: 4 (own), 1 (3000 s), 3 (2000 s), 2 (1000 s); two fit both bounds
+    assert _names(tmp_path) == {four.path.name, one.path.name}
+    assert not three.path.exists() and not two.path.exists()
+
+
 def test_a_cache_in_use_is_kept_beyond_the_bound_and_counts(tmp_path: Path) -> None:
     one, _, three = _three(tmp_path)
     held = _prepare(tmp_path, 2)  # the oldest, but used by a run of this process

@@ -179,7 +179,7 @@ def test_only_the_chief_writes_to_the_output_directory_itself(tmp_path: Path) ->
     assert workspace.for_run(config, None).own == config.output_dir
     assert workspace.for_run(config, chief).own == config.output_dir
     assert workspace.for_run(config, other).own == tmp_path / "out/workers/worker-1"
-    assert workspace.for_run(config, chief).cache == config.resolved_cache_dir
+    assert workspace.for_run(config, chief).cache == tmp_path / "out/cache"  # no HOME (conftest)
     assert workspace.for_run(config, other).cache == tmp_path / "out/workers/worker-1/cache"
     shared = TrainConfig.of(
         data_dir=config.data.data_dir, output_dir=config.output_dir, cache_dir=Path("/c")

@@ -99,9 +99,9 @@ def train(
 def _open(
     ws: workspace.Workspace, config: TrainConfig, plan: ThreadPlan, cluster: Cluster | None
 ) -> None:
-    """The JSON log file in ``ws``, the plan in ``logs/plan.json`` and the ``start`` event:
-    versions, the config, the plan in brief (the whole plan, with the files read and the
-    reasons, is ``logs/plan.json``) and the cluster."""
+    """The JSON log file in ``ws``, the plan in ``logs/plan.json``, the ``start`` event
+    (versions, the config, the plan in brief: the whole plan, with the files read and the
+    reasons, is ``logs/plan.json``; the cluster), then the ``cache_default`` warning if any."""
     workspace.open_log(ws)
     write_json(ws.plan_file, plan.to_json(), "output directory")
     multi: dict[str, Any] = {}
@@ -119,6 +119,7 @@ def _open(
         plan_file=str(ws.plan_file),
         **multi,
     )
+    workspace.log_cache_note(ws)
 
 
 def _since_first_start() -> float:

@@ -3,6 +3,9 @@
 # way users do (docs/deploy.md), with a real container engine and real cgroups.
 #
 # Checks, one PASS/FAIL/SKIP line each:
+#   size             the image is at most 1,000 MB (docs/deploy.md "Image size and start-up")
+#   bytecode         the image user can read every __pycache__ of the venv (else every start
+#                    compiles the modules TensorFlow imports)
 #   plan-cpus        `run --cpus=1.5 IMAGE plan --format json` reports cpu_quota 1.5
 #   plan-cpuset      `run --cpuset-cpus=1 IMAGE plan` reports cpuset [1]
 #   exec-threads     `run --cpus=0.5 IMAGE exec -- python ...`: the program's BLAS pool and
@@ -75,6 +78,22 @@ train_run() { # train_run NAME VOLUME [engine run options...] -- [train options.
 setup_and_build
 size=$("$ENGINE" image inspect -f '{{.Size}}' "$IMAGE")
 log "image $IMAGE: $((size / 1000000)) MB"
+if [ "$size" -le 1000000000 ]; then
+  pass size "$size bytes ≤ 1,000 MB"
+else
+  fail size "$size bytes > 1,000 MB"
+fi
+BYTECODE_PROBE='import os
+dirs = [os.path.join(d, n) for d, names, _ in os.walk("/opt/venv")
+        for n in names if n == "__pycache__"]
+print(len(dirs), sum(not os.access(d, os.R_OK | os.X_OK) for d in dirs))'
+read -r pycache unreadable < <("$ENGINE" run --rm --network none --entrypoint python "$IMAGE" \
+  -c "$BYTECODE_PROBE" 2>&1 || echo "0 error")
+if [ "$pycache" -gt 0 ] && [ "$unreadable" = 0 ]; then
+  pass bytecode "the image user reads all $pycache __pycache__ directories"
+else
+  fail bytecode "$unreadable of $pycache __pycache__ directories unreadable to the image user"
+fi
 
 # --- plan: the CPU budget the container was given --------------------------------------------
 if "$ENGINE" run --rm --network none --cpus=1.5 "$IMAGE" plan --format json >"$WORK/plan-cpus.json" &&

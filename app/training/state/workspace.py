@@ -1,15 +1,16 @@
 """Who writes where: the one place that knows the chief/worker rules for files.
 
 A single process and the chief (worker 0) own the output directory: ``checkpoints/``,
-``model/``, ``metrics.json``, ``logs/train.jsonl``, ``.lock`` and (unless ``--cache-dir``)
+``model/``, ``metrics.json``, ``logs/train.jsonl``, ``.lock`` and (without a cache directory)
 ``cache/``. Worker i > 0 owns only ``<output>/workers/worker-<i>/``: its lock, its log and
 the checkpoint copies TensorFlow's multi-worker saving wants every worker to write (a
 scratch directory: it never reads them back, the chief's state reaches it by broadcast);
-its data cache is ``<--cache-dir>/worker-<i>`` or ``workers/worker-<i>/cache``, as two
-workers converting into one directory would race on the final rename.
+its data cache is ``<cache directory>/worker-<i>`` or ``workers/worker-<i>/cache``, as two
+workers converting into one directory would race on the final rename. The cache directory
+is ``--cache-dir``, else the per-user one (app/data/cache/userdir.py), if there is one.
 
 Every directory is opened by :func:`app.atomic.open_dir` below the directory the operator
-named (``--output`` or ``--cache-dir``): each component the job creates is opened without
+named (``--output`` or the cache directory): each component the job creates is opened without
 following symlinks and must be the run's own. Before anything is written, the names this
 process will write in its directory are checked the same way (:func:`open_log`), so a
 planted symlink stops the run with exit 4 before it touches anything.
@@ -18,7 +19,9 @@ No TensorFlow here.
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +29,7 @@ from app import logs
 from app.atomic import Dir, open_dir, probe_writable
 from app.cluster.spec import Cluster
 from app.config import TrainConfig
+from app.data.cache import userdir
 from app.errors import StorageError
 
 WORKERS_DIR = "workers"
@@ -42,8 +46,10 @@ class Workspace:
     ``output``: the run's output directory (the chief's); ``own``: what this process
     writes (``output`` for a single process and the chief); ``cache``: its data cache;
     ``worker``: the worker index in a multi-worker run, else None; ``cache_top``: the
-    directory the operator named that the cache lies in (``--cache-dir``, else ``output``);
-    ``workers``: the processes of the run (1, or the workers of a multi-worker run).
+    directory the operator named that the cache lies in (the cache directory, else ``output``);
+    ``workers``: the processes of the run (1, or the workers of a multi-worker run);
+    ``cache_note``: what the per-user cache directory's choice has to say (why there is
+    none, a variable ignored), logged as a ``cache_default`` warning; "" if nothing.
     """
 
     output: Path
@@ -53,6 +59,7 @@ class Workspace:
     worker: int | None
     cache_top: Path
     workers: int = 1
+    cache_note: str = ""
 
     def open(self, path: Path, what: str = "directory") -> Dir:
         """``path`` (the output, the cache or a directory below them) opened by the rules of
@@ -88,27 +95,31 @@ class Workspace:
         return self.output / "metrics.json"
 
 
-def for_run(config: TrainConfig, cluster: Cluster | None = None) -> Workspace:
-    """The workspace of this process: the chief's rules for a single process or worker 0."""
+def for_run(
+    config: TrainConfig, cluster: Cluster | None = None, environ: Mapping[str, str] | None = None
+) -> Workspace:
+    """The workspace of this process: the chief's rules for a single process or worker 0.
+    The cache directory: ``--cache-dir``, else the per-user one of ``environ`` (default
+    os.environ; app/data/cache/userdir.py, made here if missing), else none."""
     out = Path(config.output_dir)
+    top, note = config.cache.cache_dir, ""
+    if top is None:
+        top, note = userdir.locate(os.environ if environ is None else environ)
     if cluster is None or cluster.is_chief:
         own = out
-        cache = config.resolved_cache_dir
+        cache = top if top is not None else out / "cache"
     else:
         own = out / WORKERS_DIR / f"worker-{cluster.index}"
-        cache = (
-            config.cache.cache_dir / f"worker-{cluster.index}"
-            if config.cache.cache_dir is not None
-            else own / "cache"
-        )
+        cache = top / f"worker-{cluster.index}" if top is not None else own / "cache"
     return Workspace(
         output=out,
         own=own,
         cache=cache,
         is_chief=cluster is None or cluster.is_chief,
         worker=None if cluster is None else cluster.index,
-        cache_top=config.cache.cache_dir if config.cache.cache_dir is not None else out,
+        cache_top=top if top is not None else out,
         workers=1 if cluster is None else cluster.count,
+        cache_note=note,
     )
 
 
@@ -136,3 +147,11 @@ def open_log(ws: Workspace) -> None:
     except OSError as exc:
         os.close(fd)
         raise StorageError(f"{ws.log_file}: cannot write the log: {exc.strerror}") from exc
+
+
+def log_cache_note(ws: Workspace) -> None:
+    """Log ``ws.cache_note``, if any, as a ``cache_default`` warning naming the cache
+    directory used; called after the ``start`` event (a run's first record is its start)."""
+    if ws.cache_note:
+        logs.event("cache_default", f"{ws.cache_note}: the data cache is {ws.cache}",
+                   level=logging.WARNING, path=str(ws.cache))  # fmt: skip
