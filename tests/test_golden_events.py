@@ -22,10 +22,14 @@ import pytest
 from tests.conftest import FIXTURES, json_lines, run_cli
 
 GOLDEN = FIXTURES / "golden" / "events.json"
-#: Events that come or go with the machine's speed or load, not with the run's way (and
+#: Events that come or go with the machine's speed, load or environment (``cache_default``:
+#: whether HOME offers a per-user cache), not with the run's way (and
 #: ``cache_progress`` every few seconds of a conversion); ``input_loaded`` comes with a split
 #: held in memory, which the measured costs of holding and streaming decide.
-MACHINE = {"cpu_throttled", "budget_changed", "steps_per_loop", "choice_measured", "input_loaded"}
+MACHINE = {
+    "cpu_throttled", "budget_changed", "steps_per_loop", "choice_measured", "input_loaded",
+    "cache_default",
+}  # fmt: skip
 ARGS = [
     "--batch-size", "40", "--eval-every", "3", "--checkpoint-every", "3", "--seed", "3",
     "--lr-schedule", "constant", "--steps-per-loop", "1",
