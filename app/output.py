@@ -17,17 +17,15 @@ import logging
 import os
 import secrets
 import select
-import signal
 import stat
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from app import logs
 from app.atomic import FILE_MODE, PROC_FD, Dir
 from app.errors import ConfigError, Preempted, StorageError
-from app.signals import StopRequest
+from app.signals import stops_noted
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 #: The longest a command waits, in all, for the reader of a FIFO, a pipe or a device it
@@ -95,7 +93,9 @@ class Output:
             self._open_file()
         elif stat.S_ISFIFO(found.st_mode) or stat.S_ISCHR(found.st_mode):
             self.streaming = True
-            self._stop = self._handlers.enter_context(_stoppable(self._stop))
+            if self._stop is None:  # a wait ends at once on SIGTERM/SIGINT (app/signals.py)
+                noted = self._handlers.enter_context(stops_noted())
+                self._stop = lambda: bool(noted)
             self._open_stream(found)
         elif stat.S_ISDIR(found.st_mode):
             raise ConfigError(f"{self.path}: {self.what} is a directory: name a file")
@@ -215,21 +215,6 @@ class Output:
                 self._dir.remove(self._temp)
             self._dir.close()
         self._handlers.close()
-
-
-@contextlib.contextmanager
-def _stoppable(stop: Callable[[], bool] | None) -> Iterator[Callable[[], bool] | None]:
-    """``stop``; when None, a stop request for SIGTERM/SIGINT installed for the block (in
-    the main thread; the previous handlers are put back after it)."""
-    if stop is not None or threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield StopRequest().install()
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
 
 
 def is_stdout(path: Path) -> bool:

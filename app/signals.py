@@ -5,12 +5,14 @@ wait on something outside the process; SIGBUS from a mapped file that shrank.
 PID 1 ignores SIGTERM without a handler, so the job always installs one. The handler only
 sets a flag; the training loop and the cache converter poll it between steps/chunks.
 
-**A wait outside the process** (:func:`waiting`): a call that may block on something no
-check can rule out (a library opening a file by name, which may be a FIFO put there in the
-moment after it was checked; HDF5 holds the GIL meanwhile, so no other thread can act) has
-its blocked system call interrupted every :data:`TICK_SECONDS`, so it fails instead of
-waiting, and a SIGTERM/SIGINT meanwhile ends it as a stop (Preempted, exit 143) instead of
-being logged while the wait goes on.
+**A wait outside the process** has one rule: a deadline for the whole of it, not per read,
+and a SIGTERM/SIGINT that ends it at once (:func:`stops_noted`: the signal is noted for the
+wait to see, the handler in place still told). The waits: a Pushgateway's answer
+(app/report/gateway.py), a FIFO's or a device's reader (app/output.py), and a library's
+open by name (:func:`waiting`): a call that may block on something no check can rule out
+(a FIFO put in place the moment after it was checked; HDF5 holds the GIL meanwhile, so no
+other thread can act) has its blocked system call interrupted every :data:`TICK_SECONDS`,
+so it fails instead of waiting; a stop meanwhile makes it Preempted (exit 143).
 
 **A mapped file cut short** (:func:`watch_mapped`): reading a memory map past the end of its
 file raises SIGBUS in the thread that reads, which ends the process (exit 135, no message,
@@ -68,6 +70,33 @@ class StopRequest:
 
 
 _waits: list[str] = []  # the wait in progress (main thread)
+#: The signals that end a wait.
+STOPS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def stops_noted(pass_on: bool = True) -> Iterator[list[int]]:
+    """While in the block, a SIGTERM or SIGINT is noted in the yielded list, for a wait to
+    end at once (module docstring); with ``pass_on`` the handler in place when it is
+    Python's (a run's :class:`StopRequest`, which logs the ``signal`` event) is called too.
+    The handlers are put back after the block. In the main thread only (Python sets
+    handlers there alone): elsewhere the list stays empty."""
+    noted: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield noted
+        return
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        if pass_on and callable(before := held[signum]):
+            before(signum, frame)
+        noted.append(signum)
+
+    held: dict[int, Any] = {s: signal.signal(s, note) for s in STOPS}
+    try:
+        yield noted
+    finally:
+        for s, before in held.items():
+            signal.signal(s, signal.SIG_DFL if before is None else before)
 
 
 @contextlib.contextmanager
@@ -83,29 +112,22 @@ def waiting(what: str) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread() or _waits:
         yield
         return
-    came: list[int] = []
-
-    def stopped(signum: int, frame: FrameType | None) -> None:
-        if callable(before := held[signum]):
-            before(signum, frame)
-        came.append(signum)
-
-    held: dict[int, Any] = {s: signal.signal(s, stopped) for s in (signal.SIGTERM, signal.SIGINT)}
-    held[signal.SIGALRM] = signal.signal(signal.SIGALRM, lambda signum, frame: None)
+    alarm = signal.signal(signal.SIGALRM, lambda signum, frame: None)
     signal.setitimer(signal.ITIMER_REAL, TICK_SECONDS, TICK_SECONDS)
     _waits.append(what)
     try:
-        yield
-    except Exception as exc:
-        if came:
-            name = signal.Signals(came[0]).name
-            raise Preempted(f"{what}: stopped by {name} while waiting for it") from exc
-        raise
+        with stops_noted() as came:
+            try:
+                yield
+            except Exception as exc:
+                if came:
+                    name = signal.Signals(came[0]).name
+                    raise Preempted(f"{what}: stopped by {name} while waiting for it") from exc
+                raise
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         _waits.pop()
-        for s, before in held.items():
-            signal.signal(s, before)
+        signal.signal(signal.SIGALRM, alarm)
 
 
 def end_now(error: AppError) -> NoReturn:

@@ -16,14 +16,14 @@ import signal
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from email.message import Message
-from types import FrameType
 from typing import IO
 from urllib.error import HTTPError
 
 from prometheus_client import CollectorRegistry, pushadd_to_gateway
+
+from app.signals import stops_noted
 
 #: Seconds the whole push may take (connect, send, the answer), then it is abandoned.
 DEADLINE_S = 10.0
@@ -51,7 +51,7 @@ def send(url: str, job: str, registry: CollectorRegistry, deadline_s: float = DE
 
     thread = threading.Thread(target=call, name="metrics-push", daemon=True)
     end = time.monotonic() + deadline_s
-    with _signals_noted() as signals:
+    with stops_noted(pass_on=False) as signals:  # the run is over: its stop request too
         thread.start()
         while thread.is_alive() and not signals and time.monotonic() < end:
             thread.join(max(0.0, min(POLL_S, end - time.monotonic())))
@@ -65,28 +65,6 @@ def send(url: str, job: str, registry: CollectorRegistry, deadline_s: float = DE
 def failure(exc: BaseException) -> str:
     """``exc`` as the warning's ``error``: its type and message, cut at ERROR_CHARS."""
     return f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]
-
-
-@contextmanager
-def _signals_noted() -> Iterator[list[int]]:
-    """While in the block, SIGTERM and SIGINT are noted in the yielded list instead of
-    going to their handlers (the run's stop request: the run is over); the handlers are
-    installed again after it. Signals are only the main thread's to handle: elsewhere the
-    list stays empty."""
-    noted: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield noted
-        return
-
-    def note(signum: int, frame: FrameType | None) -> None:
-        noted.append(signum)
-
-    previous = {sig: signal.signal(sig, note) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield noted
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
