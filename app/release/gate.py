@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -183,10 +184,21 @@ def judge(
             f"champion version {champion_version}'s test RMSE on these data is 0: only a "
             f"candidate as exact is published; test RMSE {cand:.6g}",
         )
+    return _compared(candidate, champion, champion_version, rule, tol, decided)
+
+
+def _compared(
+    candidate: np.ndarray, champion: np.ndarray, version: int | None, rule: str, tol: float,
+    decided: Callable[..., Decision],
+) -> Decision:  # fmt: skip
+    """The candidate's per-row errors against the champion's (version ``version``, its RMSE
+    above 0) by ``rule``: the bootstrap interval of their RMSE ratio (noise) or the ratio
+    itself (tolerance), against ``tol``."""
+    cand, champ = rmse(candidate), rmse(champion)
     diff = cand / champ - 1
     span = interval(candidate, champion) if rule == "noise" else None
     worse = (span[0] if span else diff) > tol
-    why = f"test RMSE {cand:.6g} vs champion version {champion_version}'s {champ:.6g}: {diff:+.2%}"
+    why = f"test RMSE {cand:.6g} vs champion version {version}'s {champ:.6g}: {diff:+.2%}"
     if span:
         verdict = "worse" if worse else "not worse"
         why += (
