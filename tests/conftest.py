@@ -72,6 +72,16 @@ def run_cli(
     )
 
 
+def popen_cli(*args: str) -> subprocess.Popen[str]:
+    """``python -m app ARGS`` started in the background with :func:`run_cli`'s environment,
+    its stdout and stderr pipes of text, for a test that acts while it runs."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CORETRAIN_", "TF_NUM"))}
+    return subprocess.Popen(
+        [sys.executable, "-m", "app", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env={**env, **PINNED}, cwd=REPO,
+    )  # fmt: skip
+
+
 def json_lines(text: str) -> list[dict]:
     """Parse every line as JSON (fails the test on any non-JSON line)."""
     return [json.loads(line) for line in text.splitlines() if line.strip()]

@@ -24,7 +24,7 @@ from app.data.formats.npy import NpyArray
 from app.data.formats.sources import ROLES
 from app.data.input import stream
 from app.errors import DataError
-from tests.conftest import PINNED, REPO, events, json_lines, prepare_cache, run_cli
+from tests.conftest import REPO, events, json_lines, popen_cli, prepare_cache, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -209,11 +209,7 @@ def test_a_source_cut_short_while_the_run_trains_is_exit_3_and_the_rerun_ends_as
     data, out = _copy(npy_data, tmp_path / "b"), tmp_path / "cut"
     source = data / "train_features.npy"
     original = source.read_bytes()
-    argv = [sys.executable, "-m", "app", "train", "--data", str(data), "--output", str(out),
-            *ARGS]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CORETRAIN_", "TF_NUM"))}
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**env, **PINNED}, cwd=REPO)  # fmt: skip
+    proc = popen_cli("train", "--data", str(data), "--output", str(out), *ARGS)
     assert proc.stdout is not None and proc.stderr is not None
     lines = []
     for line in proc.stdout:

@@ -18,7 +18,7 @@ from app.data.formats.base import Shape
 from app.data.formats.detect import features_array, kind, open_array
 from app.data.formats.sources import ROLES
 from app.errors import ConfigError, DataError
-from tests.conftest import TINY_TRAIN_ARGS, events, json_lines, prepare_cache, run_cli
+from tests.conftest import TINY_TRAIN_ARGS, events, json_lines, popen_cli, prepare_cache, run_cli
 
 
 def _arrays(text_dir: Path) -> dict[str, np.ndarray]:
@@ -577,19 +577,12 @@ def test_an_array_read_in_place_and_changed_while_training_is_not_exported(
 ) -> None:
     """A producer rewrites the labels .npy the run reads where it lies: the model would be
     trained on a mixture, so it is not exported (exit 3) and the checkpoints stay."""
-    import os
-    import subprocess
-    import sys
-
-    from tests.conftest import PINNED, REPO
 
     data, out = _npy_dir(tmp_path / "npy", arrays), tmp_path / "out"
-    argv = [sys.executable, "-m", "app", "train", "--data", str(data), "--output", str(out),
-            "--max-steps", "600", "--batch-size", "40", "--eval-every", "500",
-            "--checkpoint-every", "3"]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CORETRAIN_", "TF_NUM"))}
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**env, **PINNED}, cwd=REPO)  # fmt: skip
+    proc = popen_cli(
+        "train", "--data", str(data), "--output", str(out), "--max-steps", "600",
+        "--batch-size", "40", "--eval-every", "500", "--checkpoint-every", "3",
+    )  # fmt: skip
     assert proc.stdout is not None and proc.stderr is not None
     lines = []
     for line in proc.stdout:
