@@ -1,4 +1,4 @@
-"""Bad input data end to end (app/training/inputs/load.py and the parser behind it): the real
+"""Bad input data end to end (app/training/admit/sources.py and the parser behind it): the real
 ``coretrain train`` stops before TensorFlow with exit 3, one line naming file:line, and
 no partial cache; ``--allow-nonfinite`` accepts what the default rejects; the accepted
 formats train end to end.
