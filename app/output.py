@@ -45,8 +45,12 @@ class Output:
       directory (``O_TMPFILE``; a random ``O_EXCL`` name where the file system lacks it),
       fsynced and renamed over it when the block ends without an error: a reader sees the
       old file or the whole new one; an error, a stop or a kill leaves the old one.
-    - **A FIFO, a pipe or a character device** (``/dev/stdout``, ``/dev/null``, a
-      terminal): written through as the bytes come (:attr:`streaming`), never replaced.
+    - **A regular file that is this process's stdout or stderr** (``/dev/stdout`` after a
+      shell's ``>``/``>>``, or the file by its name): written through that descriptor, at
+      its offset, never replaced: what the stream held before and what else is written to
+      it stay.
+    - **A FIFO, a pipe or a character device** (``/dev/stdout`` into a pipe, ``/dev/null``,
+      a terminal): written through as the bytes come (:attr:`streaming`), never replaced.
       The time spent waiting for a FIFO's reader to open it, and for the reader to take
       what is written, is at most ``wait_s`` in all (then StorageError, exit 4); SIGTERM or
       SIGINT ends the wait at once (Preempted, exit 143): ``stop()`` when given, else a
@@ -89,7 +93,10 @@ class Output:
                 f"{self.path}: {self.what} belongs to uid {found.st_uid}, not to this run's uid "
                 f"{os.geteuid()}; refusing to replace it (remove it, or name another file)"
             )
-        if found is None or stat.S_ISREG(found.st_mode):
+        own = _own_stream(found)
+        if own is not None:  # written through where the shell's redirection points
+            self.streaming, self._fd = True, os.dup(own)
+        elif found is None or stat.S_ISREG(found.st_mode):
             self._open_file()
         elif stat.S_ISFIFO(found.st_mode) or stat.S_ISCHR(found.st_mode):
             self.streaming = True
@@ -215,6 +222,18 @@ class Output:
                 self._dir.remove(self._temp)
             self._dir.close()
         self._handlers.close()
+
+
+def _own_stream(found: os.stat_result | None) -> int | None:
+    """1 or 2 when ``found`` is a regular file that is this process's stdout or stderr
+    (a shell's redirection), else None."""
+    if found is None or not stat.S_ISREG(found.st_mode):
+        return None
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            if os.path.samestat(found, os.fstat(fd)):
+                return fd
+    return None
 
 
 def is_stdout(path: Path) -> bool:

@@ -169,6 +169,35 @@ def test_a_stop_request_ends_the_wait(tmp_path: Path) -> None:
         _write(fifo, wait_s=600, stop=stop.is_set)
 
 
+@pytest.mark.parametrize("name", ["/dev/stdout", "/proc/self/fd/1", "by its own name"])
+@pytest.mark.parametrize("mode", ["w", "a"])
+def test_stdout_redirected_to_a_file_is_written_through_not_replaced(
+    tmp_path: Path, name: str, mode: str
+) -> None:
+    """``--out /dev/stdout >> all.log`` (or ``>``): the file the shell opened is written at
+    the stream's offset; what it held and what else goes to the stream stay, and it keeps
+    its inode and mode."""
+    log = tmp_path / "all.log"
+    log.write_text("pre\n")
+    os.chmod(log, 0o644)
+    inode = log.stat().st_ino
+    target = str(log) if name == "by its own name" else name
+    script = (
+        "import sys; from pathlib import Path; from app.output import Output\n"
+        "print('before', flush=True)\n"
+        "with Output(Path(sys.argv[1]), '--out') as sink: sink.write(b'new\\n')\n"
+        "print('after', flush=True)\n"
+    )
+    with open(log, mode) as stdout:  # a shell's > (truncated) or >>
+        proc = subprocess.run(
+            [sys.executable, "-c", script, target], stdout=stdout, stderr=subprocess.PIPE,
+            cwd=REPO, timeout=60,
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert log.read_text() == ("pre\n" if mode == "a" else "") + "before\nnew\nafter\n"
+    assert (log.stat().st_ino, log.stat().st_mode & 0o777) == (inode, 0o644)
+
+
 def test_stdout_is_recognised_by_what_it_is(tmp_path: Path) -> None:
     script = "import sys; from app.output import is_stdout; print(is_stdout(sys.argv[1]))"
     for name, expect in (
