@@ -426,6 +426,38 @@ def write_bytes(path: Path, data: bytes, what: str = "directory") -> None:
         d.write_bytes(path.name, data)
 
 
+#: The most a record a job reads back may hold (``run.json``, ``metrics.json``, a version's
+#: ``coretrain.json``): they are a few KiB; a bigger one is not a record.
+RECORD_BYTES = 1 << 20
+
+
+def read_record(path: Path) -> Any:
+    """The JSON value in ``path``, a record the job wrote beside what others may write to.
+    Opened without blocking (a FIFO planted under its name is not waited for) and read
+    only when it is a regular file (symlinks followed) of at most :data:`RECORD_BYTES`.
+    Raises FileNotFoundError when nothing is there, OSError naming why it is not a
+    record (a FIFO, a device, too big), ValueError when it is not JSON."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    parts: list[bytes] = []
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, f"{_KINDS.get(stat.S_IFMT(mode), 'not')} a regular file")
+        size = 0
+        while size <= RECORD_BYTES and (part := os.read(fd, RECORD_BYTES + 1 - size)):
+            parts.append(part)
+            size += len(part)
+    finally:
+        os.close(fd)
+    if size > RECORD_BYTES:
+        raise OSError(errno.EFBIG, f"over {RECORD_BYTES} bytes: not a record")
+    return json.loads(b"".join(parts))
+
+
+_KINDS = {stat.S_IFIFO: "a FIFO, not", stat.S_IFCHR: "a device, not", stat.S_IFBLK: "a device, not",
+          stat.S_IFSOCK: "a socket, not", stat.S_IFDIR: "a directory, not"}  # fmt: skip
+
+
 def write_json(path: Path, obj: Any, what: str = "directory") -> None:
     """Atomically write ``obj`` as indented JSON (UTF-8). Raises StorageError."""
     write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode(), what)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import re
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -158,6 +160,39 @@ def test_an_unreadable_record_beside_checkpoints_is_a_storage_error(tmp_path: Pa
     (ckpt / "ckpt-3.index").write_bytes(b"")
     with pytest.raises(StorageError, match=r"run\.json: unreadable"):
         _check(ckpt, identity.of_run(_options(tmp_path), data, 1))
+
+
+@pytest.mark.parametrize(
+    ("what", "says"),
+    [
+        ("fifo", "a FIFO, not a regular file"),
+        ("device", "a device, not a regular file"),
+        ('{"options": "x"}', "options is not an object"),
+        ('{"data": {"train": 5, "test": {}, "outputs": 3}}', "data is not the samples"),
+        ('{"data": []}', "data is not the samples"),
+        ('{"precision": null}', "precision None is none of float32, bfloat16"),
+        ('{"formulation": 5}', "formulation 5 is none of fast, plain"),
+        ('{"workers": "two"}', "workers 'two' is not a count"),
+    ],
+)
+def test_a_record_not_of_its_form_is_unreadable_not_waited_for_nor_swallowed(
+    tmp_path: Path, what: str, says: str
+) -> None:
+    """A FIFO under run.json is not waited for (the run held its lock, SIGTERM ignored), a
+    device not read (/dev/zero filled the memory), a record of other types not followed
+    into a traceback: each is the record's exit 4, naming it."""
+    ckpt = tmp_path / "checkpoints"
+    ckpt.mkdir()
+    (ckpt / "ckpt-3.index").write_bytes(b"")
+    record = ckpt / "run.json"
+    if what == "fifo":
+        os.mkfifo(record)
+    elif what == "device":
+        record.symlink_to("/dev/zero")
+    else:
+        record.write_text(what)
+    with pytest.raises(StorageError, match=rf"run\.json: unreadable \({re.escape(says)}"):
+        identity.read(ckpt)
 
 
 class _Workers(SimpleNamespace):

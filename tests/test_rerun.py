@@ -144,6 +144,32 @@ def test_a_version_withdrawn_since_is_not_published_again(done, logged) -> None:
     assert layout.entries(config.publishing.publish_dir) == []
 
 
+@pytest.mark.parametrize("spelling", ["relative", "through a symlink"])
+def test_a_withdrawn_version_is_respected_however_the_directory_is_spelled(
+    done, logged, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spelling: str
+) -> None:
+    """Published to ``--publish-dir $PWD/models``, rolled back, rerun with ``--publish-dir
+    models`` (or through a symlink): the same directory, so the same rollback."""
+    config, data, ws = done
+    models = config.publishing.publish_dir
+    (models / "4").rename(models / "rolled-back")
+    if spelling == "relative":
+        monkeypatch.chdir(models.parent)
+        other = Path(models.name)
+    else:
+        other = tmp_path / "linked"
+        other.symlink_to(models)
+    result = _finished(ws, config.with_options(publish_dir=other), data, 1)
+    assert result is not None and result.decision.reason == rerun.WITHDRAWN
+
+
+def test_a_planted_fifo_metrics_json_is_no_finished_run_and_is_not_waited_for(done) -> None:
+    config, _, ws = done
+    ws.metrics.unlink()
+    os.mkfifo(ws.metrics)
+    assert rerun.over(ws, config.schedule, 1) is None
+
+
 def test_the_same_sources_unchanged_are_known_without_the_cache(done, logged) -> None:
     config, data, ws = done
     summary = json.loads(ws.metrics.read_text())

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from app.atomic import RECORD_BYTES
 from app.budget import detect_plan
 from app.budget import memory as residency
 from app.config import TrainConfig
@@ -170,7 +171,7 @@ def test_a_record_that_is_not_a_small_regular_file_is_no_record(tmp_path: Path, 
     elif what == "device":
         record.symlink_to("/dev/zero")
     elif what == "huge":
-        padding = " " * layout.RECORD_BYTES
+        padding = " " * RECORD_BYTES
         record.write_text(f'{{"height": 20, "width": 195, "outputs": 3}}{padding}')
     else:
         record.mkdir()

@@ -15,7 +15,6 @@ A version coretrain published holds :data:`META_FILE` (app/release/publish.py).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import stat
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.atomic import read_record
 from app.errors import ConfigError
 from app.release.gate import Decision
 
@@ -306,34 +306,12 @@ def resolve_model(directory: Path) -> Path:
     )
 
 
-#: The most bytes a record coretrain keeps beside a model may have (it writes a few KB).
-RECORD_BYTES = 1 << 20
-
-
 def _small_json(path: Path) -> Any:
-    """The JSON value in the regular file ``path``; None when it is not one (missing, a
-    FIFO, whose open would wait for a writer, or a device: opened without blocking and
-    refused after ``fstat``), is over :data:`RECORD_BYTES` or is not JSON. A record sits in
-    a directory others may write to: it must not stop or swamp the run that reads it."""
+    """The JSON value in the record ``path`` (:func:`app.atomic.read_record`); None when it
+    is not one (missing, a FIFO, whose open would wait for a writer, a device, too big,
+    not JSON). A record sits in a directory others may write to: it must not stop or swamp
+    the run that reads it."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    parts: list[bytes] = []
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        size = 0
-        while size <= RECORD_BYTES and (part := os.read(fd, RECORD_BYTES + 1 - size)):
-            parts.append(part)
-            size += len(part)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if size > RECORD_BYTES:
-        return None
-    try:
-        return json.loads(b"".join(parts))
-    except ValueError:
+        return read_record(path)
+    except (OSError, ValueError):
         return None

@@ -18,12 +18,13 @@ wait for a chief that ended): the run goes on as a resume.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 from app import logs
+from app.atomic import read_record
 from app.config import PublishConfig, ScheduleConfig
 from app.errors import ConfigError
 from app.release import layout
@@ -129,7 +130,7 @@ def finished(
 def _summary(path: Path) -> dict[str, Any] | None:
     """``metrics.json`` of a finished run with a weights digest; None otherwise."""
     try:
-        summary = json.loads(path.read_text())
+        summary = read_record(path)  # a FIFO or a device there is not waited for nor read
     except (OSError, ValueError):
         return None
     if not isinstance(summary, dict) or summary.get("status") not in _OUTCOMES:
@@ -166,7 +167,9 @@ def _still_published(directory: Path | None, summary: dict[str, Any]) -> Decisio
     number = layout.published_as(directory, str(summary["weights"]))
     if number is not None:
         return dataclasses.replace(decision, version=number)
-    if decision.directory != str(directory) or decision.version is None:
+    if decision.directory is None or decision.version is None:
+        return None
+    if not _same_directory(Path(decision.directory), directory):
         return None
     logs.event(
         "publish_withdrawn",
@@ -177,3 +180,13 @@ def _still_published(directory: Path | None, summary: dict[str, Any]) -> Decisio
         version=decision.version,
     )
     return dataclasses.replace(decision, reason=WITHDRAWN)
+
+
+def _same_directory(recorded: Path, directory: Path) -> bool:
+    """Whether ``recorded`` (the publish directory as a run named it) is ``directory``
+    however it is spelled now (relative, through a symlink): the same file, else the same
+    path."""
+    try:
+        return os.path.samefile(recorded, directory)
+    except OSError:
+        return recorded == directory

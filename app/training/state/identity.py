@@ -28,13 +28,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from app.atomic import write_json
-from app.config import TrainConfig
+from app.atomic import read_record, write_json
+from app.config import FORMULATION_CHOICES, PRECISION_CHOICES, TrainConfig
 from app.data.cache import DataCache
 from app.errors import ClusterError, StorageError
 from app.options import flag_of, flat, identity_fields
 
 RUN_FILE = "run.json"
+#: What a record's ``formulation``/``evaluation`` and ``precision`` may be: a choice made.
+FORMULATIONS = tuple(c for c in FORMULATION_CHOICES if c != "auto")
+PRECISIONS = tuple(c for c in PRECISION_CHOICES if c != "auto")
 #: The splits and how a message names them.
 SPLITS = {"train": "training data", "test": "test data"}
 #: Under the cosine schedule the learning rate reaches 0 at --max-steps, so that step is
@@ -106,23 +109,52 @@ def checkpoint_steps(checkpoints: Path) -> list[int]:
 
 def read(checkpoints: Path) -> dict[str, Any] | None:
     """The record in ``checkpoints/run.json``; None when there is none, or it can't be read
-    and there is no checkpoint it would describe. Raises StorageError (exit 4) when it can't
-    be read but checkpoints exist."""
+    and there is no checkpoint it would describe. Read as a record (app/atomic.py
+    ``read_record``: a FIFO or a device there is not waited for nor read). Raises
+    StorageError (exit 4) when it can't be read, or is not of the form this module writes
+    (:func:`_problem`), while checkpoints exist."""
     path = checkpoints / RUN_FILE
     try:
-        found = json.loads(path.read_text())
-        if not isinstance(found, dict):
-            raise ValueError("not a JSON object")
-        return found
+        found = read_record(path)
+        problem = _problem(found)
+        if problem:
+            raise ValueError(problem)
+        return dict(found)
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
         if not has_checkpoints(checkpoints):
             return None
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         raise StorageError(
-            f"{path}: unreadable ({exc}); it records what the checkpoints beside it were "
+            f"{path}: unreadable ({why}); it records what the checkpoints beside it were "
             "trained on: restore it, or move it away to resume without that check"
         ) from exc
+
+
+def _problem(found: Any) -> str:
+    """Why ``found`` is not a record of the module docstring's form ("" when it is one):
+    each part that is there of its type (an older record lacks some)."""
+    if not isinstance(found, dict):
+        return "not a JSON object"
+    for name, choices in (("formulation", FORMULATIONS), ("precision", PRECISIONS),
+                          ("evaluation", FORMULATIONS)):  # fmt: skip
+        if name in found and found[name] not in choices:
+            return f"{name} {found[name]!r} is none of {', '.join(choices)}"
+    data, options, workers = (
+        found.get("data", {}),
+        found.get("options", {}),
+        found.get("workers", 1),
+    )
+    parts = [data.get(split) for split in SPLITS] if isinstance(data, dict) else [None]
+    counted = isinstance(data, dict) and isinstance(data.get("outputs", 1), int)
+    if "data" in found and not (all(isinstance(p, dict) for p in parts) and counted):
+        return "data is not the samples and fingerprint of each split and the outputs"
+    if not isinstance(options, dict):
+        return "options is not an object"
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        return f"workers {workers!r} is not a count"
+    return ""
 
 
 def record(
