@@ -390,3 +390,33 @@ def test_diverging_loss_exits_5_and_keeps_the_last_good_checkpoint(
     assert after == {k: v for k, v in before.items() if k != "run.json"}  # 10 still the newest
     end = events(run.records, "end")[-1]
     assert (end["status"], end["exit_code"]) == ("failed", 5)
+
+
+@pytest.mark.parametrize(
+    "name", ["checkpoint", "ckpt-3.index", "ckpt-3.data-00000-of-00001", "best-2.index"]
+)
+@pytest.mark.parametrize("kind", ["fifo", "symlink to /dev/zero"])
+def test_a_file_tensorflow_would_open_that_is_not_a_regular_file_is_exit_4_unopened(
+    tmp_path: Path, name: str, kind: str
+) -> None:
+    """TensorFlow opens a checkpoint's files by name: a FIFO there blocked the run (its
+    lock held, a SIGTERM ended it as exit 4, not 143), /dev/zero would feed it endlessly.
+    Refused before any is opened, naming it; other names are none of its business."""
+    from app.atomic import open_dir
+    from app.errors import StorageError
+    from app.training.state.checkpointer import _only_files
+
+    ckpt = tmp_path / "checkpoints"
+    ckpt.mkdir()
+    (ckpt / "notes.fifo").touch()
+    os.mkfifo(ckpt / "other-fifo")  # not a name TensorFlow opens
+    planted = ckpt / name
+    if kind == "fifo":
+        os.mkfifo(planted)
+    else:
+        planted.symlink_to("/dev/zero")
+    with open_dir(ckpt, "checkpoint directory") as held:
+        with pytest.raises(StorageError, match=re.escape(f"{planted}: not a regular file")):
+            _only_files(held)
+        planted.unlink()
+        _only_files(held)  # the rest passes

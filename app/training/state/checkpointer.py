@@ -139,6 +139,23 @@ def restore(
     return None
 
 
+#: What TensorFlow opens by name in a checkpoint directory: the state file and each
+#: checkpoint's (and best step's) index and data files (``ckpt-N.index``, ``ckpt-N.data-…``).
+OPENED = re.compile(rf"^(checkpoint|(?:{PREFIX}|{best.PREFIX})-\d+\.(index|data-.+))$")
+
+
+def _only_files(directory: Dir) -> None:
+    """Raise StorageError (exit 4) naming the first entry of ``directory`` TensorFlow would
+    open (:data:`OPENED`) that is not a regular file: a FIFO there would block its open
+    past a stop request, a device feed it endless bytes, a symlink lead it elsewhere."""
+    for name in directory.names():
+        if OPENED.match(name) and not directory.is_file(name):
+            raise StorageError(
+                f"{directory.path / name}: not a regular file where a checkpoint's file "
+                "belongs (a FIFO, a device or a symlink): move it away, then rerun"
+            )
+
+
 class Checkpointer:
     """The run's checkpoints: one ``tf.train.Checkpoint`` (step, model, optimizer).
 
@@ -159,6 +176,7 @@ class Checkpointer:
         #: hold NaN/Inf (``--allow-nonfinite``), which no learning rate helps.
         self.nonfinite_data = nonfinite_data
         self.held, self.directory = directory, directory.path
+        _only_files(directory)  # before TensorFlow opens any of them by name
         self.manager = tf.train.CheckpointManager(
             step.checkpoint,
             str(self.directory),
