@@ -175,7 +175,7 @@ def publish(
             if twin is not None:
                 return _duplicate(twin, gate.rmse(errors), directory)
             decision = _judge(errors, champion(directory), data, tolerance, allow_signature_change)
-            decision = dataclasses.replace(decision, directory=str(directory))
+            decision = dataclasses.replace(decision, directory=os.path.abspath(directory))
             if not decision.published:
                 return decision
             _remove_leftovers(pub, lock)
@@ -204,7 +204,9 @@ def _duplicate(number: int, rmse: float, directory: Path) -> Decision:
     """The decision for weights that are version ``number`` already: nothing is written."""
     why = f"these weights are version {number} already: nothing published"
     logs.event("already_published", why, version=number)
-    return Decision(True, why, rmse, None, number, version=number, directory=str(directory))
+    return Decision(
+        True, why, rmse, None, number, version=number, directory=os.path.abspath(directory)
+    )
 
 
 @contextmanager
