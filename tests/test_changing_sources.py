@@ -233,3 +233,30 @@ def test_a_source_cut_short_while_the_run_trains_is_exit_3_and_the_rerun_ends_as
     got, want = (json.loads((o / "metrics.json").read_text()) for o in (out, tmp_path / "whole"))
     assert got["weights"] == want["weights"]
     assert (got["test_rmse"], got["exported_step"]) == (want["test_rmse"], want["exported_step"])
+
+
+def test_a_run_that_diverges_on_a_source_changed_in_place_is_that_source_s_error(
+    npy_data: Path, tmp_path: Path
+) -> None:
+    """NaN written into a .npy the run reads where it lies made the loss diverge: exit 5
+    advised a lower learning rate. The source changed under the run: its exit 3, naming it
+    (and a divergence with the sources unchanged stays one)."""
+    from types import SimpleNamespace
+
+    from app.errors import TrainingDiverged
+    from app.training.admit.sources import find
+    from app.training.run import _changed_under
+
+    data = _copy(npy_data, tmp_path / "d")
+    config = TrainConfig.of(data_dir=data, output_dir=tmp_path / "o")
+    admitted = SimpleNamespace(sources=find(config.data), data=prepare_cache(config))
+    diverged = TrainingDiverged("loss became nan at step 51")
+    assert _changed_under(diverged, admitted) is None  # the sources as they were
+    source = data / "train_features.npy"
+    with open(source, "r+b") as f:  # a producer writes NaN into the rows, in place
+        f.seek(-4 * 3900, os.SEEK_END)
+        f.write(np.full(3900, np.nan, np.float32).tobytes())
+    changed = _changed_under(diverged, admitted)
+    assert isinstance(changed, DataError) and str(source.resolve()) in str(changed)
+    assert "changed while this run trained on it" in str(changed)
+    assert _changed_under(DataError("other"), admitted) is None  # only a divergence

@@ -27,7 +27,7 @@ from app.budget.plan import ThreadPlan
 from app.cluster.spec import Cluster
 from app.config import PublishConfig, TrainConfig
 from app.data.cache import measured
-from app.errors import Preempted
+from app.errors import DataError, Preempted, TrainingDiverged
 from app.signals import StopRequest
 from app.training import phases
 from app.training.admit import admit, sources
@@ -92,7 +92,10 @@ def train(
             inputs.data.hand_over()  # the restart's exec keeps the cache held
         return _finish(ready, admitted, outcome, t_first, startup, config.publishing)
     except Exception as exc:
-        reps.report_failure(exc)  # the other workers stop instead of waiting for this one
+        cause = _changed_under(exc, admitted) if ws.is_chief else None
+        reps.report_failure(cause or exc)  # the other workers stop instead of waiting
+        if cause is not None:
+            raise cause from exc
         raise
 
 
@@ -120,6 +123,19 @@ def _open(
         **multi,
     )
     workspace.log_cache_note(ws)
+
+
+def _changed_under(exc: Exception, admitted: Admitted) -> DataError | None:
+    """For a run that diverged: the DataError (exit 3) of a source it read where it lies
+    that changed while it trained (NaN written into a ``.npy`` in place), which no learning
+    rate helps; else None."""
+    if not isinstance(exc, TrainingDiverged):
+        return None
+    try:
+        sources.changed_in_place(admitted.sources, admitted.data)
+    except DataError as changed:
+        return changed
+    return None
 
 
 def _since_first_start() -> float:
