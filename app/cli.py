@@ -28,6 +28,7 @@ predict, after the thread plan has been applied.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -155,6 +156,11 @@ def _metavar(kind: Any, meta: typing.Mapping[str, Any]) -> str | None:
     )
 
 
+#: Options read before the others (click's eager ones): a value the command line refuses
+#: after them is still pushed as the night's failure (:func:`main`).
+EAGER = ("metrics_push", "metrics_job", "output_dir")
+
+
 def _option(command: str, field: dataclasses.Field[Any], kind: Any) -> Callable[[F], F]:
     """The click option of one dataclass field of ``command``."""
     meta = field.metadata
@@ -166,6 +172,7 @@ def _option(command: str, field: dataclasses.Field[Any], kind: Any) -> Callable[
         "show_envvar": True,
         "show_default": shown if shown is not None else not required,
         "required": required,
+        "is_eager": field.name in EAGER,
     }
     if not required:
         kwargs["default"] = field.default
@@ -420,16 +427,34 @@ def exec_cmd(command: tuple[str, ...], **values: Any) -> None:
 
 def main() -> None:
     """Console-script entry point. A usage error is one line on stderr too (exit 2); help
-    or a version that can't be written is :func:`_unwritten`."""
+    or a version that can't be written is :func:`_unwritten`. Once the exit code is known,
+    SIGTERM and SIGINT are ignored (:func:`_decided`)."""
     logs.standard_streams()
     try:
         code = cli.main(prog_name="coretrain", standalone_mode=False)
     except click.ClickException as exc:
         ctx = getattr(exc, "ctx", None)
         where = ctx.command_path if ctx is not None else "coretrain"
-        _exit(Exit(exc.exit_code, f"{exc.format_message()} (see {where} --help)"))
+        message = f"{exc.format_message()} (see {where} --help)"
+        if ctx is not None and ctx.command.name == "train":  # a night that never started
+            from app.commands import train
+
+            train.refused(ctx.params, exc.exit_code)
+        _exit(Exit(exc.exit_code, message))
     except click.Abort:  # Ctrl-C at a prompt; there are none, but click may raise it
         sys.exit(130)
     except OSError as exc:  # --help or --version into a closed pipe or a full disk
         _unwritten(exc)
+    finally:
+        _decided()
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _decided() -> None:
+    """The process's exit code is decided: SIGTERM and SIGINT are ignored from here on.
+    Python puts the default handlers back while it finalizes (TensorFlow's teardown takes
+    a moment), and a signal then would end a completed run as killed (143, no message);
+    an ignored handler is left as it is."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(ValueError, OSError):  # not the main thread
+            signal.signal(sig, signal.SIG_IGN)

@@ -13,6 +13,10 @@ import fcntl
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +27,7 @@ import pytest
 
 from app.errors import ConfigError
 from app.options import Options, flat, from_flat, group, option, option_fields
-from tests.conftest import SEED_RECIPE_ARGS, TINY_TRAIN_ARGS, run_cli
+from tests.conftest import REPO, SEED_RECIPE_ARGS, TINY_TRAIN_ARGS, run_cli
 
 Case = Callable[[Path, Path], tuple[list[str], int, str]]
 
@@ -316,3 +320,29 @@ def test_an_empty_variable_stops_a_run_before_anything_is_written(tmp_path: Path
     assert json.loads(flag.stdout)["cpu_budget"] == json.loads(own.stdout)["cpu_budget"] == 1
     empty_own = run_cli("plan", env={"CORETRAIN_PLAN_CPUS": "", "CORETRAIN_CPUS": "1"})
     assert empty_own.returncode == 2 and "CORETRAIN_PLAN_CPUS is set but empty" in empty_own.stderr
+
+
+@pytest.mark.parametrize("decided", [False, True])
+def test_a_sigterm_once_the_exit_code_is_decided_changes_nothing(decided: bool) -> None:
+    """Python puts the default SIGTERM handler back while it finalizes (TensorFlow's
+    teardown, after a run's ``end``): a pod's kill then ended a completed run as killed.
+    Once ``main`` has its code (``_decided``) the signal is ignored; without, it kills."""
+    code = textwrap.dedent(
+        f"""
+        import os, time
+        from app import cli
+        from app.signals import StopRequest
+        StopRequest().install()  # as a run has it
+        class Slow:  # work at the interpreter's end, as TensorFlow's teardown is
+            def __del__(self):
+                os.write(1, b"finalizing\\n")
+                time.sleep(2)
+        keep = Slow()
+        if {decided}:
+            cli._decided()
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, cwd=REPO)
+    assert proc.stdout is not None and proc.stdout.readline() == b"finalizing\n"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == (0 if decided else -signal.SIGTERM)

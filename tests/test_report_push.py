@@ -258,6 +258,30 @@ def test_a_night_refused_before_its_output_is_made_is_pushed_too(
     assert value(got, "coretrain_run_exit_code") == 2
 
 
+@pytest.mark.parametrize(
+    ("case", "env", "args"),
+    [
+        ("an empty variable", {"CORETRAIN_MAX_STEPS": ""}, []),
+        ("a value out of range", {}, ["--max-steps", "0"]),
+        ("no such choice", {}, ["--optimizer", "adamx"]),
+    ],
+)
+def test_a_night_the_command_line_refuses_is_pushed_too(
+    gateway: str, tmp_path: Path, tiny_data: Path, case: str, env: dict, args: list
+) -> None:
+    """A value the command line itself refuses (a manifest's slip: an empty
+    CORETRAIN_MAX_STEPS) is a failed night on the dashboard too: --metrics-push and
+    --metrics-job are read before the other options."""
+    job = "cli-" + case.replace(" ", "-")
+    proc = run_cli(
+        "train", "--data", str(tiny_data), "--output", str(tmp_path / "out"), *args,
+        env={"CORETRAIN_METRICS_PUSH": gateway, "CORETRAIN_METRICS_JOB": job, **env},
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    got = pushed(gateway, job)
+    assert statuses(got)["failed"] == 1 and value(got, "coretrain_run_exit_code") == 2
+
+
 def test_a_run_refused_by_the_output_lock_pushes_nothing(
     gateway: str, tmp_path: Path, tiny_data: Path
 ) -> None:

@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from app import lock, logs
 from app.atomic import restrict_umask
@@ -28,7 +28,7 @@ from app.cluster import spec
 from app.cluster.spec import ClusterOptions
 from app.commands import Exit
 from app.config import TrainConfig
-from app.errors import NotPublished, Preempted
+from app.errors import ConfigError, NotPublished, Preempted
 from app.report import ReportOptions, push
 from app.signals import StopRequest
 from app.training.admit import check_arguments
@@ -68,6 +68,23 @@ def run(
 
     url = report.metrics_push if report is not None and ws.is_chief else None
     return body() if url is None or report is None else pushed(report, ws.output, body)
+
+
+def refused(values: dict[str, Any], code: int) -> None:
+    """A run the command line refused (a value, or a variable, click or its checks did not
+    take), pushed as the night's failure with exit ``code`` when ``values`` (the options
+    read before it: app/cli.py ``EAGER``) name a Pushgateway; a push that can't be made is
+    the warning it always is."""
+    if not values.get("metrics_push"):
+        return
+    try:
+        report = ReportOptions(
+            metrics_push=values["metrics_push"],
+            metrics_job=values.get("metrics_job") or ReportOptions.metrics_job,
+        )
+    except ConfigError:
+        return  # the push's own options are refused: nothing to push to
+    push.push(report, Path(values.get("output_dir") or "."), push.Recorder(), "failed", code)
 
 
 def pushed(report: ReportOptions, output: Path, body: Callable[[], Exit]) -> Exit:
