@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -639,6 +640,20 @@ _WHAT = {
 }
 
 
+def _refused_where_the_run_reads(path: Path, expected: str) -> None:
+    """Both the run's key (the fingerprint) and the array refuse the training labels of the
+    HDF5 file ``path`` with the message ``expected``."""
+    from app.data.formats.sources import fingerprint
+
+    for read in (
+        lambda: fingerprint(path, ["train_labels"]),
+        lambda: open_array(path, "train_labels"),
+    ):
+        with pytest.raises(DataError) as caught:
+            read()
+        assert str(caught.value) == expected
+
+
 @pytest.mark.parametrize("how", sorted(_WHAT))
 @pytest.mark.parametrize("target", ["fifo", "/dev/zero"])
 def test_hdf5_data_in_a_fifo_or_a_device_is_refused_before_hdf5_opens_it(
@@ -647,23 +662,13 @@ def test_hdf5_data_in_a_fifo_or_a_device_is_refused_before_hdf5_opens_it(
     """HDF5 opens these files by name itself: a FIFO made it wait for a writer (the run held
     its output lock), /dev/zero trained on zeros. Each is checked as a data file is first,
     wherever the run reads: the key, the array, the rows."""
-    import os
-
-    from app.data.formats.sources import fingerprint
-
     if target == "fifo":
         target = str(tmp_path / "fifo")
         os.mkfifo(target)
     path = _pointing_at(tmp_path, arrays, how, target)
     kind = "a FIFO (named pipe)" if "fifo" in target else "a character device"
     expected = f"{target}: {_WHAT[how].format(path=path)} is {kind}, not a regular file"
-    for read in (
-        lambda: fingerprint(path, ["train_labels"]),
-        lambda: open_array(path, "train_labels"),
-    ):
-        with pytest.raises(DataError) as caught:
-            read()
-        assert str(caught.value) == expected
+    _refused_where_the_run_reads(path, expected)
 
 
 def test_a_run_on_hdf5_external_storage_on_dev_zero_is_exit_3_not_trained_on_zeros(
@@ -677,3 +682,74 @@ def test_a_run_on_hdf5_external_storage_on_dev_zero_is_exit_3_not_trained_on_zer
         "device, not a regular file"
     ]
     assert events(records, "end")[-1]["exit_code"] == 3
+
+
+# --- HDF5 external raw files that lack bytes: HDF5 reads zeros for them ---------------------
+
+
+@pytest.mark.parametrize("held", [0, 1440])
+def test_hdf5_external_storage_shorter_than_its_segment_is_refused_naming_what_it_lacks(
+    tmp_path: Path, arrays: dict, held: int
+) -> None:
+    """An empty or half-written external raw file: HDF5 reads zeros for the bytes it lacks
+    (H5D__efl_read) and the run trained on them, exit 0."""
+    raw = tmp_path / "labels.raw"
+    raw.write_bytes(arrays["train_labels"].astype("<f4").tobytes()[:held])
+    path = _pointing_at(tmp_path, arrays, "external storage", str(raw))
+    expected = (
+        f"{raw}: {_WHAT['external storage'].format(path=path)} holds {held:,} bytes, "
+        f"{2880 - held:,} fewer than its segment needs (2,880 bytes of values from byte 0): "
+        "HDF5 would read zeros in their place"
+    )
+    _refused_where_the_run_reads(path, expected)
+    if held == 0:
+        code, stderr, records = _train(path, tmp_path / "out")
+        assert (code, stderr) == (3, [f"coretrain: {expected}"])
+        assert events(records, "end")[-1]["exit_code"] == 3
+
+
+def test_each_hdf5_external_segment_needs_the_bytes_of_values_it_holds_from_its_offset(
+    tmp_path: Path, arrays: dict
+) -> None:
+    """Two segments, the second from byte 8 and declared unlimited: each file must hold
+    its offset plus the values it holds, no more; a byte less is refused."""
+    labels = arrays["train_labels"].astype("<f4")
+    values = labels.tobytes()
+    (tmp_path / "a.raw").write_bytes(values[:1000])
+    (tmp_path / "b.raw").write_bytes(b"\0" * 8 + values[1000:])
+    path = tmp_path / "d.h5"
+    with h5py.File(path, "w") as f:
+        raw = [(str(tmp_path / "a.raw"), 0, 1000), (str(tmp_path / "b.raw"), 8, h5py.h5f.UNLIMITED)]
+        f.create_dataset(
+            "train_labels", shape=labels.shape, maxshape=(None, 3), dtype="<f4", external=raw
+        )
+    got = np.concatenate(list(open_array(path, "train_labels").chunks(Shape(3), False)))
+    np.testing.assert_array_equal(got, labels)
+    (tmp_path / "b.raw").write_bytes(b"\0" * 8 + values[1000:-1])
+    with pytest.raises(DataError) as caught:
+        open_array(path, "train_labels")
+    assert str(caught.value) == (
+        f"{tmp_path / 'b.raw'}: the external raw data file of HDF5 dataset {path}:train_labels "
+        "holds 1,887 bytes, 1 fewer than its segment needs (1,880 bytes of values from byte "
+        "8): HDF5 would read zeros in their place"
+    )
+
+
+def test_hdf5_external_storage_cut_short_while_its_rows_are_read_is_its_error(
+    tmp_path: Path, arrays: dict
+) -> None:
+    """HDF5 opens the file at each read: one cut short after the first rows were read gives
+    zeros for the rest, unless it is checked again after each read."""
+    raw = tmp_path / "labels.raw"
+    labels = arrays["train_labels"].astype("<f4")
+    raw.write_bytes(labels.tobytes())
+    path = _pointing_at(tmp_path, arrays, "external storage", str(raw))
+    rows = open_array(path, "train_labels").chunks(Shape(3), False, chunk_rows=16)
+    np.testing.assert_array_equal(next(rows), labels[:16])
+    os.truncate(raw, 100)
+    with pytest.raises(DataError) as caught:
+        next(rows)
+    assert str(caught.value) == (
+        f"{raw}: {_WHAT['external storage'].format(path=path)}, truncated to 100 bytes (its "
+        "rows need 2,880) while this run read it: rerun once the file is complete"
+    )

@@ -8,8 +8,10 @@ than a block; each block is converted once. A contiguous, uncompressed float32 d
 native byte order is used where it lies, like a ``.npy`` (its data's offset in the file,
 ``h5py.h5d.DatasetID.get_offset``), when it lies in the file itself: not through an
 external link, in external raw files or a virtual dataset's sources, which are read
-through h5py and identified by their content (:func:`stored_elsewhere`). No TensorFlow
-here.
+through h5py and identified by their content (:func:`stored_elsewhere`). The files HDF5
+opens by name for a dataset are checked before it may: regular files, an external raw
+file holding its segment (:func:`_external`), virtual sources that are there. No
+TensorFlow here.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from app.data.formats import files
 from app.data.formats.arrays import ArrayFile, Header, float_rows, listing, named, reading
 from app.data.formats.base import CHUNK_BYTES, CHUNK_ROWS, Shape
 from app.errors import ConfigError, DataError
-from app.signals import waiting
+from app.signals import truncated, waiting
 
 MAGIC = b"\x89HDF\r\n\x1a\n"
 #: What h5py raises for a damaged, cut or unexpected file.
@@ -61,12 +63,15 @@ def _places(name: str, path: Path, variable: str, beside: bool) -> list[Path]:
     return [*places, *([path.parent / name] if beside else []), Path(name)]
 
 
-def _reached(name: str, path: Path, variable: str, what: str, beside: bool = True) -> Path | None:
-    """The file HDF5 opens for ``name`` (:func:`_places`): the first that is there, or None.
-    Every place where something is there is checked first (app/data/formats/files.py):
-    HDF5 opens by name and would wait on a FIFO, read a device. Raises DataError naming it
-    and ``what`` it is to HDF5."""
-    found = [p for p in _places(name, path, variable, beside) if files.checked(p, what)]
+def _reached(
+    name: str, path: Path, variable: str, what: str, beside: bool = True
+) -> tuple[Path, os.stat_result] | None:
+    """The file HDF5 opens for ``name`` (:func:`_places`) and its status: the first that is
+    there, or None. Every place where something is there is checked first
+    (app/data/formats/files.py): HDF5 opens by name and would wait on a FIFO, read a
+    device. Raises DataError naming it and ``what`` it is to HDF5."""
+    places = _places(name, path, variable, beside)
+    found = [(p, st) for p in places if (st := files.checked(p, what)) is not None]
     return found[0] if found else None
 
 
@@ -95,12 +100,11 @@ def _dataset(f: h5py.File, name: str, path: Path) -> h5py.Dataset:
     are regular files: its external raw files (``HDF5_EXTFILE_PREFIX``, else the working
     directory) and its virtual sources. Raises DataError: a FIFO or device among them (HDF5
     would wait on it, or read it: ``/dev/zero`` trained on zeros), or a virtual source that
-    is not there (HDF5 reads its fill value in its place)."""
+    is not there (HDF5 reads its fill value in its place), an external raw file shorter
+    than its segment (:func:`_external`)."""
     with waiting(f"{path}:{name}"), reading(f"{path}:{name}: cannot read", _BROKEN):
         ds = f[name]
-    for raw, _, _ in ds.external or ():
-        what = f"the external raw data file of HDF5 dataset {path}:{name}"
-        _reached(raw, path, "HDF5_EXTFILE_PREFIX", what, beside=False)
+    _external(ds, path, name)
     lost = _missing_source(ds, path)
     if lost is not None:
         raise DataError(
@@ -110,11 +114,45 @@ def _dataset(f: h5py.File, name: str, path: Path) -> h5py.Dataset:
     return ds
 
 
-def _read(ds: h5py.Dataset, label: str, start: int, stop: int) -> np.ndarray:
-    """Rows ``start .. stop - 1`` of ``ds``, bounded as a wait (HDF5 opens an external raw
-    file by name at each read)."""
+def _external(ds: h5py.Dataset, path: Path, name: str, read: bool = False) -> None:
+    """Check the external raw data files of ``ds`` (the dataset ``name`` of the HDF5 file
+    ``path``) where HDF5 opens them (``HDF5_EXTFILE_PREFIX``, else the working directory):
+    each a regular file that holds its segment's offset plus the bytes of values the segment
+    holds (segments hold the values in order; the last may be declared longer, or
+    unlimited). HDF5 reads zeros for what a file lacks (HDF5 1.14, ``H5D__efl_read``); a
+    file not there fails HDF5's read. ``read``: checked again after rows were read (HDF5
+    opens the files at each read). Raises DataError naming the file and the bytes it lacks
+    (``read``: it was cut short while this run read it)."""
+    left = ds.dtype.itemsize * int(np.prod(ds.shape, dtype=np.int64))
+    what = f"the external raw data file of HDF5 dataset {path}:{name}"
+    for raw, offset, size in ds.external or ():
+        used = min(size, left)
+        left -= used
+        found = _reached(raw, path, "HDF5_EXTFILE_PREFIX", what, beside=False)
+        if found is None or used == 0 or found[1].st_size >= offset + used:
+            continue
+        held, end = found[1].st_size, offset + used
+        if read:
+            raise DataError(
+                f"{found[0]}: {what}, {truncated(held, end)} while this run read it: rerun "
+                "once the file is complete"
+            )
+        raise DataError(
+            f"{found[0]}: {what} holds {held:,} bytes, {end - held:,} fewer than its segment "
+            f"needs ({used:,} bytes of values from byte {offset:,}): HDF5 would read zeros "
+            "in their place"
+        )
+
+
+def _read(ds: h5py.Dataset, path: Path, name: str, start: int, stop: int) -> np.ndarray:
+    """Rows ``start .. stop - 1`` of ``ds`` (the dataset ``name`` of the HDF5 file ``path``),
+    bounded as a wait (HDF5 opens an external raw file by name at each read), its external
+    raw files checked again after (:func:`_external`: cut short, HDF5 read zeros)."""
+    label = f"{path}:{name}"
     with waiting(label), reading(f"{label}: cannot read", _BROKEN):
-        return np.asarray(ds[start:stop])
+        rows = np.asarray(ds[start:stop])
+    _external(ds, path, name, read=True)
+    return rows
 
 
 def stored_elsewhere(path: Path, names: Iterable[str]) -> dict[str, str]:
@@ -135,7 +173,7 @@ def stored_elsewhere(path: Path, names: Iterable[str]) -> dict[str, str]:
             row = ds.dtype.itemsize * int(np.prod(ds.shape[1:]))
             rows = max(1, CHUNK_BYTES // max(row, 1))
             for a in range(0, ds.shape[0] if ds.shape else 0, rows):
-                values = _read(ds, f"{path}:{name}", a, a + rows)
+                values = _read(ds, path, name, a, a + rows)
                 digest.update(np.ascontiguousarray(values).tobytes())
             out[name] = digest.hexdigest()
     return out
@@ -176,9 +214,10 @@ def _linked(path: Path, seen: set[Path]) -> None:
         f.visititems_links(visit)
     for name, link in found:
         what = f"the file of HDF5 external link {path}:{name}"
-        target = _reached(link.filename, path, "HDF5_EXT_PREFIX", what)
-        if target is None and os.path.isabs(link.filename):  # HDF5 then tries its last part
-            target = _reached(Path(link.filename).name, path, "HDF5_EXT_PREFIX", what)
+        reached = _reached(link.filename, path, "HDF5_EXT_PREFIX", what)
+        if reached is None and os.path.isabs(link.filename):  # HDF5 then tries its last part
+            reached = _reached(Path(link.filename).name, path, "HDF5_EXT_PREFIX", what)
+        target = reached[0] if reached else None
         if target is not None and target.resolve() not in seen and is_hdf5_file(target):
             _linked(target, seen)
 
@@ -221,7 +260,7 @@ def _missing_source(ds: h5py.Dataset, path: Path) -> str | None:
         found = _reached(name, path, "HDF5_VDS_PREFIX", what)
         if found is None:
             return name
-        with _open(found, f"{found}: not a readable HDF5 file") as src:
+        with _open(found[0], f"{found[0]}: not a readable HDF5 file") as src:
             if not isinstance(src.get(source.dset_name), h5py.Dataset):
                 return f"{name}:{source.dset_name}"
     return None
@@ -266,7 +305,8 @@ class HdfArray(ArrayFile):
             def read(a: int, b: int) -> np.ndarray:
                 first = a // block * block
                 if held["start"] != first:
-                    held["start"], held["rows"] = first, _read(ds, self.label, first, first + block)
+                    block_rows = _read(ds, self.path, self.name, first, first + block)
+                    held["start"], held["rows"] = first, block_rows
                 rows: np.ndarray = held["rows"]
                 return rows[a - first : b - first]
 
