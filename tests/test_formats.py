@@ -753,3 +753,85 @@ def test_hdf5_external_storage_cut_short_while_its_rows_are_read_is_its_error(
         f"{raw}: {_WHAT['external storage'].format(path=path)}, truncated to 100 bytes (its "
         "rows need 2,880) while this run read it: rerun once the file is complete"
     )
+
+
+# --- HDF5 virtual datasets whose sources lead back to them: HDF5 crashes reading them --------
+
+
+def _virtual(path: Path, name: str, shape: tuple[int, ...], *sources: tuple[str, str]) -> None:
+    """Add to the HDF5 file ``path`` the float32 virtual dataset ``name`` of ``shape``, its
+    rows split evenly among ``sources`` (file name, dataset), each read from the same rows."""
+    layout = h5py.VirtualLayout(shape=shape, dtype="<f4")
+    step = shape[0] // len(sources)
+    for i, (file, dataset) in enumerate(sources):
+        rows = slice(i * step, (i + 1) * step)
+        layout[rows] = h5py.VirtualSource(file, dataset, shape=shape)[rows]
+    with h5py.File(path, "a") as f:
+        f.create_virtual_dataset(name, layout)
+
+
+def _refuses(path: Path, name: str, expected: str) -> None:
+    """Opening the array ``name`` of ``path`` is refused with the message ``expected``."""
+    with pytest.raises(DataError) as caught:
+        open_array(path, name)
+    assert str(caught.value) == expected
+
+
+def test_an_hdf5_virtual_dataset_that_is_its_own_source_is_exit_3_not_a_crash(
+    tmp_path: Path, arrays: dict
+) -> None:
+    """HDF5 1.14 follows the source into itself until the process dies (SIGSEGV, exit 139,
+    h5py alone too): refused from its sources before HDF5 reads a value."""
+    path = _h5(tmp_path / "d.h5", {r: a for r, a in arrays.items() if r != "train_labels"})
+    _virtual(path, "train_labels", arrays["train_labels"].shape, (".", "train_labels"))
+    expected = (
+        f"{path}:train_labels: a virtual dataset whose sources lead in a circle ({path}:"
+        f"train_labels → {path}:train_labels): HDF5 would crash reading it"
+    )
+    _refuses(path, "train_labels", expected)
+    code, stderr, records = _train(path, tmp_path / "out")  # the run's key reads it first
+    assert (code, stderr) == (3, [f"coretrain: {expected}"])
+    assert events(records, "end")[-1]["exit_code"] == 3
+
+
+def test_hdf5_virtual_sources_are_followed_through_other_files_to_a_circle_or_a_gap(
+    tmp_path: Path,
+) -> None:
+    a, b = tmp_path / "a.h5", tmp_path / "b.h5"
+    _virtual(a, "x", (4, 3), ("b.h5", "y"))
+    _virtual(b, "y", (4, 3), ("a.h5", "x"))
+    circle = f"{a}:x → {b}:y → {a}:x"
+    expected = f"a virtual dataset whose sources lead in a circle ({circle})"
+    _refuses(a, "x", f"{a}:x: {expected}: HDF5 would crash reading it")
+    b.unlink()
+    _virtual(b, "y", (4, 3), ("gone.h5", "z"))  # was a fill value, silently
+    gap = f"gone.h5 (a source of its source {b}:y)"
+    expected = f"a virtual dataset whose source {gap} is not there"
+    _refuses(a, "x", f"{a}:x: {expected} (HDF5 would read its fill value in its place)")
+
+
+def test_an_hdf5_virtual_dataset_may_read_one_source_by_several_ways(tmp_path: Path) -> None:
+    """Not a circle: two halves of one dataset, one of them through another virtual one."""
+    values = np.arange(24, dtype="<f4").reshape(8, 3)
+    path = _h5(tmp_path / "d.h5", {"raw": values})
+    _virtual(path, "mid", (8, 3), (".", "raw"))
+    _virtual(path, "x", (8, 3), (".", "raw"), (".", "mid"))
+    got = np.concatenate(list(open_array(path, "x").chunks(Shape(3), False)))
+    np.testing.assert_array_equal(got, values)
+
+
+def test_the_external_raw_file_of_an_hdf5_virtual_source_is_checked_as_the_datasets_own(
+    tmp_path: Path,
+) -> None:
+    raw, src = tmp_path / "empty.raw", tmp_path / "src.h5"
+    raw.write_bytes(b"")
+    with h5py.File(src, "w") as f:
+        f.create_dataset("y", shape=(4, 3), dtype="<f4", external=[(str(raw), 0, 48)])
+    _virtual(tmp_path / "d.h5", "x", (4, 3), ("src.h5", "y"))
+    _refuses(
+        tmp_path / "d.h5",
+        "x",
+        f"{raw}: the external raw data file of HDF5 dataset {src}:y holds 0 bytes, 48 fewer "
+        "than its segment needs (48 bytes of values from byte 0): HDF5 would read zeros in "
+        "their place",
+    )

@@ -16,6 +16,7 @@ TensorFlow here.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -99,18 +100,13 @@ def _dataset(f: h5py.File, name: str, path: Path) -> h5py.Dataset:
     """The dataset ``name`` of ``f`` (the file ``path``) once the files its values lie in
     are regular files: its external raw files (``HDF5_EXTFILE_PREFIX``, else the working
     directory) and its virtual sources. Raises DataError: a FIFO or device among them (HDF5
-    would wait on it, or read it: ``/dev/zero`` trained on zeros), or a virtual source that
-    is not there (HDF5 reads its fill value in its place), an external raw file shorter
-    than its segment (:func:`_external`)."""
+    would wait on it, or read it: ``/dev/zero`` trained on zeros), an external raw file
+    shorter than its segment (:func:`_external`), a virtual source that is not there or
+    that leads back to the dataset (:func:`_virtual`)."""
     with waiting(f"{path}:{name}"), reading(f"{path}:{name}: cannot read", _BROKEN):
         ds = f[name]
     _external(ds, path, name)
-    lost = _missing_source(ds, path)
-    if lost is not None:
-        raise DataError(
-            f"{path}:{name}: a virtual dataset whose source {lost} is not there "
-            "(HDF5 would read its fill value in its place)"
-        )
+    _virtual(ds, f"{path}:{name}")
     return ds
 
 
@@ -247,23 +243,72 @@ def _datasets(f: h5py.File) -> list[str]:
     return found
 
 
-def _missing_source(ds: h5py.Dataset, path: Path) -> str | None:
-    """For a virtual dataset, the first source HDF5 would not find (it reads the fill value
-    there, silently): its file, looked for as HDF5 does (:func:`_places`, under
-    ``HDF5_VDS_PREFIX``; each place checked as a data file is), or ``FILE:DATASET`` when
-    the file lacks the dataset; None when all are there."""
-    if not ds.is_virtual:
-        return None
-    for source in ds.virtual_sources():
-        name = source.file_name
-        what = f"the source file of HDF5 virtual dataset {path}:{ds.name.lstrip('/')}"
-        found = _reached(name, path, "HDF5_VDS_PREFIX", what)
+def _identity(ds: h5py.Dataset) -> tuple[int, int]:
+    """Which dataset ``ds`` is among the HDF5 files open in this process, whatever name or
+    file name reached it: its file's number and its object header's address
+    (``H5Oget_info``; HDF5 opens a file once, however often it is opened)."""
+    info = h5py.h5o.get_info(ds.id)
+    return int(info.fileno), int(info.addr)
+
+
+def _virtual(ds: h5py.Dataset, label: str) -> None:
+    """Check the sources of the virtual dataset ``ds`` (``label``: ``FILE:NAME``, as the run
+    names it), and theirs in turn (a source may be virtual too), before HDF5 reads any: each
+    source's file is there, looked for as HDF5 does (:func:`_places`, ``HDF5_VDS_PREFIX``,
+    beside the file holding the virtual dataset; checked as a data file is), holds the
+    source dataset, whose external raw files hold their segments (:func:`_external`), and
+    no source leads back to a dataset on the way to it. Each file is opened once. Raises
+    DataError: a source not there (HDF5 reads its fill value in its place, silently), a
+    circle (HDF5 1.14 follows it until the process crashes, SIGSEGV, exit 139: h5py alone
+    too), what :func:`_external` raises."""
+    held = contextlib.ExitStack()
+    opened: dict[Path, h5py.File] = {}
+
+    def lost(at: str, name: str) -> DataError:
+        of = "" if at == label else f" (a source of its source {at})"
+        return DataError(
+            f"{label}: a virtual dataset whose source {name}{of} is not there (HDF5 would "
+            "read its fill value in its place)"
+        )
+
+    def source(node: h5py.Dataset, at: str, vds: Any) -> tuple[h5py.Dataset, str]:
+        """The dataset the source ``vds`` of ``node`` (named ``at``) names, and its label."""
+        what = f"the source file of HDF5 virtual dataset {at}"
+        found = _reached(vds.file_name, Path(node.file.filename), "HDF5_VDS_PREFIX", what)
         if found is None:
-            return name
-        with _open(found[0], f"{found[0]}: not a readable HDF5 file") as src:
-            if not isinstance(src.get(source.dset_name), h5py.Dataset):
-                return f"{name}:{source.dset_name}"
-    return None
+            raise lost(at, vds.file_name)
+        if (where := found[0]) not in opened:
+            opened[where] = held.enter_context(_open(where, f"{where}: not a readable HDF5 file"))
+        with reading(f"{where}: cannot read", _BROKEN):
+            target = opened[where].get(vds.dset_name)
+        if not isinstance(target, h5py.Dataset):
+            raise lost(at, f"{vds.file_name}:{vds.dset_name}")
+        _external(target, where, vds.dset_name.lstrip("/"))
+        return target, f"{where}:{vds.dset_name.lstrip('/')}"
+
+    def sources(node: h5py.Dataset) -> Iterator[Any]:
+        return iter(node.virtual_sources() if node.is_virtual else ())
+
+    with held:  # the files stay open while identities are compared
+        stack = [(label, ds, _identity(ds), sources(ds))]
+        done: set[tuple[int, int]] = set()
+        while stack:
+            at, node, _, todo = stack[-1]
+            vds = next(todo, None)
+            if vds is None:
+                done.add(stack.pop()[2])
+                continue
+            target, step = source(node, at, vds)
+            key = _identity(target)
+            on_the_way = [entry[2] for entry in stack]
+            if key in on_the_way:
+                circle = [entry[0] for entry in stack[on_the_way.index(key) :]]
+                raise DataError(
+                    f"{label}: a virtual dataset whose sources lead in a circle "
+                    f"({' → '.join([*circle, step])}): HDF5 would crash reading it"
+                )
+            if key not in done:
+                stack.append((step, target, key, sources(target)))
 
 
 class HdfArray(ArrayFile):
