@@ -7,6 +7,8 @@ import hashlib
 import json
 import os
 import shutil
+import warnings
+import zipfile
 from pathlib import Path
 
 import h5py
@@ -437,6 +439,16 @@ def _bad_cases(tmp: Path, arrays: dict) -> dict[str, tuple[Path, str]]:
     cases["npz_truncated"] = (tmp / "cut.npz", f"{d}/cut.npz: not a readable .npz")
     np.savez(tmp / "missing.npz", **{r: a for r, a in arrays.items() if r != "test_labels"})
     cases["npz_missing"] = (tmp / "missing.npz", f"{d}/missing.npz:test_labels: no such array")
+    np.savez(tmp / "twice.npz", **arrays)
+    with warnings.catch_warnings(), zipfile.ZipFile(tmp / "twice.npz", "a") as zf:
+        warnings.simplefilter("ignore")  # zipfile's "Duplicate name": it writes it all the same
+        with zf.open("train_labels.npy", "w") as member:
+            np.save(member, np.zeros_like(labels))  # read in place of the first: all zeros
+    cases["npz_twice"] = (
+        tmp / "twice.npz",
+        f"{d}/twice.npz:train_labels: 2 members of the zip are named train_labels.npy (which "
+        "one is meant can't be known): save the .npz again with one",
+    )
     mixed = {**arrays, "test_features": arrays["test_features"][:59]}
     cases["h5_rows"] = (_h5(tmp / "rows.h5", mixed), f"{d}/rows.h5:test_labels: 60 label rows")
     _h5(tmp / "cut.h5", arrays)
@@ -448,8 +460,8 @@ def _bad_cases(tmp: Path, arrays: dict) -> dict[str, tuple[Path, str]]:
 
 BAD = [
     "width", "shape", "labels3d", "object", "small_pickle", "structured", "complex", "nonfinite",
-    "rows", "empty", "negative", "truncated", "npz_truncated", "npz_missing", "h5_rows",
-    "h5_truncated",
+    "rows", "empty", "negative", "truncated", "npz_truncated", "npz_missing", "npz_twice",
+    "h5_rows", "h5_truncated",
 ]  # fmt: skip
 
 

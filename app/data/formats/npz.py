@@ -1,8 +1,10 @@
 """NumPy ``.npz`` files (a zip of ``.npy`` members, stored or deflated), recognised by the zip
 signature ``PK\\x03\\x04``: an array is read from its member ``<name>.npy`` as a stream, in
 blocks, and converted once (a compressed member can't be mapped). A Fortran-ordered member
-is refused (its rows are not contiguous in the stream). No pickles: only ``.npy`` headers
-are parsed. No TensorFlow here.
+is refused (its rows are not contiguous in the stream), and so is a member whose name two
+members of the zip have (not a guess: the rule of app/data/formats/sources.py ``find``,
+exit 3 here as no option chooses between them). No pickles: only ``.npy`` headers are
+parsed. No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -50,13 +52,25 @@ class NpzArray(ArrayFile):
                 f"{self.label}: Fortran-ordered array; save it C-ordered (np.ascontiguousarray)"
             )
 
+    def _member(self, zf: zipfile.ZipFile) -> str:
+        """The name of this array's member in ``zf``. Raises DataError when two or more
+        members have it (zip allows it; ``zipfile`` reads the last): which one is meant
+        can't be known, and no option can tell them apart."""
+        member = f"{self.name}.npy"
+        if (copies := zf.namelist().count(member)) > 1:
+            raise DataError(
+                f"{self.label}: {copies} members of the zip are named {member} (which one is "
+                "meant can't be known): save the .npz again with one"
+            )
+        return member
+
     @contextmanager
     def _stream(self) -> Iterator[tuple[IO[bytes], Header, bool]]:
         with (
             files.opened(self.path) as f,
             reading(f"{self.label}: truncated or corrupt .npz", _BROKEN),
             zipfile.ZipFile(f) as zf,
-            zf.open(f"{self.name}.npy") as stream,
+            zf.open(self._member(zf)) as stream,
         ):
             header, fortran, _ = read_header(stream, self.label)
             yield stream, header, fortran
