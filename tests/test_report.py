@@ -179,6 +179,31 @@ def test_a_terminal_gets_the_view_bar_more_often_than_evaluations_and_a_summary(
 
 
 @pytest.mark.slow
+def test_a_run_s_bar_is_whole_fields_at_80_columns_and_after_a_resize_to_40(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    """The README's quick start under ``script`` (80 columns), the terminal narrowed to 40
+    at the first evaluation: every bar is whole fields (was: ``100/2…``; at 40
+    ``tra… loss 0.1382 · 15,227 samples/s · E…``); at 80 the bar, the step, the loss and
+    the ETA, and once narrowed the step, the loss and the ETA."""
+    args = ["--data", str(tiny_data), "--output", str(tmp_path / "out"), "--max-steps", "200"]
+    run = run_on_tty(
+        "train", *args, "--eval-every", "100", columns=80, resize=("step 100 ·".encode(), 40)
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.lines()
+    first, last = [i for i, line in enumerate(lines) if re.match(r"step \d+ ·", line)]
+    bars = [(i, x) for i, x in enumerate(lines) if "loss " in x and not x.startswith("step ")]
+    figure = r"(loss [-+.e\d]+|[\d,]+ samples/s|ETA (\?|[\d:]+)|CPU \d+% of \d+|throttled [.\d]+ s)"
+    whole = rf"(training )?([━╸╺]+ +)?\d+/200( {figure}( · {figure})*)?"  # view.py's fields
+    assert all(re.fullmatch(whole, line) and len(line) <= 80 for _, line in bars), bars
+    wide = [line for i, line in bars if i < first]
+    narrow = [line for i, line in bars if i > last]
+    assert wide and all(re.match(r"training [━╸╺]{16} +\d+/200 loss .* · ETA ", x) for x in wide)
+    assert narrow and all(len(x) <= 40 and re.search(r"\d+/200 loss .* · ETA ", x) for x in narrow)
+
+
+@pytest.mark.slow
 def test_an_error_under_a_bar_clears_it_and_is_one_stderr_line(
     tiny_data: Path, tmp_path: Path
 ) -> None:
