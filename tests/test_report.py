@@ -28,7 +28,7 @@ import pytest
 
 from app import logs
 from app.report import ReportOptions
-from app.report.view import ConsoleView, bar_text, evaluation_line, summary_block
+from app.report.view import ConsoleView, bar_figures, evaluation_line, fit, summary_block
 from tests.conftest import PINNED, REPO
 
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
@@ -179,6 +179,31 @@ def test_a_terminal_gets_the_view_bar_more_often_than_evaluations_and_a_summary(
 
 
 @pytest.mark.slow
+def test_a_run_s_bar_is_whole_fields_at_80_columns_and_after_a_resize_to_40(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    """The README's quick start under ``script`` (80 columns), the terminal narrowed to 40
+    at the first evaluation: every bar is whole fields (was: ``100/2…``; at 40
+    ``tra… loss 0.1382 · 15,227 samples/s · E…``); at 80 the bar, the step, the loss and
+    the ETA, and once narrowed the step, the loss and the ETA."""
+    args = ["--data", str(tiny_data), "--output", str(tmp_path / "out"), "--max-steps", "200"]
+    run = run_on_tty(
+        "train", *args, "--eval-every", "100", columns=80, resize=("step 100 ·".encode(), 40)
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.lines()
+    first, last = [i for i, line in enumerate(lines) if re.match(r"step \d+ ·", line)]
+    bars = [(i, x) for i, x in enumerate(lines) if "loss " in x and not x.startswith("step ")]
+    figure = r"(loss [-+.e\d]+|[\d,]+ samples/s|ETA (\?|[\d:]+)|CPU \d+% of \d+|throttled [.\d]+ s)"
+    whole = rf"(training )?([━╸╺]+ +)?\d+/200( {figure}( · {figure})*)?"  # view.py's fields
+    assert all(re.fullmatch(whole, line) and len(line) <= 80 for _, line in bars), bars
+    wide = [line for i, line in bars if i < first]
+    narrow = [line for i, line in bars if i > last]
+    assert wide and all(re.match(r"training [━╸╺]{16} +\d+/200 loss .* · ETA ", x) for x in wide)
+    assert narrow and all(len(x) <= 40 and re.search(r"\d+/200 loss .* · ETA ", x) for x in narrow)
+
+
+@pytest.mark.slow
 def test_an_error_under_a_bar_clears_it_and_is_one_stderr_line(
     tiny_data: Path, tmp_path: Path
 ) -> None:
@@ -298,6 +323,15 @@ def pty_stream(monkeypatch: pytest.MonkeyPatch, columns: int = 150) -> Iterator[
         os.close(master)
 
 
+def step_record(created: float, step: int, max_steps: int, **fields: object) -> logging.LogRecord:
+    """A ``step`` record as the loop's hook sends it, at time ``created`` (s), with 40
+    samples a step, a budget of 2 CPUs and ``fields`` (the loss, CPU use...)."""
+    return logging.makeLogRecord({
+        "event": "step", "levelno": logs.STEP, "created": created, "step": step,
+        "max_steps": max_steps, "samples_per_step": 40, "cpu_budget": 2.0, **fields,
+    })  # fmt: skip
+
+
 @pytest.mark.parametrize("start", [0, 600])
 def test_the_eta_is_smoothed_where_each_call_s_own_estimate_jumps(
     start: int, monkeypatch: pytest.MonkeyPatch
@@ -314,12 +348,7 @@ def test_the_eta_is_smoothed_where_each_call_s_own_estimate_jumps(
             seconds = 0.5 * jitter[call % len(jitter)] + (1.5 if call % 8 == 7 else 0.0)
             now, step = now + seconds, step + 10
             own.append((step, round((1200 - step) * seconds / 10)))
-            record = logging.makeLogRecord({
-                "event": "step", "levelno": logs.STEP, "created": now, "step": step,
-                "max_steps": 1200, "loss": 1.0 / step, "samples_per_step": 40,
-                "cpu_util": 0.9, "cpu_budget": 2.0,
-            })  # fmt: skip
-            view.handle(record)
+            view.handle(step_record(now, step, 1200, loss=1.0 / step, cpu_util=0.9))
         view.clear()
     assert jumps(own, 1200), "the premise: each call's own rate moves the ETA by 2x"
     shown = etas(tty.lines())
@@ -331,6 +360,44 @@ def test_the_eta_is_smoothed_where_each_call_s_own_estimate_jumps(
     eta = {0: "0:59", 600: "0:29"}[start]  # 1170 or 570 steps to go, rounded up
     third = f"{start + 30}/1200 loss {1 / (start + 30):.4g} · 800 samples/s · ETA {eta} · CPU"
     assert third in tty.lines()[2]
+
+
+def bars_drawn(monkeypatch: pytest.MonkeyPatch, columns: int) -> list[str]:
+    """The bars a view draws on a pseudo-terminal of ``columns`` columns for a run of 2,000
+    steps of 256 samples at 50 steps/s (12,800 samples/s), 100 a call, with a loss of
+    0.1382 and 93 % of the CPU budget: one a call, the last once more as the bar stops."""
+    with pty_stream(monkeypatch, columns) as tty:
+        view = ConsoleView(tty.stream)
+        for step in range(100, 2100, 100):
+            fields = {"loss": 0.1382, "samples_per_step": 256, "cpu_util": 0.93}
+            view.handle(step_record(1000 + step / 50, step, 2000, **fields))
+        view.clear()
+    bars = tty.lines()
+    steps = [[f"{step}/2000"] for step in [*range(100, 2100, 100), 2000]]
+    assert [re.findall(r"\d+/2000", bar) for bar in bars] == steps, bars
+    return bars
+
+
+def test_at_80_columns_the_bar_keeps_the_step_the_bar_the_loss_and_the_eta_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The README's quick start under ``script`` (80 columns): samples/s is left out, the
+    rest is whole (was: ``1000/2…``, the step cut, and the bar narrowed)."""
+    bars = bars_drawn(monkeypatch, 80)
+    assert bars[9] == "training ━━━━━━━━╺━━━━━━━ 1000/2000 loss 0.1382 · ETA 0:20 · CPU 93% of 2"
+    whole = r"training [━╸╺]{16} +\d+/2000 loss 0\.1382 · ETA (\?|0:\d\d) · CPU 93% of 2"
+    assert all(re.fullmatch(whole, bar) for bar in bars), bars
+
+
+def test_at_40_columns_the_bar_loses_whole_fields_least_important_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """samples/s, CPU use and the word "training" are left out, the bar is narrowed; the
+    step, the loss and the ETA are whole (was: ``tra… loss 0.1382 · 12,800 samples/s · E…``)."""
+    bars = bars_drawn(monkeypatch, 40)
+    assert bars[9] == "━━━╸━━━ 1000/2000 loss 0.1382 · ETA 0:20"
+    whole = r"[━╸╺]{7,10} +\d+/2000 loss 0\.1382 · ETA (\?|0:\d\d)"
+    assert all(re.fullmatch(whole, bar) and len(bar) <= 40 for bar in bars), bars
 
 
 def test_the_view_draws_a_run_in_lines_with_a_summary(tmp_path: Path) -> None:
@@ -363,12 +430,16 @@ _END = {
 
 def test_the_bar_and_evaluation_texts() -> None:
     tick = {"loss": 0.01234, "samples_per_step": 40, "cpu_util": 0.93, "cpu_budget": 2.0}
-    assert (
-        bar_text(tick, 1030.86, 75) == "loss 0.01234 · 41,234 samples/s · ETA 1:15 · CPU 93% of 2"
-    )
-    assert bar_text(tick, None, None) == "loss 0.01234 · ETA ? · CPU 93% of 2"  # not known yet
-    throttled = bar_text({**tick, "cpu_throttled_s": 1.25}, 10.0, 3725)
-    assert "ETA 1:02:05" in throttled and throttled.endswith("· throttled 1.2 s")
+    assert bar_figures(tick, 1030.86, 75) == {
+        "loss": "loss 0.01234", "samples/s": "41,234 samples/s", "ETA": "ETA 1:15",
+        "CPU": "CPU 93% of 2",
+    }  # fmt: skip
+    assert list(bar_figures(tick, None, None).values()) == [  # not known yet
+        "loss 0.01234", "ETA ?", "CPU 93% of 2",
+    ]  # fmt: skip
+    throttled = bar_figures({**tick, "cpu_throttled_s": 1.25}, 10.0, 3725)
+    assert throttled["ETA"] == "ETA 1:02:05"
+    assert list(throttled.items())[-1] == ("throttled", "throttled 1.2 s")
     line = evaluation_line(
         {"step": 50, "loss": 0.5, "val_rmse": 0.1, "baseline_rmse": 0.3, "linear_rmse": 0.2}
     )
@@ -377,6 +448,37 @@ def test_the_bar_and_evaluation_texts() -> None:
     )
     block = summary_block(_END, None)
     assert block[0] == "completed at step 6 in 1:15"
+
+
+def test_a_narrower_line_leaves_whole_fields_out_least_important_first() -> None:
+    """``training ━━━━ 100/200 loss 0.1382 · 16,000 samples/s · ETA 0:03 · CPU 93% of 2 ·
+    throttled 1.2 s``: 108 columns, and what each narrower line keeps."""
+    widths = {
+        "label": 8, "bar": 16, "step": 7, "loss": 11, "samples/s": 16, "ETA": 8, "CPU": 12,
+        "throttled": 15,
+    }  # fmt: skip
+    assert fit(widths, 108) == widths
+    kept = {room: fit(widths, room) for room in (107, 88, 73, 55, 46, 36, 35, 29, 15, 6)}
+    assert {room: list(names) for room, names in kept.items()} == {
+        107: ["label", "bar", "step", "loss", "ETA", "CPU", "throttled"],
+        88: ["label", "bar", "step", "loss", "ETA", "throttled"],
+        73: ["label", "bar", "step", "loss", "ETA"],
+        55: ["bar", "step", "loss", "ETA"],
+        46: ["bar", "step", "loss", "ETA"],
+        36: ["bar", "step", "loss", "ETA"],
+        35: ["step", "loss", "ETA"],
+        29: ["step", "ETA"],
+        15: ["step"],
+        6: [],  # narrower than the step: nothing rather than a cut "100/2…"
+    }
+    assert [kept[room]["bar"] for room in (55, 46, 36)] == [16, 15, 5]  # narrowed, then left out
+    assert all(
+        kept[room][name] == widths[name] for room in kept for name in kept[room] if name != "bar"
+    )
+    # The widest essentials (10000/10000, loss 1.234e-05, ETA 1:02:05) at 80 and at 40.
+    widest = {**widths, "step": 11, "loss": 14, "ETA": 11}
+    assert list(fit(widest, 80)) == ["label", "bar", "step", "loss", "ETA"]
+    assert list(fit(widest, 40)) == ["step", "loss", "ETA"]
 
 
 def test_a_failing_view_never_ends_the_run(capsys: pytest.CaptureFixture[str]) -> None:

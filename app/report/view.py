@@ -14,6 +14,17 @@ or an error line), and so is its estimate: samples/s and the ETA are rich's spee
 steps of the last :data:`SPEED_WINDOW_S` seconds (``Task.speed``, ``Task.time_remaining``),
 timed by the records' own times, so one call slowed by an evaluation or a checkpoint moves
 them by its share of the window, not by its own rate. No TensorFlow.
+
+The bar is one line, as wide as the terminal is at each redraw (rich reads its size then,
+so a resized terminal too): ``training ━━━━ 100/200 loss 0.1382 · 15,227 samples/s · ETA
+0:03 · CPU 50% of 2 · throttled 1.2 s``. A terminal too narrow for all of it loses whole
+fields, least important first (:data:`LEFT_OUT_FIRST`): samples/s, CPU use, the throttled
+seconds, the word "training", then the bar (first narrowed from :data:`BAR_WIDTH` columns
+down to :data:`BAR_MIN_WIDTH`), the loss, the ETA; the step n/N stays. So 80 columns show
+at least the word, the bar, the step, the loss and the ETA, and 40 the step, the loss and
+the ETA (66 and 40 columns with 10000/10000, a loss of 1.234e-05 and an ETA of 1:02:05).
+A field is never cut short (``100/2…`` reads as another step count): a terminal narrower
+than the step alone gets an empty line.
 """
 
 from __future__ import annotations
@@ -24,10 +35,13 @@ import os
 from pathlib import Path
 from typing import Any, TextIO
 
-from rich.console import Console
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn
-from rich.table import Column
+from rich.measure import Measurement
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task
+from rich.progress_bar import ProgressBar
+from rich.table import Column, Table
 from rich.text import Text
 
 from app import logs
@@ -42,8 +56,15 @@ SPEED_WINDOW_S = 30.0
 #: clock (it traced the step function), and the next of an automatic --steps-per-loop is
 #: its calibration, a few steps: an estimate from it alone moved by 3x at the next call.
 ESTIMATED_FROM = 2
-#: The ``step`` record's fields the bar shows (:func:`bar_text`).
+#: The ``step`` record's fields the bar shows (:func:`bar_figures`).
 _BAR_FIELDS = ("loss", "samples_per_step", "cpu_util", "cpu_budget", "cpu_throttled_s")
+#: The bar line's fields, least important first: the order a terminal too narrow for the
+#: whole line loses them in (:func:`fit`); the step n/N is the last one standing.
+LEFT_OUT_FIRST = ("samples/s", "CPU", "throttled", "label", "bar", "loss", "ETA")
+#: The figures among them (after the step, joined by " · "), as :func:`bar_figures` names them.
+_FIGURES = frozenset({"loss", "samples/s", "ETA", "CPU", "throttled"})
+#: Columns of the bar itself, and the fewest it is narrowed to before it is left out.
+BAR_WIDTH, BAR_MIN_WIDTH = 16, 5
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
@@ -59,30 +80,88 @@ def _clock(seconds: float | None) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
-def bar_text(f: dict[str, Any], speed: float | None, eta_s: float | None) -> str:
-    """The figures beside the bar for the fields ``f`` of the last ``step`` record: the
-    loss; samples/s from ``speed`` (steps/s) and the ETA ``eta_s`` (seconds; None: not
-    known yet); CPU use against the budget, the throttled seconds when there were any."""
-    parts = [] if f.get("loss") is None else [f"loss {f['loss']:.4g}"]
+def bar_figures(f: dict[str, Any], speed: float | None, eta_s: float | None) -> dict[str, str]:
+    """The figures beside the bar, by name in reading order, for the fields ``f`` of the
+    last ``step`` record: the loss; samples/s from ``speed`` (steps/s) and the ETA
+    ``eta_s`` (seconds; None: not known yet, "?"); CPU use against the budget, the
+    throttled seconds when there were any. A figure without its value is absent."""
+    figures = {} if f.get("loss") is None else {"loss": f"loss {f['loss']:.4g}"}
     if speed is not None and f.get("samples_per_step"):
-        parts.append(f"{speed * f['samples_per_step']:,.0f} samples/s")
-    parts.append(f"ETA {_clock(eta_s)}")
+        figures["samples/s"] = f"{speed * f['samples_per_step']:,.0f} samples/s"
+    figures["ETA"] = f"ETA {_clock(eta_s)}"
     if f.get("cpu_util") is not None:
-        parts.append(f"CPU {f['cpu_util']:.0%} of {f['cpu_budget']:g}")
+        figures["CPU"] = f"CPU {f['cpu_util']:.0%} of {f['cpu_budget']:g}"
     if f.get("cpu_throttled_s"):
-        parts.append(f"throttled {f['cpu_throttled_s']:.1f} s")
-    return " · ".join(parts)
+        figures["throttled"] = f"throttled {f['cpu_throttled_s']:.1f} s"
+    return figures
 
 
-class _Figures(ProgressColumn):
-    """:func:`bar_text` of the task's fields (the last ``step`` record's) and rich's
-    estimate over the task's samples (``Task.speed``, ``Task.time_remaining``), once it
-    rests on :data:`ESTIMATED_FROM` calls."""
+def _line_width(widths: dict[str, int]) -> int:
+    """Columns of a bar line of the fields ``widths`` (name: columns): a space between two
+    fields, `` · `` between two figures."""
+    figures = len(widths.keys() & _FIGURES)
+    return sum(widths.values()) + max(len(widths) - 1, 0) + 2 * max(figures - 1, 0)
 
-    def render(self, task: Task) -> Text:
+
+def fit(widths: dict[str, int], room: int) -> dict[str, int]:
+    """The fields of ``widths`` (name: columns, in reading order) that a line of ``room``
+    columns shows, with their columns: all when they fit; else fields left out whole in
+    the order of :data:`LEFT_OUT_FIRST`, the bar narrowed down to :data:`BAR_MIN_WIDTH`
+    before it goes; none when the step alone does not fit."""
+    shown = dict(widths)
+    for name in LEFT_OUT_FIRST:
+        over = _line_width(shown) - room
+        if over <= 0:
+            return shown
+        if name == "bar" and shown.get("bar", 0) - over >= BAR_MIN_WIDTH:
+            shown["bar"] -= over
+            return shown
+        shown.pop(name, None)
+    return shown if _line_width(shown) <= room else {}
+
+
+class _Fitted:
+    """A bar line: ``label``, rich's ``bar``, the ``step`` n/N and the ``figures`` (name:
+    text, in reading order), drawn by rich with the fields :func:`fit` keeps at the width
+    it is given."""
+
+    def __init__(self, label: Text, bar: ProgressBar, step: Text, figures: dict[str, str]):
+        self.cells: dict[str, RenderableType] = {"label": label, "bar": bar, "step": step}
+        self.bar, self.figures = bar, figures
+        self.widths = {"label": label.cell_len, "bar": BAR_WIDTH, "step": step.cell_len}
+        self.widths.update((name, cell_len(text)) for name, text in figures.items())
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        width = _line_width(fit(self.widths, options.max_width))
+        return Measurement(width, width)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        shown = fit(self.widths, options.max_width)
+        self.bar.width = shown.get("bar", BAR_WIDTH)
+        cells = [cell for name, cell in self.cells.items() if name in shown]
+        figures = [text for name, text in self.figures.items() if name in shown]
+        if figures:
+            cells.append(Text(" · ".join(figures)))
+        line = Table.grid(padding=(0, 1))
+        line.add_row(*cells)
+        yield line
+
+
+class _Line(ProgressColumn):
+    """The bar line of the module docstring as rich's one column: "training", rich's bar
+    and n/N, the figures of :func:`bar_figures` from the task's fields (the last ``step``
+    record's) and rich's estimate over the task's samples (``Task.speed``,
+    ``Task.time_remaining``, once it rests on :data:`ESTIMATED_FROM` calls)."""
+
+    def __init__(self) -> None:
+        super().__init__(table_column=Column(no_wrap=True))
+        self.bar, self.step = BarColumn(BAR_WIDTH), MofNCompleteColumn()
+
+    def render(self, task: Task) -> _Fitted:
         known = task.fields["timed"] >= ESTIMATED_FROM
         speed, eta = (task.speed, task.time_remaining) if known else (None, None)
-        return Text(bar_text(task.fields, speed, eta))
+        figures = bar_figures(task.fields, speed, eta)
+        return _Fitted(Text("training"), self.bar.render(task), self.step.render(task), figures)
 
 
 def evaluation_line(f: dict[str, Any]) -> str:
@@ -201,10 +280,7 @@ class ConsoleView(logging.Handler):
         started = self.progress is not None
         if self.progress is None:
             self.progress = Progress(
-                TextColumn("training"),
-                BarColumn(bar_width=16),
-                MofNCompleteColumn(),
-                _Figures(table_column=Column(no_wrap=True, overflow="ellipsis")),  # one line
+                _Line(),
                 console=self.console,
                 auto_refresh=False,
                 speed_estimate_period=SPEED_WINDOW_S,
