@@ -353,20 +353,46 @@ def test_the_keras_file_loads_without_this_package(data, tmp_path: Path) -> None
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), expected, rtol=1e-4, atol=1e-5)
 
 
-def test_what_a_killed_publish_left_is_removed_and_nothing_else(data, tmp_path: Path) -> None:
+def test_what_a_killed_publish_left_is_removed_and_nothing_else(
+    data, tmp_path: Path, logged
+) -> None:
+    """Only coretrain's exact names with what it writes there go: ``.N.<8 hex digits>``
+    holding the building marker's text, ``.pruned.N.<pid>`` holding version N's record (a
+    real one: version 1 renamed as a prune renames it). A name that merely starts like one
+    is not coretrain's; one of that shape without its mark is kept, named in a warning."""
     from app.release import publish as publish_lib
 
     models = tmp_path / "models"
-    for name, evidence in ((".3.k1ll3d", publish_lib.BUILDING), (".pruned.2.99", "coretrain.json"),
-                           (".4.notes", None), (".pruned.old", None)):  # fmt: skip
-        (models / name).mkdir(parents=True)
-        (models / name / "saved_model.pb").write_bytes(b"partial")
-        if evidence:
-            (models / name / evidence).write_text("{}")
+    models.mkdir()
+    publish_lib.publish(_export(_linear(data, 0.5), tmp_path / "a"), models, data, {})
+    record = (models / "1" / layout.META_FILE).read_bytes()
+    os.rename(models / "1", models / ".pruned.1.99")  # a prune killed while removing it
+    building, marker = publish_lib.BUILDING, publish_lib._BUILDING_TEXT
+    planted = {
+        ".3.0a1b2c3d": (building, marker),  # a build killed: removed
+        ".3.k1ll3d00": (building, marker),  # not 8 hex digits
+        ".3.0a1b2c3d.bak": (building, marker),
+        ".5.0a1b2c3d": (building, b"{}"),  # not the marker coretrain writes: warned
+        ".pruned.keepme": (layout.META_FILE, record),  # not .pruned.N.<pid>
+        ".pruned.2.99": (layout.META_FILE, record),  # version 1's record, not 2's: warned
+        ".pruned.4.99": (layout.META_FILE, b"{}"),  # not a record of coretrain's: warned
+        ".4.notes": ("notes.txt", b"precious"),
+    }
+    for name, (file, content) in planted.items():
+        (models / name).mkdir()
+        (models / name / file).write_bytes(content)
+        (models / name / "notes.txt").write_bytes(b"precious")
     decision = publish_lib.publish(_export(_linear(data), tmp_path / "cand"), models, data, {})
     assert decision.published and decision.version == 1
-    assert sorted(p.name for p in models.iterdir()) == [".4.notes", ".lock", ".pruned.old", "1"]
+    kept = sorted(n for n in planted if n != ".3.0a1b2c3d")
+    assert sorted(p.name for p in models.iterdir()) == sorted([*kept, ".lock", "1"])
+    assert all((models / name / "notes.txt").read_bytes() == b"precious" for name in kept)
     assert not (models / "1" / publish_lib.BUILDING).exists()
+    removed = [r.message for r in logged if getattr(r, "event", "") == "publish_cleanup"]
+    assert removed == [f"removed {models / n}, left by a killed run" for n in (".3.0a1b2c3d",
+                       ".pruned.1.99")]  # fmt: skip
+    warned = [r.path for r in logged if getattr(r, "event", "") == "publish_leftover_kept"]
+    assert warned == [str(models / n) for n in (".5.0a1b2c3d", ".pruned.2.99", ".pruned.4.99")]
 
 
 def test_versions_are_ordered_by_number_as_tf_serving_orders_them(tmp_path: Path) -> None:

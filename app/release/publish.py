@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import json
 import logging
 import os
 import re
@@ -48,7 +49,7 @@ import numpy as np
 import tensorflow as tf
 
 from app import logs
-from app.atomic import Dir, open_dir, probe_writable
+from app.atomic import RECORD_BYTES, Dir, open_dir, probe_writable
 from app.data.cache import DataCache
 from app.errors import Preempted, StorageError
 from app.release import gate, layout
@@ -68,8 +69,12 @@ PRUNING = ".pruned."
 LOCK_WAIT_S = 600.0
 #: Renames tried when other programs take the version numbers meanwhile.
 RENAME_TRIES = 10
+#: The names coretrain works under in DIR, hidden from TF Serving, exactly: a version built
+#: as ``.N.<8 hex digits>`` (app/atomic.py ``temp_dir``), one pruned as ``.pruned.N.<pid>``.
+_BUILT_NAME = re.compile(r"\.[0-9]+\.[0-9a-f]{8}")
+_PRUNED_NAME = re.compile(rf"{re.escape(PRUNING)}(-?[0-9]+)\.[0-9]+")
 #: The lock file's content while a version is built: ``.coretrain-building .N.<hex>``.
-_INTENT = re.compile(r"\.coretrain-building (\.[0-9]+\.[0-9a-f]{8})\n")
+_INTENT = re.compile(rf"\.coretrain-building ({_BUILT_NAME.pattern})\n")
 _INTENT_BYTES = 100
 
 
@@ -307,17 +312,45 @@ def _rename_as_next(directory: Dir, tmp: Dir, meta: dict[str, Any], decision: De
 
 def _remove_leftovers(directory: Dir, lock: IO[bytes]) -> None:
     """Under the lock, no other run builds or prunes: remove what killed ones left, only
-    what carries coretrain's own evidence (the version being built that the lock file
-    names, or one holding :data:`BUILDING`; a version being pruned, with
-    :data:`META_FILE`). Both names are hidden from TF Serving."""
+    what carries coretrain's own evidence under exactly the name coretrain gave it (the
+    version being built that the lock file names; :func:`_marked`). A directory of such a
+    name without the evidence is named in a ``publish_leftover_kept`` warning and kept;
+    any other name is not coretrain's. Both names are hidden from TF Serving."""
     named = _named(lock)
     for name in directory.names():
-        building = name.startswith(".") and name[1:].split(".")[0].isdigit()
-        evidence = BUILDING if building else META_FILE if name.startswith(PRUNING) else None
-        ours = name == named or (evidence and directory.is_file(f"{name}/{evidence}"))
-        if ours and directory.is_dir(name):
+        shaped = _BUILT_NAME.fullmatch(name) or _PRUNED_NAME.fullmatch(name)
+        if not shaped or not directory.is_dir(name):
+            continue
+        if name == named or _marked(directory, name):
             directory.remove(name)
             logs.event("publish_cleanup", f"removed {directory.path / name}, left by a killed run")
+            continue
+        logs.event(
+            "publish_leftover_kept",
+            f"{directory.path / name}: kept: named as coretrain names a version it builds or "
+            "prunes, without the mark it leaves there (remove it if a killed run left it)",
+            level=logging.WARNING,
+            path=str(directory.path / name),
+        )
+
+
+def _marked(directory: Dir, name: str) -> bool:
+    """Whether the directory ``name`` (of this UID, not a symlink) holds what coretrain
+    writes there: a version built as ``.N.<hex>``, :data:`BUILDING` with its text; one
+    pruned as ``.pruned.N.<pid>``, its :data:`META_FILE` with the gate's decision to
+    publish it (as version N, where the record names the number)."""
+    pruned = _PRUNED_NAME.fullmatch(name)
+    try:
+        with directory.sub(name, "temporary directory", create=False) as d:
+            if pruned is None:
+                return d.read_bytes(BUILDING, len(_BUILDING_TEXT)) == _BUILDING_TEXT
+            record = json.loads(d.read_bytes(META_FILE, RECORD_BYTES))
+    except (OSError, StorageError, ValueError):
+        return False
+    decision = Decision.from_json(record.get("publish") if isinstance(record, dict) else None)
+    if decision is None or not decision.published:
+        return False
+    return decision.version in (None, int(pruned.group(1)))
 
 
 def _prune(directory: Dir, keep: int) -> None:
@@ -332,7 +365,7 @@ def _prune(directory: Dir, keep: int) -> None:
     if keep < 1 or len(found) <= keep:
         return
     for entry in found[: len(found) - keep]:
-        hidden = f"{PRUNING}{entry.path.name.strip()}.{os.getpid()}"
+        hidden = f"{PRUNING}{entry.number}.{os.getpid()}"
         try:
             directory.rename(entry.path.name, hidden)
         except OSError as exc:
