@@ -53,8 +53,9 @@ from app.commands.execute import ExecConfig
 from app.commands.models import ModelsReport
 from app.commands.plan import PlanReport
 from app.config import GenerateConfig, PredictConfig, TrainConfig
-from app.errors import AppError, Preempted, StorageError, exit_code_of
+from app.errors import AppError, ConfigError, Preempted, StorageError, exit_code_of
 from app.options import flag_of, from_flat, option_fields
+from app.output import check_name
 from app.report import LogOptions, ReportOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -120,6 +121,19 @@ class _Option(click.Option):
         return super().resolve_envvar_value(ctx)
 
 
+class _OutputFile(click.Path):
+    """A file a command writes (``option(output=True)``): its name is checked as typed,
+    before a :class:`Path` drops a trailing slash (app/output.py ``check_name``)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str):
+            try:
+                check_name(value, param.opts[0] if param is not None else "output")
+            except ConfigError as exc:
+                self.fail(str(exc), param, ctx)
+        return super().convert(value, param, ctx)
+
+
 def _click_type(kind: Any, meta: typing.Mapping[str, Any]) -> Any:
     """The click parameter type of a field's annotation and bounds."""
     args = [a for a in typing.get_args(kind) if a is not type(None)]
@@ -127,7 +141,8 @@ def _click_type(kind: Any, meta: typing.Mapping[str, Any]) -> Any:
     if meta.get("choices"):
         return click.Choice(meta["choices"])
     if base is Path:
-        return click.Path(file_okay=not meta.get("directory"), path_type=Path)
+        kind = _OutputFile if meta.get("output") else click.Path
+        return kind(file_okay=not meta.get("directory"), path_type=Path)
     if base in (int, float):
         low = meta.get("minimum") if meta.get("minimum") is not None else meta.get("above")
         high = meta.get("maximum") if meta.get("maximum") is not None else meta.get("below")

@@ -423,6 +423,7 @@ class PredictConfig(Options):
         help="Where to write the predictions: one line of K values per input line, or a "
         "(n, K) float32 array when the name ends in .npy. A file is replaced whole once "
         "complete; a FIFO, a pipe or a device (/dev/stdout) is written through.",
+        output=True,
     )
     array: str | None = option(
         None,

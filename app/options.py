@@ -32,6 +32,7 @@ def option(
     maximum: float | None = None,
     choices: Sequence[str] | None = None,
     directory: bool = False,
+    output: bool = False,
     shown_default: str | None = None,
     metavar: str | None = None,
     identity: bool = False,
@@ -41,6 +42,8 @@ def option(
     ``flag``: the option's spelling (default ``--<field-name>``; ``"--a/--b"`` for an
     on/off pair); ``minimum``/``maximum`` inclusive and ``above``/``below`` exclusive
     bounds; ``choices``: the allowed strings; ``directory``: a path to a directory;
+    ``output``: a file the command writes (app/output.py: a name that can only name a
+    directory, ``out/``, is refused);
     ``shown_default``: how ``--help`` and the README show a default that isn't a plain
     value (e.g. "from the CPU budget"); ``metavar``: the value's name in ``--help``
     (default N for integers, X for other numbers, DIR for directories, TEXT);
@@ -57,6 +60,7 @@ def option(
         "maximum": maximum,
         "choices": tuple(choices) if choices else None,
         "directory": directory,
+        "output": output,
         "shown_default": shown_default,
         "metavar": metavar,
         "identity": identity,

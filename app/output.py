@@ -55,7 +55,9 @@ class Output:
       what is written, is at most ``wait_s`` in all (then StorageError, exit 4); SIGTERM or
       SIGINT ends the wait at once (Preempted, exit 143): ``stop()`` when given, else a
       handler installed while the stream is open (the main thread's).
-    - **A directory**, or a path whose directory does not exist: ConfigError (exit 2). A
+    - **A directory**, or a path whose directory does not exist: ConfigError (exit 2), as
+      is a name that can only name a directory, ``exist.txt/`` (:func:`check_name`, which
+      the command line applies to the name as typed: ``path`` has lost its slash). A
       block device, a socket or another UID's file: StorageError (exit 4), and so is
       anything that can't be written (a read-only or full file system, a reader gone),
       naming the path.
@@ -222,6 +224,17 @@ class Output:
                 self._dir.remove(self._temp)
             self._dir.close()
         self._handlers.close()
+
+
+def check_name(name: str, what: str = "output") -> None:
+    """Raise ConfigError (exit 2, as for a directory: :class:`Output`) when ``name``, as the
+    person typed it, can only name a directory: it ends in ``/``, ``/.`` or ``/..`` (POSIX
+    path resolution: a trailing slash resolves only to a directory, so a shell's ``>``
+    says "Is a directory" or "Not a directory"). Checked on the text: a :class:`Path`
+    made of it has dropped the slash, and would name the file."""
+    last = name.rsplit("/", 1)[-1] if "/" in name else None
+    if last in ("", ".", ".."):
+        raise ConfigError(f"{name}: {what} names a directory (ends in /{last}): name a file")
 
 
 def _own_stream(found: os.stat_result | None) -> int | None:

@@ -344,3 +344,37 @@ def test_another_uids_file_is_never_replaced(tmp_path: Path) -> None:
     with pytest.raises(StorageError, match="belongs to uid 4321, not to this run's uid 0"):
         _write(theirs)
     assert theirs.read_bytes() == b"theirs\n" and theirs.stat().st_uid == 4321
+
+
+def test_an_output_name_ending_in_a_slash_names_a_directory(tmp_path: Path) -> None:
+    """``exec --plan-out exist.txt/`` fails as a shell's ``> exist.txt/`` does: exit 2 in
+    one line, the file untouched, nothing made (a Path of the name drops the slash, and the
+    file it then named was replaced, exit 0)."""
+    exist = tmp_path / "exist.txt"
+    exist.write_bytes(b"kept\n")
+    for typed in (f"{exist}/", f"{exist}/.", f"{tmp_path}/new.json/", f"{tmp_path}/new.json/.."):
+        proc = run_cli("exec", "--plan-out", typed, "--", "true")
+        assert proc.returncode == 2, proc.stderr
+        (line,) = proc.stderr.splitlines()
+        assert f": {typed}: --plan-out names a directory (ends in /" in line, line
+    assert [p.name for p in tmp_path.iterdir()] == ["exist.txt"]
+    assert exist.read_bytes() == b"kept\n"
+
+
+@pytest.mark.parametrize(
+    ("command", "flag"), [("predict", "--out"), ("exec", "--plan-out"), ("bench-scaling", "--out")]
+)
+def test_every_output_option_refuses_a_directorys_name(command: str, flag: str) -> None:
+    """Each option a command writes a file to (by :class:`Output`) checks the name as typed."""
+    import click
+
+    from app.cli import cli
+
+    with pytest.raises(click.BadParameter, match=f"out.json/: {flag} names a directory"):
+        cli.commands[command].make_context(command, [flag, "out.json/"])
+
+
+def test_a_directory_option_takes_a_trailing_slash(tmp_path: Path) -> None:
+    proc = run_cli("generate", "--out", f"{tmp_path}/data/", "--train", "5", "--test", "4")
+    assert proc.returncode == 0, proc.stderr
+    assert len((tmp_path / "data" / "train_labels.txt").read_text().splitlines()) == 5

@@ -119,3 +119,21 @@ def test_sigterm_while_predict_waits_for_a_fifos_reader_is_143(
         proc.kill()
         proc.wait()
     assert stat.S_ISFIFO(fifo.lstat().st_mode)
+
+
+def test_an_out_ending_in_a_slash_is_a_directory_not_the_file(served: dict, tmp_path: Path) -> None:
+    """``--out exist.txt/`` (or a missing ``new.npy/``, from its variable) names a directory,
+    as a shell's ``>`` takes it: exit 2 in one line, the file untouched, nothing made."""
+    exist = tmp_path / "exist.txt"
+    exist.write_bytes(b"kept\n")
+    proc = _predict(served, served["root"] / "d.npz", f"{exist}/")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines()[-1].endswith(
+        f"{exist}/: --out names a directory (ends in /): name a file (see coretrain predict --help)"
+    )
+    new = f"{tmp_path}/new.npy/"
+    proc = run_cli("predict", "--model", str(served["model"]), "--features",
+                   str(served["root"] / "d.npz"), env={"CORETRAIN_PREDICT_OUT": new})  # fmt: skip
+    assert proc.returncode == 2 and f"{new}: --out names a directory" in proc.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["exist.txt"]
+    assert exist.read_bytes() == b"kept\n"

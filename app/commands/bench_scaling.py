@@ -18,7 +18,9 @@ class ScalingConfig:
         None, "Measure up to this many threads.", minimum=1, shown_default="the CPU budget's"
     )
     batch_size: int = option(1000, "Samples per training step.", minimum=1)
-    out: Path | None = option(None, "Also write the JSON report here.", shown_default="none")
+    out: Path | None = option(
+        None, "Also write the JSON report here.", shown_default="none", output=True
+    )
 
     def __post_init__(self) -> None:
         check_bounds(self)

@@ -69,6 +69,7 @@ class ExecConfig:
         "Write the applied plan, whole (with its reasons and the files read), and the "
         "variables (the exec event, JSON) to this file instead of a line on stderr.",
         shown_default="stderr",
+        output=True,
     )
 
 
