@@ -19,7 +19,7 @@ import secrets
 import select
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from app import logs
@@ -72,7 +72,7 @@ class Output:
         self._dir: Dir | None = None  # the directory of a file replaced whole
         self._temp: str | None = None  # the temporary's name; None: unnamed (O_TMPFILE)
         self._handlers = contextlib.ExitStack()
-        self.streaming, self._told = False, False
+        self.streaming, self._told, self._settled = False, False, False
 
     def __enter__(self) -> Output:
         try:
@@ -201,14 +201,27 @@ class Output:
         finally:
             self.close()
 
-    def _commit(self) -> None:
-        """The written file renamed over the final name (named first when unnamed)."""
+    def settle(self) -> None:
+        """Make a file that replaces ``path`` durable under its temporary name (fsynced, an
+        unnamed one named), so that only the rename is left; nothing for a stream. Raises
+        StorageError."""
+        if self.streaming or self._settled:
+            return
         assert self._dir is not None
         try:
             os.fsync(self._fd)
             if self._temp is None:
                 self._temp = f".{self._final}.{secrets.token_hex(6)}.tmp"
                 os.link(f"{PROC_FD}/{self._fd}", self._temp, dst_dir_fd=self._dir.fd)
+        except OSError as exc:
+            raise StorageError(f"{self.path}: cannot write: {exc.strerror}") from exc
+        self._settled = True
+
+    def _commit(self) -> None:
+        """The written file renamed over the final name (settled first)."""
+        self.settle()
+        assert self._dir is not None and self._temp is not None
+        try:
             self._dir.rename(self._temp, self._final)
             self._temp = None
         except OSError as exc:
@@ -224,6 +237,24 @@ class Output:
                 self._dir.remove(self._temp)
             self._dir.close()
         self._handlers.close()
+
+
+def write_set(files: Iterable[tuple[Path, bytes]], what: str = "output") -> None:
+    """Write each ``(path, data)`` of ``files`` (taken as they come) by :class:`Output`'s
+    rule as one set: every file is written to its temporary and settled (fsynced) before
+    any is renamed over its name, so an error on any of them (another UID's file, a socket,
+    a full disk) leaves each file the set replaces as it was. A stream (a FIFO) is written
+    through and closed at once, as it comes: its reader may read them one after another.
+    Raises as :class:`Output` does."""
+    with contextlib.ExitStack() as written:  # renamed when every one is settled
+        sinks = []
+        for path, data in files:
+            sinks.append(sink := written.enter_context(Output(path, what)))
+            sink.write(data)
+            if sink.streaming:
+                sink.close()
+        for sink in sinks:
+            sink.settle()
 
 
 def check_name(name: str, what: str = "output") -> None:

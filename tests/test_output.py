@@ -4,6 +4,7 @@ every wait on a reader bounded and ended by SIGTERM; real FIFOs, links and devic
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -289,6 +290,79 @@ def test_generate_writes_each_file_by_the_rule(tmp_path: Path) -> None:
     reader.join(timeout=60)
     assert len(got[0].splitlines()) == 4 and stat.S_ISFIFO(fifo.lstat().st_mode)
     assert (out / "train_labels.txt").is_symlink() and len(elsewhere.read_text().splitlines()) == 5
+
+
+def test_generate_replaces_the_set_whole_or_not_at_all(tmp_path: Path) -> None:
+    """The last of the four files can't be written (a socket; as root, a symlink to another
+    UID's file too): exit 4 and the other three are the set that was there, byte for byte,
+    no temporary left (each had been replaced before the last one failed)."""
+    out = tmp_path / "data"
+    assert run_cli("generate", "--out", str(out), "--train", "5", "--test", "4").returncode == 0
+    old = {p.name: p.read_bytes() for p in out.iterdir()}
+    last = out / "test_labels.txt"
+    last.unlink()
+    cases = ["a socket", *(["another uid's file"] if os.geteuid() == 0 else [])]
+    for case in cases:
+        with socket.socket(socket.AF_UNIX) as server:
+            if case == "a socket":
+                server.bind(str(last))
+            else:
+                last.unlink()
+                (tmp_path / "theirs.txt").write_bytes(b"theirs\n")
+                os.chown(tmp_path / "theirs.txt", 4321, 4321)
+                last.symlink_to(tmp_path / "theirs.txt")
+            proc = run_cli("generate", "--out", str(out), "--seed", "2", "--train", "5",
+                           "--test", "4")  # fmt: skip
+        assert proc.returncode == 4, (case, proc.stderr)
+        assert proc.stderr.splitlines()[-1].startswith(f"coretrain: {last}: data file ")
+        kept = {p.name: p.read_bytes() for p in out.iterdir() if p != last}
+        assert kept == {n: b for n, b in old.items() if n != last.name}, case
+    if os.geteuid() == 0:
+        assert (tmp_path / "theirs.txt").read_bytes() == b"theirs\n" and last.is_symlink()
+
+
+def test_a_set_is_renamed_only_once_every_file_is_on_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fails the last of four fsyncs (EIO; a full disk on a file system that
+    reports it there): no file of the set is replaced, none left half written."""
+    from app import output
+
+    names = [tmp_path / f"{i}.txt" for i in range(4)]
+    for name in names:
+        name.write_bytes(b"old\n")
+    real, calls = os.fsync, []
+
+    def fsync(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 4:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(StorageError, match="cannot write: Input/output error"):
+        output.write_set(((name, b"new\n") for name in names), "data file")
+    assert len(calls) == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == [n.name for n in names]
+    assert [name.read_bytes() for name in names] == [b"old\n"] * 4
+
+
+def test_generate_feeds_fifos_to_a_reader_that_reads_them_in_turn(tmp_path: Path) -> None:
+    """Two of the files are FIFOs that one reader opens one after the other: each is
+    written and closed as it comes (not held open until the whole set is written)."""
+    out = tmp_path / "data"
+    out.mkdir()
+    fifos = [out / "train_labels.txt", out / "test_labels.txt"]
+    for fifo in fifos:
+        os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.extend(f.read_bytes() for f in fifos))
+    reader.start()
+    proc = run_cli("generate", "--out", str(out), "--train", "5", "--test", "4")
+    reader.join(timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert [len(g.splitlines()) for g in got] == [5, 4]
+    assert all(stat.S_ISFIFO(f.lstat().st_mode) for f in fifos)
 
 
 def test_bench_scalings_report_is_written_by_the_rule(

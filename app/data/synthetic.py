@@ -10,19 +10,22 @@ width, so the network has to combine rows.
 each fifth of the axis, narrow (1–4 bins wide at 195 bins); the rows are 20 moments of a
 decay whose rate differs per sample (a nuisance, not a label), on a curved background with
 a per-row gain and signal-dependent noise. The labels are each line's centre, half width
-and initial amplitude (5 × 3). Files are written to a temporary name and renamed (atomic).
+and initial amplitude (5 × 3). The four files are one set (app/output.py ``write_set``):
+each is written to a temporary, and renamed into place only when all four are written, so
+a failure leaves the set that was there whole.
 Never imports TensorFlow.
 """
 
 from __future__ import annotations
 
 import io
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 
 from app.errors import ConfigError, StorageError
-from app.output import Output
+from app.output import write_set
 
 NUM_OUTPUTS = 3
 
@@ -99,16 +102,19 @@ def generate(
         raise ConfigError(f"{out}: --out is not a directory") from None
     except OSError as exc:
         raise StorageError(f"{out}: cannot make the directory: {exc.strerror}") from exc
+    paths = {f"{split}_{role}": out / f"{split}_{role}.txt" for split in ("train", "test")
+             for role in ("features", "labels")}  # fmt: skip
+    write_set(_files(make, paths, train, test, seed, height, width), "data file")
+    return paths
+
+
+def _files(
+    make: Callable[..., tuple[np.ndarray, np.ndarray]], paths: dict[str, Path], train: int,
+    test: int, seed: int, height: int, width: int,
+) -> Iterator[tuple[Path, bytes]]:  # fmt: skip
+    """Each file of ``paths`` and its text, made as they are taken (one split at a time)."""
     rng = np.random.default_rng(seed)
-    written = {}
     for split, n in (("train", train), ("test", test)):
         feats, labels = make(n, rng, height, width)
-        for role, arr, fmt in (
-            ("features", feats.reshape(n, -1), "%.4g"),
-            ("labels", labels, "%.6g"),
-        ):
-            path = out / f"{split}_{role}.txt"
-            with Output(path, "data file") as sink:
-                sink.write(_text(arr, fmt))
-            written[f"{split}_{role}"] = path
-    return written
+        yield paths[f"{split}_features"], _text(feats.reshape(n, -1), "%.4g")
+        yield paths[f"{split}_labels"], _text(labels, "%.6g")
