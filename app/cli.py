@@ -18,12 +18,14 @@ both, the per-command variable over the short one. A variable an option would re
 set but empty (or blank: ``CORETRAIN_MAX_STEPS=``, a manifest's slip) is a usage error
 naming it (exit 2), never the default.
 
-Library errors (:class:`app.errors.AppError`) are caught once here (:func:`_fail`): a
-one-line message on stderr and the error's exit code. What a command prints as its product
-(``plan``, ``models``, ``bench-scaling``, ``--help``) to a reader that closed the pipe ends
-the process with the code SIGPIPE gives a Unix filter (141, nothing said); one that can't
-be written otherwise is exit 4. TensorFlow is imported only by the commands that train or
-predict, after the thread plan has been applied.
+Library errors (:class:`app.errors.AppError`) and click's usage errors are caught once
+here (:func:`_fail`, :func:`main`): a one-line message on stderr and the error's exit code;
+``coretrain`` with no command gets click's help on stderr as click shows it, exit 2. What a
+command prints as its product (``plan``, ``models``, ``bench-scaling``, ``--help``,
+``--version``) to a reader that closed the pipe ends the process with the code SIGPIPE
+gives a Unix filter (141, nothing said); one that can't be written otherwise is exit 4.
+TensorFlow is imported only by the commands that train or predict, after the thread plan
+has been applied.
 """
 
 from __future__ import annotations
@@ -351,8 +353,47 @@ def _guarded(run: Callable[[], Any]) -> Any:
         _fail(exc)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(__version__, prog_name="coretrain")
+def _show_help(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """``--help``: the help as click shows it, on stdout by the products' rule (:func:`_print`:
+    into a closed pipe, 141 quietly; click's own gave exit 1)."""
+    if value and not ctx.resilient_parsing:
+        _print(ctx.get_help())
+        ctx.exit()
+
+
+def _show_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """``--version``, by the products' rule too."""
+    if value and not ctx.resilient_parsing:
+        _print(f"coretrain, version {__version__}")
+        ctx.exit()
+
+
+def _help_by_rule(option: click.Option | None) -> click.Option | None:
+    """Click's help option of a command, showing the help by :func:`_show_help`."""
+    if option is not None:
+        option.callback = _show_help
+    return option
+
+
+class _Command(click.Command):
+    def get_help_option(self, ctx: click.Context) -> click.Option | None:
+        return _help_by_rule(super().get_help_option(ctx))
+
+
+class _Group(click.Group):
+    command_class = _Command
+
+    def get_help_option(self, ctx: click.Context) -> click.Option | None:
+        return _help_by_rule(super().get_help_option(ctx))
+
+
+@click.group(
+    cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}
+)
+@click.option(
+    "--version", is_flag=True, expose_value=False, is_eager=True, callback=_show_version,
+    help="Show the version and exit.",
+)  # fmt: skip
 def cli() -> None:
     """Train a TensorFlow CNN using exactly the CPUs this container may use."""
 
@@ -440,13 +481,27 @@ def exec_cmd(command: tuple[str, ...], **values: Any) -> None:
     _exit(_guarded(run))
 
 
+def _help_on_stderr(exc: click.exceptions.NoArgsIsHelpError) -> typing.NoReturn:
+    """``coretrain`` with no command: the help on stderr, as click shows it (lines as they
+    are: it is not a message), and click's exit code for it (2). A stderr that can't take
+    it is given up."""
+    try:
+        exc.show()
+    except OSError:
+        logs.give_up(2)
+    sys.exit(exc.exit_code)
+
+
 def main() -> None:
-    """Console-script entry point. A usage error is one line on stderr too (exit 2); help
-    or a version that can't be written is :func:`_unwritten`. Once the exit code is known,
-    SIGTERM and SIGINT are ignored (:func:`_decided`)."""
+    """Console-script entry point. A usage error is one line on stderr too (exit 2), but
+    for no command at all: the help (:func:`_help_on_stderr`); help or a version that
+    can't be written is :func:`_unwritten`. Once the exit code is known, SIGTERM and
+    SIGINT are ignored (:func:`_decided`)."""
     logs.standard_streams()
     try:
         code = cli.main(prog_name="coretrain", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:  # no command: click's help, as it shows it
+        _help_on_stderr(exc)
     except click.ClickException as exc:
         ctx = getattr(exc, "ctx", None)
         where = ctx.command_path if ctx is not None else "coretrain"
@@ -458,8 +513,6 @@ def main() -> None:
         _exit(Exit(exc.exit_code, message))
     except click.Abort:  # Ctrl-C at a prompt; there are none, but click may raise it
         sys.exit(130)
-    except OSError as exc:  # --help or --version into a closed pipe or a full disk
-        _unwritten(exc)
     finally:
         _decided()
     sys.exit(code if isinstance(code, int) else 0)

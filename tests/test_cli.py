@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import pty
 import shutil
 import signal
 import subprocess
@@ -346,3 +347,47 @@ def test_a_sigterm_once_the_exit_code_is_decided_changes_nothing(decided: bool) 
     assert proc.stdout is not None and proc.stdout.readline() == b"finalizing\n"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == (0 if decided else -signal.SIGTERM)
+
+
+def _on_a_terminal(*args: str) -> tuple[int, str]:
+    """``python -m app ARGS`` with stdin, stdout and stderr on a real pseudo-terminal: its
+    exit code and what the terminal showed (its line ends as written)."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("CORETRAIN_")}
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app", *args], stdin=slave, stdout=slave, stderr=slave,
+        env={**environ, "COLUMNS": "100"}, cwd=REPO,
+    )  # fmt: skip
+    os.close(slave)
+    shown = b""
+    while True:
+        try:
+            part = os.read(master, 4096)
+        except OSError:  # EIO: the process and its terminal side are gone
+            break
+        if not part:
+            break
+        shown += part
+    os.close(master)
+    return proc.wait(timeout=60), shown.decode().replace("\r\n", "\n")
+
+
+def test_no_command_is_clicks_help_and_a_missing_option_one_line() -> None:
+    """``coretrain`` alone shows the help on stderr as click does, its lines as they are,
+    exit 2, piped and on a terminal (it was one line of ``\\x0a`` escapes); ``coretrain
+    train`` alone is a usage error: one line."""
+    helped = run_cli("--help", env={"COLUMNS": "100"})
+    assert helped.returncode == 0 and helped.stdout.startswith(
+        "Usage: coretrain [OPTIONS] COMMAND [ARGS]...\n\n  Train a TensorFlow CNN"
+    )
+    alone = run_cli(env={"COLUMNS": "100"})
+    assert (alone.returncode, alone.stdout, alone.stderr) == (2, "", helped.stdout)
+    assert _on_a_terminal() == (2, helped.stdout)
+    train = run_cli("train")
+    assert train.returncode == 2
+    (line,) = train.stderr.splitlines()
+    assert line.startswith("coretrain: Missing option '--")
+    assert line.endswith("(see coretrain train --help)")
+    from app import __version__
+
+    assert run_cli("--version").stdout == f"coretrain, version {__version__}\n"
