@@ -6,7 +6,10 @@ symlink, of the run's UID); a file a person names on the command line (``predict
 place, as a shell's ``>`` is: its path is followed as given, and what it names decides how
 it is written. A regular file is replaced whole, atomically; a FIFO, a pipe or a character
 device is written through, never replaced, and every wait on its reader has a deadline and
-gives way to SIGTERM/SIGINT (docs/security.md, "Files").
+gives way to SIGTERM/SIGINT (docs/security.md, "Files"). Files written as one set (those of
+``generate --out``: :func:`write_set`) are renamed into place only once all are written; a
+name typed for an output that can only name a directory (``out/``) is refused
+(:func:`check_name`).
 """
 
 from __future__ import annotations
