@@ -1,7 +1,7 @@
 """Options declared once: a dataclass field that is also a command-line option.
 
 :func:`option` records an option's default, help text, spelling and bounds in the
-field's metadata; the command line (app/cli.py) generates its click options from it,
+field's metadata; the command line (app/cli/options.py) generates its click options from it,
 :func:`check_bounds` enforces the bounds for a value built anywhere (a test, a
 benchmark), and :func:`identity_fields` lists the options that change what trained
 weights mean. A configuration may hold groups of options (:func:`group`): the command line

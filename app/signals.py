@@ -132,7 +132,7 @@ def waiting(what: str) -> Iterator[None]:
 
 def end_now(error: AppError) -> NoReturn:
     """End the process at once with ``error``, from any thread, as the command line ends a
-    run that failed (app/cli.py): the ``end`` event, one line ``coretrain: <message>`` on
+    run that failed (app/cli/): the ``end`` event, one line ``coretrain: <message>`` on
     stderr (a progress bar erased first), its exit code. For a failure found where the
     main thread can't be reached (it is inside TensorFlow, which waits for the thread that
     found it): what the run wrote stays as a kill would leave it, which a rerun resumes."""

@@ -1,4 +1,4 @@
-"""The command line (app/cli.py): every error path of ``coretrain train`` prints exactly one
+"""The command line (app/cli/): every error path of ``coretrain train`` prints exactly one
 line on stderr, with oneDNN forced on and forced off, so the contract is checked on either
 kind of CPU; and the environment variables a command reads.
 
@@ -142,7 +142,7 @@ def test_a_non_finite_number_is_a_one_line_usage_error(
 
 
 # Environment variables: CORETRAIN_<COMMAND>_<OPTION>, and CORETRAIN_<OPTION> where it can't
-# mean another command's option (app/cli.py's module docstring).
+# mean another command's option (app/cli/options.py's module docstring).
 
 
 def _readers() -> dict[str, set[int]]:

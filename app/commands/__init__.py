@@ -2,7 +2,7 @@
 
 Each module is one command: it takes the command's configuration (dataclasses whose
 fields are also its options: app/options.py), calls the library and returns what the
-command line prints or exits with. None imports click (app/cli.py is the command line)
+command line prints or exits with. None imports click (app/cli/ is the command line)
 or TensorFlow at import time, so ``coretrain --help`` and ``coretrain plan`` answer
 without starting TensorFlow.
 """

@@ -73,7 +73,7 @@ def run(
 def refused(values: dict[str, Any], code: int) -> None:
     """A run the command line refused (a value, or a variable, click or its checks did not
     take), pushed as the night's failure with exit ``code`` when ``values`` (the options
-    read before it: app/cli.py ``EAGER``) name a Pushgateway; a push that can't be made is
+    read before it: app/cli/options.py ``EAGER``) name a Pushgateway; a push that can't be made is
     the warning it always is."""
     if not values.get("metrics_push"):
         return
