@@ -130,6 +130,7 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
         summary = train(workspace.for_run(config), config, plan).summary
         records = [json.loads(line) for line in (Path(out) / "logs" / "train.jsonl").open()]
     progress = [r for r in records if r.get("event") == "progress"][1:]  # drop warm-up
+    choice = next((r for r in records if r.get("event") == "choice"), {})
     samples = sum(window * spec["batch"] for _ in progress)
     seconds = sum(window * spec["batch"] / r["examples_per_sec"] for r in progress)
     # cpu_util = process CPU seconds / (wall seconds × CPU budget), per window.
@@ -146,9 +147,8 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
         "train_size": summary["train_size"],
         "input_cpu_ms_per_batch": input_ms,
         "chosen": f"{summary['formulation']}/{summary['precision']}",
-        "candidates": sorted(
-            next((r.get("timings", {}) for r in records if r.get("event") == "choice"), {})
-        ),
+        "candidates": sorted(choice.get("timings", {})),
+        "margin": choice.get("measurement", {}).get("margin"),
         "intra_op_threads": plan.intra_op_threads,
         "inter_op_threads": plan.inter_op_threads,
         "cpu_budget": plan.cpu_budget,
