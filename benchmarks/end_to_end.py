@@ -91,7 +91,7 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
     from app.config import TrainConfig
     from app.data import cache as cache_lib
     from app.data.input import mapped, pipeline
-    from app.training.inputs.load import sources
+    from app.training.admit.sources import find
     from app.training.run import train
     from app.training.state import workspace
 
@@ -125,7 +125,7 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
 
             pipeline.train_input = in_memory  # type: ignore[assignment]
         else:
-            data = cache_lib.prepare(sources(config), config.resolved_cache_dir)
+            data = cache_lib.prepare(find(config.data), config.resolved_cache_dir)
             input_ms = _input_ms(data, plan, spec["batch"], config.recipe.seed)
         summary = train(workspace.for_run(config), config, plan).summary
         records = [json.loads(line) for line in (Path(out) / "logs" / "train.jsonl").open()]
@@ -159,7 +159,7 @@ def _prepare(spec: dict[str, Any]) -> dict[str, Any]:
     """Convert the whole data set into the cache, as ``train`` does first (timed)."""
     from app.config import TrainConfig
     from app.data import cache as cache_lib
-    from app.training.inputs.load import sources
+    from app.training.admit.sources import find
 
     with tempfile.TemporaryDirectory(dir=spec["tmp"]) as out:
         config = TrainConfig.of(
@@ -167,7 +167,7 @@ def _prepare(spec: dict[str, Any]) -> dict[str, Any]:
         )
         data, wall, cpu = worker.timed(
             lambda: cache_lib.prepare(
-                sources(config), config.resolved_cache_dir, threads=spec["threads"]
+                find(config.data), config.resolved_cache_dir, threads=spec["threads"]
             )
         )
     return {
