@@ -16,12 +16,16 @@ faster; docs/performance.md, "Evaluation").
 the same seed, data, options and CPU must train the same weights whether the machine was
 quiet or busy when the candidates were timed. So a candidate wins only by more than
 :data:`MARGIN` of CPU time: the first candidate of :data:`ORDER` whose CPU time is within
-:data:`MARGIN` of the least is taken (for the evaluation, the training formulation first).
-The margin covers what load moves: beside busy loops on both vCPUs the ratio of the two
-fast candidates' CPU times moved by under 1 %, beside memory-bound processes by 4 %, the
-two forward passes' from 1.12–1.16 to 1.28 at worst; and what CPU time does not see (the
-idle share of a step, up to 10 % apart between candidates): docs/performance.md, "A choice
-that holds". The order: the fast formulation first (its step was the faster on every CPU
+:data:`MARGIN` of the least is taken (for the evaluation, the training formulation first,
+within :data:`EVALUATION_MARGIN`).
+The margin covers what load moves (Zen 4, 2 vCPUs, batch 1,000: the ratio of the two fast
+candidates' CPU times 1.38–1.41 quiet, 1.38–1.42 beside busy loops pinned to both vCPUs,
+1.41–1.44 beside memory-bound processes; the two forward passes' 1.13–1.19, 1.12–1.16 and
+1.16–1.28) and what CPU time does not see (the share of a step a thread sits idle, up to
+10 % apart between candidates): docs/performance.md, "A choice that holds". Where a CPU's
+two best candidates sit near the margin itself (Zen 4's fast ones at batch 40: 1.06–1.27)
+the answer can still differ between runs: the rule makes that rare, it can't rule it out.
+The order: the fast formulation first (its step was the faster on every CPU
 measured, 3–5×), float32 before bfloat16 (exact products when they cost no more).
 
 ``--precision auto`` measures bfloat16 only when ``app.config.BFLOAT16_IN_AUTO`` is set and the
