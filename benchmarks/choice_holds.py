@@ -4,9 +4,12 @@
 minutes on 2 vCPUs). Not a test: it measures rates, on a machine that must be quiet.
 
 1. **Kept under load.** A ``coretrain train`` run on a fresh cache directory beside a busy
-   process pinned to each CPU this process may use (as tests/test_choice_holds.py): it
-   times the candidates and, when its timing was within the noise, keeps its choice
-   beside the cache (app/training/state/choose.py). Its ``choice`` event is reported.
+   process pinned to each CPU this process may use (as tests/test_choice_holds.py), the
+   machine otherwise quiet: it times the candidates and, when its timing was within the
+   noise, keeps its choice beside the cache (app/training/state/choose.py); tried up to
+   :data:`KEEP_ATTEMPTS` times until one keeps it (``kept_under_load`` says whether one
+   did: if none, the pairs below compare runs that timed quiet). Its ``choice`` event and
+   the attempts are reported.
 2. **Quiet pairs**, interleaved (``--pairs``, the order alternating): ``reused``, a run on
    that cache directory (the choice kept under load; the data cache too), and ``fresh``, a
    run on a fresh cache directory (timing the candidates quiet). Each trains ``--steps``
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -42,6 +46,8 @@ REPO = Path(__file__).resolve().parent.parent
 TARGET = 0.85
 #: The others' share of the CPUs under which the machine counts as quiet.
 QUIET = 0.1
+#: Loaded runs tried until one keeps its choice (a noisy timing is not kept).
+KEEP_ATTEMPTS = 3
 SPIN = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
 
 
@@ -100,6 +106,36 @@ def train(data: Path, out: Path, cache: Path, steps: int) -> dict[str, Any]:
     return {"rate": rate, "choice": {k: choice.get(k) for k in keep}}
 
 
+def kept_under_load(data: Path, work: Path, wait: float) -> list[dict[str, Any]]:
+    """Loaded runs on the cache directory ``work / "kept-under-load"`` until one keeps its
+    choice, :data:`KEEP_ATTEMPTS` at most (module docstring): every attempt."""
+    attempts: list[dict[str, Any]] = []
+    while len(attempts) < KEEP_ATTEMPTS:
+        wait_quiet(wait)
+        with busy_cpus():
+            shutil.rmtree(work / "kept-under-load", ignore_errors=True)
+            out = work / f"loaded{len(attempts)}"
+            attempts.append(train(data, out, work / "kept-under-load", 20))
+        if attempts[-1]["choice"]["measurement"].get("kept"):
+            break
+    return attempts
+
+
+def quiet_pairs(data: Path, work: Path, pairs: int, steps: int, wait: float) -> list[dict]:
+    """``pairs`` interleaved pairs, reused against fresh (module docstring)."""
+    done = []
+    for i in range(pairs):
+        run: dict[str, Any] = {"others_before": wait_quiet(wait)}
+        order = ("reused", "fresh") if i % 2 == 0 else ("fresh", "reused")
+        for name in order:
+            cache = work / ("kept-under-load" if name == "reused" else f"fresh{i}")
+            run[name] = train(data, work / f"{name}{i}", cache, steps)
+        run["ratio"] = round(run["reused"]["rate"] / run["fresh"]["rate"], 3)
+        done.append(run)
+        print(json.dumps(run), file=sys.stderr, flush=True)
+    return done
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--work", type=Path, default=None, help="work directory (default: a temp)")
@@ -113,28 +149,18 @@ def main(argv: list[str] | None = None) -> int:
         from app.data import synthetic
 
         synthetic.generate(work / "data", train=args.train, test=1000, seed=0)
-        kept = work / "kept-under-load"
-        with busy_cpus():
-            loaded = train(work / "data", work / "loaded", kept, 20)
-        pairs = []
-        for i in range(args.pairs):
-            run: dict[str, Any] = {"others_before": wait_quiet(args.wait)}
-            order = ("reused", "fresh") if i % 2 == 0 else ("fresh", "reused")
-            for name in order:
-                cache = kept if name == "reused" else work / f"fresh{i}"
-                run[name] = train(work / "data", work / f"{name}{i}", cache, args.steps)
-            run["ratio"] = round(run["reused"]["rate"] / run["fresh"]["rate"], 3)
-            pairs.append(run)
-            print(json.dumps(run), file=sys.stderr, flush=True)
+        os.sync()  # the data's writeback is not the load the busy processes make
+        attempts = kept_under_load(work / "data", work, args.wait)
+        pairs = quiet_pairs(work / "data", work, args.pairs, args.steps, args.wait)
     ratio = statistics.median(r["ratio"] for r in pairs)
-    decided = {
-        tuple(c[k] for k in ("formulation", "precision", "evaluation"))
-        for c in [loaded["choice"], *(r[n]["choice"] for r in pairs for n in ("reused", "fresh"))]
-    }
+    runs = [*attempts, *(r[n] for r in pairs for n in ("reused", "fresh"))]
+    names = ("formulation", "precision", "evaluation")
+    agree = {tuple(r["choice"][k] for k in names) for r in runs}
     report = {
-        "cpu": _cpu_model(), "loaded": loaded, "pairs": pairs, "reused_over_fresh": ratio,
-        "target": TARGET, "met": ratio >= TARGET, "choices_agree": len(decided) == 1,
-        "loadavg_end": [round(v, 2) for v in os.getloadavg()],
+        "cpu": _cpu_model(), "loaded": attempts, "pairs": pairs,
+        "kept_under_load": bool(attempts[-1]["choice"]["measurement"].get("kept")),
+        "reused_over_fresh": ratio, "target": TARGET, "met": ratio >= TARGET,
+        "choices_agree": len(agree) == 1, "loadavg_end": [round(v, 2) for v in os.getloadavg()],
     }  # fmt: skip
     print(json.dumps(report, indent=1))
     return 0

@@ -57,13 +57,23 @@ def test_rounds_interleave_and_the_least_round_is_the_figure(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     timed = _scripted(monkeypatch, {"a": [10, 11, 10.5, 10, 10.2], "b": [12, 12.5, 13, 12, 12]})
-    calls = _calls("a", "b")
-    figures, load = timing.time_calls(calls)
+    figures, load = timing.time_calls(_calls("a", "b"))
     assert timed == ["a", "b"] * timing.ROUNDS  # interleaved, a round each in turn
     assert (figures["a"].cpu_ms, figures["a"].wall_ms, figures["a"].rounds) == (10, 20, 5)
-    assert figures["a"].spread == pytest.approx(10.2 / 10 - 1)  # median round against the least
-    assert figures["b"].cpu_ms == 12 and figures["b"].spread == pytest.approx(12 / 12 - 1)
+    assert figures["b"].cpu_ms == 12
+    # The spread: how b's CPU time relative to the round's least (a's) moves, 1.2, 1.136,
+    # 1.238, 1.2, 1.176: their median absolute deviation (1.2 - 1.176) over their median.
+    assert figures["b"].spread == pytest.approx((1.2 - 12 / 10.2) / 1.2)
+    assert figures["a"].spread == 0  # the least in every round
     assert load.others is not None and 0 <= load.others <= 1  # /proc/stat read on Linux
+
+
+def test_a_slow_spell_of_every_candidate_is_no_spread(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Rounds 2-4 20 % slower for both (the whole VM slowed): the ratio holds, no more rounds.
+    _scripted(monkeypatch, {"a": [10, 12, 12, 12, 10], "b": [15, 18, 18, 18, 15]})
+    figures, _ = timing.time_calls(_calls("a", "b"))
+    assert (figures["a"].spread, figures["b"].spread) == (0, 0)
+    assert figures["b"].rounds == timing.ROUNDS and not timing.noisy(figures.values())
 
 
 @pytest.mark.parametrize(("cpu_ms", "expected"), [(40.0, 2), (4.0, 15), (0.5, 50), (0.0, 50)])
@@ -76,6 +86,20 @@ def test_a_round_lasts_long_enough_to_be_more_than_timer_noise(
     assert call.calls == timing.WARMUP_CALLS - 1  # and the last warm-up call was the timed one
 
 
+def test_a_round_is_its_least_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each call timed alone, the round's figure its least (load only adds time)."""
+    from types import SimpleNamespace
+
+    # Clock readings around three calls: CPU 5, 1, 3 ms; wall 9, 2, 4 ms.
+    cpu = iter([0.0, 0.005, 1.0, 1.001, 2.0, 2.003])
+    wall = iter([0.0, 0.009, 1.0, 1.002, 2.0, 2.004])
+    clocks = SimpleNamespace(process_time=lambda: next(cpu), perf_counter=lambda: next(wall))
+    monkeypatch.setattr(timing, "time", clocks)
+    call = _Call()
+    assert timing._per_call(call, 3) == pytest.approx((1.0, 2.0))
+    assert call.calls == 3
+
+
 def test_a_candidate_that_cannot_win_is_not_timed_again(monkeypatch: pytest.MonkeyPatch) -> None:
     timed = _scripted(monkeypatch, {"fast": [10.0] * 5, "slow": [30.0]})
     figures, _ = timing.time_calls(_calls("fast", "slow"))
@@ -86,15 +110,15 @@ def test_a_candidate_that_cannot_win_is_not_timed_again(monkeypatch: pytest.Monk
 def test_a_noisy_measurement_gets_more_rounds_up_to_a_bound(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Rounds 2-5 are 20 % over the first: the median is too far from the least (spread
-    # 0.2 > NOISE), so more rounds are timed until the median comes back (round 9: 5 of 10).
-    steady = [10.0, 12.0, 12.0, 12.0, 12.0, 10.0, 10.0, 10.0, 10.0, 10.0]
-    timed = _scripted(monkeypatch, {"a": list(steady), "b": [11.0] * 10})
+    # a's CPU time relative to b's moves 1.0, 1.2, 1.05, 1.3, 1.1: a spread of 0.1 / 1.1,
+    # over NOISE, so more rounds are timed, until steady rounds (1.1) bring it under.
+    ratios = [1.0, 1.2, 1.05, 1.3, 1.1] + [1.1] * 5
+    timed = _scripted(monkeypatch, {"a": [10 * r for r in ratios], "b": [10.0] * 10})
     figures, _ = timing.time_calls(_calls("a", "b"))
-    assert figures["a"].rounds == 9 and timed.count("a") == 9
-    assert figures["a"].spread <= timing.NOISE
+    assert timing.ROUNDS < figures["a"].rounds < timing.MAX_ROUNDS
+    assert timed.count("a") == figures["a"].rounds and figures["a"].spread <= timing.NOISE
     # Noise that never settles stops at MAX_ROUNDS, and stays noisy.
-    timed = _scripted(monkeypatch, {"a": [10.0] + [13.0] * 20, "b": [11.0] * 21})
+    timed = _scripted(monkeypatch, {"a": [10.0, 13.0, 11.5] * 7, "b": [10.0] * 21})
     figures, _ = timing.time_calls(_calls("a", "b"))
     assert figures["a"].rounds == timing.MAX_ROUNDS
     assert timing.noisy(figures.values())

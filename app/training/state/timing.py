@@ -14,15 +14,20 @@ differed by up to 10 % between the candidates measured quiet (CPU / wall time 1.
 
 Each call is warmed up (:data:`WARMUP_CALLS`, the first traces it), then timed in rounds of
 calls (enough for :data:`ROUND_CPU_MS` of CPU time, at least :data:`CALLS_PER_ROUND`), the
-candidates interleaved (a moment of load from elsewhere
-hurts one round, not one candidate); each candidate's figure is its least CPU time per call
-over the rounds (load adds time, it never removes any). A candidate whose figure after a
-round is over :data:`CANNOT_WIN` times the least is not timed again. After :data:`ROUNDS`
-rounds, while a candidate still timed has a spread (its median round against its least,
-relative) over :data:`NOISE`, another round is timed, up to :data:`MAX_ROUNDS`. What the
-CPUs did meanwhile is read from ``/proc/stat`` (proc(5)) for the CPUs this process may run
-on: the share of their time other processes used (``others``) and the hypervisor took
-(``steal``). No TensorFlow here: the calls are given.
+candidates interleaved (a moment of load from elsewhere hurts one round, not one candidate);
+a round's figure is the least CPU time of its calls, each timed alone, and a candidate's the
+least over its rounds (load adds time, it never removes any: beside busy processes a step's
+threads spin while one of them waits for its CPU, and short steps lose most to it). A
+candidate whose figure after a round is over :data:`CANNOT_WIN` times the least is not timed
+again. Its **spread** is how much its CPU time relative to the round's least moves from round
+to round (the median absolute deviation of that ratio, over its median): what the decision
+depends on. A slow spell of the whole VM that stretches every candidate of a few rounds alike
+(seen quiet, with no other process on the CPUs and nothing stolen: 20 % for 1.5 s) leaves it
+unmoved. After :data:`ROUNDS` rounds, while a candidate still timed spreads over
+:data:`NOISE`, another round is timed, up to :data:`MAX_ROUNDS`. What the CPUs did
+meanwhile is read from ``/proc/stat`` (proc(5)) for the CPUs this process may run on: the
+share of their time other processes used (``others``) and the hypervisor took (``steal``).
+No TensorFlow here: the calls are given.
 """
 
 from __future__ import annotations
@@ -45,16 +50,17 @@ ROUNDS = 5
 MAX_ROUNDS = 10
 #: A candidate this many times the least CPU time after a round is not timed again.
 CANNOT_WIN = 1.5
-#: A spread (median round / least round − 1) above this, or a stolen share above it, is
-#: noise the figures can't be trusted through: quiet, the fast candidates' spread was
-#: 1.5–4 %; beside pinned busy loops 3 %; beside memory-bound processes 11–18 %
+#: A spread (above) or a stolen share over this is noise the figures can't be trusted
+#: through. Measured (Zen 4, batch 1,000, the four step candidates and two forward passes):
+#: 0.5–2.6 % quiet, 0.4–1.5 % beside busy processes pinned to both vCPUs
 #: (docs/performance.md, "A choice that holds").
-NOISE = 0.08
+NOISE = 0.05
 #: How candidates are timed: part of what a kept choice depends on (app/training/state/kept.py).
 RULE = {
-    "clock": "process CPU time", "warmup": WARMUP_CALLS, "calls": CALLS_PER_ROUND,
+    "clock": "process CPU time, the least call", "warmup": WARMUP_CALLS, "calls": CALLS_PER_ROUND,
     "round_cpu_ms": ROUND_CPU_MS, "max_calls": MAX_CALLS_PER_ROUND,
     "rounds": ROUNDS, "max_rounds": MAX_ROUNDS, "cannot_win": CANNOT_WIN, "noise": NOISE,
+    "spread": "median absolute deviation of the ratio to the round's least, over its median",
 }  # fmt: skip
 
 STAT = "/proc/stat"
@@ -68,8 +74,8 @@ K = TypeVar("K", bound=Hashable)
 @dataclass(frozen=True)
 class Timed:
     """A candidate's figures: ``cpu_ms``, the least process CPU ms per call over its rounds
-    (what decides), ``wall_ms`` the least wall ms per call, ``spread`` its median round's
-    CPU time against the least (relative; 0 after one round), ``rounds`` timed."""
+    (what decides), ``wall_ms`` the least wall ms per call, ``spread`` (module docstring;
+    0 after one round, or timed alone), ``rounds`` timed."""
 
     cpu_ms: float
     wall_ms: float
@@ -106,15 +112,14 @@ def time_calls(calls: dict[K, Callable[[], Any]]) -> tuple[dict[K, Timed], Load]
     count = {c: _calls_per_round(call) for c, call in calls.items()}
     cpus = sorted(os.sched_getaffinity(0))
     before, wall0, cpu0 = read_stat(cpus), time.perf_counter(), time.process_time()
-    rounds: dict[K, list[tuple[float, float]]] = {c: [] for c in calls}
+    rounds: list[dict[K, tuple[float, float]]] = []
     timed = list(calls)
-    while timed:
-        for c in timed:
-            rounds[c].append(_per_call(calls[c], count[c]))
-        figures = {c: _figures(r) for c, r in rounds.items()}
+    while True:
+        rounds.append({c: _per_call(calls[c], count[c]) for c in timed})
+        figures = {c: _figures(c, rounds) for c in calls}
         least = min(t.cpu_ms for t in figures.values())
         timed = [c for c in timed if figures[c].cpu_ms <= CANNOT_WIN * least]
-        done = len(rounds[timed[0]]) if timed else MAX_ROUNDS
+        done = len(rounds)
         if done >= MAX_ROUNDS or (done >= ROUNDS and not noisy(figures[c] for c in timed)):
             break
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
@@ -137,19 +142,30 @@ def noisy(figures: Iterable[Timed]) -> bool:
 
 
 def _per_call(call: Callable[[], Any], count: int) -> tuple[float, float]:
-    """(process CPU ms, wall ms) per call of ``count`` calls."""
-    wall0, cpu0 = time.perf_counter(), time.process_time()
+    """(process CPU ms, wall ms) of the least of ``count`` calls, each timed alone."""
+    cpu_ms, wall_ms = float("inf"), float("inf")
     for _ in range(count):
+        wall0, cpu0 = time.perf_counter(), time.process_time()
         call().numpy()
-    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    return cpu / count * 1e3, wall / count * 1e3
+        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+        cpu_ms, wall_ms = min(cpu_ms, cpu * 1e3), min(wall_ms, wall * 1e3)
+    return cpu_ms, wall_ms
 
 
-def _figures(rounds: list[tuple[float, float]]) -> Timed:
-    cpu = [r[0] for r in rounds]
-    least = min(cpu)
-    spread = statistics.median(cpu) / least - 1 if least > 0 else 0.0
-    return Timed(least, min(r[1] for r in rounds), max(spread, 0.0), len(rounds))
+def _figures(c: K, rounds: list[dict[K, tuple[float, float]]]) -> Timed:
+    """Candidate ``c``'s figures over the ``rounds`` it was timed in (module docstring)."""
+    mine = [r for r in rounds if c in r]
+    cpu = [r[c][0] for r in mine]
+    relative = [r[c][0] / least for r in mine if len(r) > 1 and (least := _least(r)) > 0]
+    spread = 0.0
+    if len(relative) > 1:
+        middle = statistics.median(relative)
+        spread = statistics.median(abs(x - middle) for x in relative) / middle
+    return Timed(min(cpu), min(r[c][1] for r in mine), spread, len(mine))
+
+
+def _least(one_round: dict[Any, tuple[float, float]]) -> float:
+    return min(cpu for cpu, _ in one_round.values())
 
 
 def read_stat(cpus: list[int], path: str = STAT) -> tuple[float, float] | None:
