@@ -91,7 +91,7 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
     from app.config import TrainConfig
     from app.data import cache as cache_lib
     from app.data.input import mapped, pipeline
-    from app.training.inputs.load import sources
+    from app.training.admit.sources import find
     from app.training.run import train
     from app.training.state import workspace
 
@@ -125,11 +125,12 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
 
             pipeline.train_input = in_memory  # type: ignore[assignment]
         else:
-            data = cache_lib.prepare(sources(config), Path(spec["cache"]))
+            data = cache_lib.prepare(find(config.data), Path(spec["cache"]))
             input_ms = _input_ms(data, plan, spec["batch"], config.recipe.seed)
         summary = train(workspace.for_run(config), config, plan).summary
         records = [json.loads(line) for line in (Path(out) / "logs" / "train.jsonl").open()]
     progress = [r for r in records if r.get("event") == "progress"][1:]  # drop warm-up
+    choice = next((r for r in records if r.get("event") == "choice"), {})
     samples = sum(window * spec["batch"] for _ in progress)
     seconds = sum(window * spec["batch"] / r["examples_per_sec"] for r in progress)
     # cpu_util = process CPU seconds / (wall seconds × CPU budget), per window.
@@ -146,9 +147,8 @@ def _train(spec: dict[str, Any]) -> dict[str, Any]:
         "train_size": summary["train_size"],
         "input_cpu_ms_per_batch": input_ms,
         "chosen": f"{summary['formulation']}/{summary['precision']}",
-        "candidates": sorted(
-            next((r.get("timings", {}) for r in records if r.get("event") == "choice"), {})
-        ),
+        "candidates": sorted(choice.get("timings", {})),
+        "margin": choice.get("measurement", {}).get("margin"),
         "intra_op_threads": plan.intra_op_threads,
         "inter_op_threads": plan.inter_op_threads,
         "cpu_budget": plan.cpu_budget,
@@ -159,14 +159,16 @@ def _prepare(spec: dict[str, Any]) -> dict[str, Any]:
     """Convert the whole data set into the cache, as ``train`` does first (timed)."""
     from app.config import TrainConfig
     from app.data import cache as cache_lib
-    from app.training.inputs.load import sources
+    from app.training.admit.sources import find
 
     with tempfile.TemporaryDirectory(dir=spec["tmp"]) as out:
         config = TrainConfig.of(
             data_dir=Path(spec["data"]), output_dir=Path(out), cache_dir=Path(spec["cache"])
         )
         data, wall, cpu = worker.timed(
-            lambda: cache_lib.prepare(sources(config), Path(spec["cache"]), threads=spec["threads"])
+            lambda: cache_lib.prepare(
+                find(config.data), Path(spec["cache"]), threads=spec["threads"]
+            )
         )
     return {
         "wall_s": round(wall, 3),

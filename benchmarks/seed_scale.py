@@ -204,7 +204,8 @@ def summarize(run: dict[str, Any], text_bytes: int) -> dict[str, Any]:
         out["windows"] = [round(r["examples_per_sec"]) for r in progress]
     choice = first.get("choice")
     if choice:
-        ms = choice["timings"][f"{choice['formulation']}/{choice['precision']}"]
+        wall = choice.get("wall_timings") or choice["timings"]  # wall ms (CPU ms: timings)
+        ms = wall[f"{choice['formulation']}/{choice['precision']}"]
         out["chosen"] = f"{choice['formulation']}/{choice['precision']}"
         batch = first["start"]["config"]["batch_size"] if "start" in first else 1000
         step_rate = out["chosen_step_samples_per_s"] = round(batch * 1000 / ms)

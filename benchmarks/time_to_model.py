@@ -84,10 +84,10 @@ def prepare(work: Path, rows: int) -> tuple[Path, Path]:
     if not (npy / "train_y.npy").exists():
         from app.config import TrainConfig
         from app.data import cache
-        from app.training.inputs.load import sources
+        from app.training.admit.sources import find
 
         config = TrainConfig.of(data_dir=data, output_dir=work / "npy-cache")
-        made = cache.prepare(sources(config), work / "npy-cache")
+        made = cache.prepare(find(config.data), work / "npy-cache")
         npy.mkdir(parents=True, exist_ok=True)
         np.save(npy / "train_x.npy", np.asarray(made.features("train")))
         np.save(npy / "train_y.npy", np.asarray(made.labels("train")))

@@ -88,7 +88,7 @@ def test_parallel_result_is_bit_identical_to_one_process(tmp_path: Path) -> None
         src, tmp_path / "two.f32", width=3900, threads=2, min_range_bytes=50_000
     )
     assert (one.threads, one.ranges) == (1, 1)
-    assert two.threads == 2 and two.ranges == 8
+    assert two.threads == 2 and two.ranges == 2 * parallel.RANGES_PER_THREAD
     assert (tmp_path / "one.f32").read_bytes() == (tmp_path / "two.f32").read_bytes()
     expected = np.loadtxt(src, dtype=np.float32)
     got = np.fromfile(tmp_path / "two.f32", np.float32).reshape(60, 3900)
@@ -117,7 +117,10 @@ def test_an_error_in_the_second_range_names_its_line_in_the_file(tmp_path: Path)
     fields[2] = token
     lines[bad_line - 1] = b" ".join(fields) + b"\n"
     src.write_bytes(b"".join(lines))
-    assert parallel.split_lines(src, 8, min_bytes=1000)[1] == (start, stop)  # same cuts
+    assert parallel.split_lines(src, 2 * parallel.RANGES_PER_THREAD, min_bytes=1000)[1] == (
+        start,
+        stop,
+    )  # same cuts
     for threads in (2, 1):
         with pytest.raises(DataError) as caught:
             parallel.convert_file(
@@ -311,11 +314,12 @@ def test_rows_are_written_from_the_first_range_on_and_ranges_are_bounded(
     count, write = parallel._count_lines, parallel._write_rows
     monkeypatch.setattr(parallel, "_count_lines", lambda *a: seen.append("count") or count(*a))
     monkeypatch.setattr(parallel, "_write_rows", lambda *a: seen.append("parse") or write(*a))
-    monkeypatch.setattr(parallel, "MAX_RANGE_BYTES", src.stat().st_size // 12)
+    many = 3 * 2 * parallel.RANGES_PER_THREAD  # more than the threads' share sets
+    monkeypatch.setattr(parallel, "MAX_RANGE_BYTES", src.stat().st_size // many)
     got = parallel.convert_file(
         src, tmp_path / "two.f32", width=50, threads=2, min_range_bytes=1000
     )
-    assert got.ranges >= 12  # MAX_RANGE_BYTES, not 4 per thread, set the count
+    assert got.ranges >= many  # MAX_RANGE_BYTES, not the ranges per thread, set the count
     assert seen.count("count") == seen.count("parse") == got.ranges
     assert seen.index("parse") < len(seen) - 1 - seen[::-1].index("count")
     expected = np.arange(400 * 50, dtype=np.float32).reshape(400, 50)
@@ -364,7 +368,7 @@ def test_the_rows_are_digested_as_they_are_written(threads: int, tmp_path: Path)
         src, tmp_path / "x.f32", width=40, threads=threads, min_range_bytes=20_000,
         hasher=hashlib.sha256,
     )  # fmt: skip
-    assert done.ranges == (1 if threads == 1 else 8)
+    assert done.ranges == (1 if threads == 1 else 2 * parallel.RANGES_PER_THREAD)
     assert done.checksum == hashlib.sha256((tmp_path / "x.f32").read_bytes()).hexdigest()
     assert parallel.convert_file(src, tmp_path / "y.f32", width=40).checksum is None
     blank = tmp_path / "blank.txt"

@@ -4,9 +4,10 @@ Each of a run's set-up steps that takes seconds says, before it starts, what it 
 how long it will take (``estimate_s``) and how to skip it when an option can (``skip``):
 timing the formulations, fitting the linear baseline, starting TensorFlow. A person at the
 terminal sees why nothing else moves (app/report/view.py); a log collector gets the same
-record. The estimates are coarse, from the costs measured on 2 vCPUs (AMD EPYC, batch
-1000): timing one candidate (traced, warmed up, 3 rounds of 2 steps) about
-:data:`CANDIDATE_SECONDS`, the ridge at :data:`RIDGE_MULTIPLY_ADDS_PER_S` per thread,
+record. The estimates are coarse, from the costs measured on 2 vCPUs (AMD EPYC): timing one
+candidate about :data:`TRACE_SECONDS` to trace and warm it up, whatever the batch, and
+:data:`CANDIDATE_SECONDS` for its rounds at a batch of 1000 (Zen 4, 2026-12-05: 5.9 s for
+four at 1000, 5.6 s at 200), the ridge at :data:`RIDGE_MULTIPLY_ADDS_PER_S` per thread,
 TensorFlow's import about :data:`TENSORFLOW_SECONDS`. No TensorFlow here.
 """
 
@@ -14,7 +15,8 @@ from __future__ import annotations
 
 from app import logs
 
-CANDIDATE_SECONDS = 1.5  # per candidate at a batch of 1000 samples
+TRACE_SECONDS = 1.0  # per candidate, whatever the batch
+CANDIDATE_SECONDS = 0.5  # per candidate's rounds at a batch of 1000 samples
 #: Per BLAS thread, with reading and scoring the rows: an 18,000-row sample of 3,900
 #: features (2.7e11 multiply-adds) took 5.1–6.8 s with 2 threads on AMD EPYC Zen 4
 #: (2026-12-04: the seed's set, its resident set and a 40,000-row set), estimated 6.8 s
@@ -41,7 +43,7 @@ def timing(candidates: list[tuple[str, str]], batch_size: int) -> None:
     announce(
         "choice",
         f"timing {len(candidates)} formulations ({names})",
-        len(candidates) * CANDIDATE_SECONDS * max(batch_size / 1000, 0.2),
+        len(candidates) * (TRACE_SECONDS + CANDIDATE_SECONDS * batch_size / 1000),
         "--formulation fast --precision float32 skips this (the timings are kept beside the "
         "data cache for later runs on this CPU)",
     )

@@ -3,16 +3,30 @@
 The fast and the plain formulation compute the same function with the same variables,
 in float32 or with bfloat16 products; which is fastest depends on the CPU (oneDNN on or
 off, AVX512_BF16/AMX or not) and the thread count. With ``--formulation auto`` and/or
-``--precision auto`` every candidate is traced and warmed up, then timed in
-:data:`ROUNDS` interleaved rounds of :data:`TIMED_STEPS` steps, on one real batch of this
-run's shape with the planned threads, and the fastest best round wins. A candidate whose
-first round is over :data:`CANNOT_WIN` times the fastest's is not timed again: no round
-of it could win (the rounds of one candidate move by a quarter at most on a shared VM).
-Under ``--formulation auto`` the evaluation's formulation is chosen the same way, by
-timing the forward pass alone in each formulation at the chosen precision: without a
-gradient the fastest is not always the step's (on an Intel Xeon with AMX the plain
-formulation's forward pass in bfloat16 was 1.7× the fast one's, whose step was the
+``--precision auto`` every candidate's training step is timed on one real batch of this
+run's shape with the planned threads, by the process CPU time a step takes, in interleaved
+rounds (app/training/state/timing.py: why CPU time, how the rounds run, the spread and the
+load they saw). Under ``--formulation auto`` the evaluation's formulation is chosen the
+same way, by timing the forward pass alone in each formulation at the chosen precision:
+without a gradient the fastest is not always the step's (on an Intel Xeon with AMX the
+plain formulation's forward pass in bfloat16 was 1.7× the fast one's, whose step was the
 faster; docs/performance.md, "Evaluation").
+
+**The decision holds under load** (the rule; docs/architecture.md "A choice that holds"):
+the same seed, data, options and CPU must train the same weights whether the machine was
+quiet or busy when the candidates were timed. So a candidate wins only by more than
+:data:`MARGIN` of CPU time: the first candidate of :data:`ORDER` whose CPU time is within
+:data:`MARGIN` of the least is taken (for the evaluation, the training formulation first,
+within :data:`EVALUATION_MARGIN`).
+The margin covers what load moves (Zen 4, 2 vCPUs, batch 1,000: the ratio of the two fast
+candidates' CPU times 1.38–1.41 quiet, 1.38–1.42 beside busy loops pinned to both vCPUs,
+1.41–1.44 beside memory-bound processes; the two forward passes' 1.13–1.19, 1.12–1.16 and
+1.16–1.28) and what CPU time does not see (the share of a step a thread sits idle, up to
+10 % apart between candidates): docs/performance.md, "A choice that holds". Where a CPU's
+two best candidates sit near the margin itself (Zen 4's fast ones at batch 40: 1.06–1.27)
+the answer can still differ between runs: the rule makes that rare, it can't rule it out.
+The order: the fast formulation first (its step was the faster on every CPU
+measured, 3–5×), float32 before bfloat16 (exact products when they cost no more).
 
 ``--precision auto`` measures bfloat16 only when ``app.config.BFLOAT16_IN_AUTO`` is set and the
 CPU has native bfloat16 dot products (``/proc/cpuinfo`` flags ``avx512_bf16`` or
@@ -20,14 +34,19 @@ CPU has native bfloat16 dot products (``/proc/cpuinfo`` flags ``avx512_bf16`` or
 bfloat16's mean test RMSE over seeds lies within float32's seed spread for the default
 recipe on both sets of the quality benchmark (docs/quality.md, "bfloat16"): a faster step
 then trains the same model up to noise. ``--precision bfloat16`` trains in it anywhere. The
-measurement costs seconds, so its timings are kept beside the data cache (it outlives
-output directories: app/data/cache/measured.py), keyed by everything they depend on (the CPU
+measurement costs seconds, so the choice is kept beside the data cache (it outlives
+output directories: app/data/cache/measured.py), keyed by everything it depends on (the CPU
 model and flags, TensorFlow's version, the thread plan, the batch size, H×W, the
-candidates: app/training/state/kept.py), and reused by later runs while all of it is the same;
-a damaged or foreign entry is measured again. In a multi-worker run the chief decides and
-sends its choice to the others. The ``choice`` event's ``source`` says where the choice
-came from: ``measured``, ``cached``, ``resumed`` (the checkpoints'), ``given`` (one
-candidate: nothing to measure) or ``chief`` (a worker's).
+candidates and how they are timed: app/training/state/kept.py), and reused by later runs
+while all of it is the same; a damaged or foreign entry is measured again. **A choice whose
+timing was noisy is not kept** (a later run times again): a candidate's spread over
+app/training/state/timing.py ``NOISE`` after its extra rounds, or a stolen share of the
+CPUs over it. Other processes' CPU use is recorded (``measurement.others``) but no reason
+not to keep: the CPU time a step needs does not move with it beyond the margin. In a
+multi-worker run the chief decides and sends its choice to the others. The ``choice``
+event's ``source`` says where the choice came from: ``measured``, ``cached``, ``resumed``
+(the checkpoints'), ``given`` (one candidate: nothing to measure) or ``chief`` (a
+worker's).
 
 A run keeps its precision once it has checkpoints: it is recorded next to them
 (``checkpoints/run.json``, with the run's identity: app/training/state/identity.py) and a resume
@@ -39,9 +58,9 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import tensorflow as tf
@@ -54,26 +73,37 @@ from app.data.cache import DataCache, measured
 from app.training import phases
 from app.training.loop.replicas import Replicas
 from app.training.loop.step import TrainStep, repeated
-from app.training.state import kept
+from app.training.state import kept, timing
 
-WARMUP_STEPS = 2
-TIMED_STEPS = 2
-ROUNDS = 3
-#: A candidate slower than this many times the fastest in the first round is not timed again.
-CANNOT_WIN = 1.5
-#: How candidates are timed: part of what a kept choice depends on.
+#: A candidate is taken over one earlier in :data:`ORDER` only when that one's CPU time per
+#: step is over (1 + this) × its own (module docstring).
+MARGIN = 0.15
+#: The same for the evaluation's forward pass, against the training formulation's: wider, as
+#: the forward passes' ratio moved more under load and the evaluation is a small part of a
+#: run (module docstring).
+EVALUATION_MARGIN = 0.4
+#: The order candidates within :data:`MARGIN` of the least CPU time are taken in.
+ORDER = [("fast", "float32"), ("fast", "bfloat16"), ("plain", "float32"), ("plain", "bfloat16")]
+#: How candidates are timed and decided: part of what a kept choice depends on.
 TIMING = {
-    "warmup": WARMUP_STEPS, "steps": TIMED_STEPS, "rounds": ROUNDS, "cannot_win": CANNOT_WIN,
-    "evaluation": "forward pass per formulation",
+    **timing.RULE, "margin": MARGIN, "order": [f"{f}/{p}" for f, p in ORDER],
+    "evaluation": "forward pass per formulation, the training formulation first",
+    "evaluation_margin": EVALUATION_MARGIN,
 }  # fmt: skip
+
+C = TypeVar("C", bound=Hashable)
 
 
 @dataclass(frozen=True)
 class Choice:
-    """The formulation and precision of the run and why (``timings``: ms per step;
-    ``source``: module docstring); ``evaluation``: the formulation the evaluation computes
-    in (the training formulation unless measured faster: ``evaluation_timings``, ms per
-    forward pass of a batch)."""
+    """The formulation and precision of the run and why (``timings``: process CPU ms per
+    step, what decided; ``source``: module docstring); ``evaluation``: the formulation the
+    evaluation computes in (the training formulation unless measured faster:
+    ``evaluation_timings``, CPU ms per forward pass of a batch). ``wall_timings``: wall ms
+    per step of each candidate (its least round); ``measurement``: how the timing went
+    (``rounds``, the largest ``spread``, the ``others`` and ``steal`` shares of the CPUs,
+    whether it was ``kept``, the ``margin`` and ``evaluation_margin`` that decided), empty
+    when nothing was measured."""
 
     formulation: str
     precision: str
@@ -82,6 +112,8 @@ class Choice:
     source: str = "measured"
     evaluation: str = ""
     evaluation_timings: dict[str, float] = field(default_factory=dict)
+    wall_timings: dict[str, float] = field(default_factory=dict)
+    measurement: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.evaluation:
@@ -126,6 +158,15 @@ ALL = [
 ]
 
 
+def pick(figures: dict[C, timing.Timed], order: list[C], margin: float) -> C:
+    """The first of ``order`` timed in ``figures`` whose CPU time is within ``margin``
+    (relative) of the least (module docstring), compared as the choice event reports them
+    (ms to 2 places), so that a reader of the event reaches the same decision."""
+    ms = {c: round(t.cpu_ms, 2) for c, t in figures.items()}
+    least = min(ms.values())
+    return next(c for c in order if c in ms and ms[c] <= least * (1 + margin))
+
+
 def _decide(
     compute: ComputeConfig, recipe: RecipeConfig, max_steps: int, plan: ThreadPlan,
     data: DataCache, store: measured.Store | None, resumed: dict[str, Any] | None,
@@ -135,7 +176,7 @@ def _decide(
     asked = compute.formulation
     formulations = ["fast", "plain"] if asked == "auto" else [asked]
     precisions = compute.precisions(plan.native_bf16)
-    candidates = [(f, p) for f in formulations for p in precisions]
+    candidates = [c for c in ORDER if c[0] in formulations and c[1] in precisions]
     if len(candidates) == 1:
         ((f, p),) = candidates
         reason = "as asked (--formulation, --precision)"
@@ -147,21 +188,70 @@ def _decide(
     if cached is not None:
         return cached
     phases.timing(candidates, recipe.batch_size)
-    timings = _measure(candidates, data, recipe, max_steps)
-    (f, p), ms = min(timings.items(), key=lambda item: item[1])
-    names = {f"{a}/{b}": round(t, 2) for (a, b), t in timings.items()}
-    reason = f"fastest of {len(candidates)} measured: {ms:.1f} ms/step"
+    steps, load = _measure(candidates, data, recipe, max_steps)
+    f, p = pick(steps, candidates, MARGIN)
+    reason = _why(steps, (f, p), "a step", MARGIN)
     if "bfloat16" not in precisions:
         reason += f" ({_why_float32(plan)})"
-    forward = _forward_ms(formulations, p, data, recipe.batch_size)
-    evaluation = min(forward, key=lambda e: forward[e]) if forward else f
-    if evaluation != f:
-        reason += (f"; evaluated in the {evaluation} formulation, {forward[evaluation]:.1f} ms "
-                   f"a forward pass against {forward[f]:.1f}")  # fmt: skip
-    forward_names = {f"{e}/{p}": round(t, 2) for e, t in forward.items()}
-    choice = Choice(f, p, reason, names, evaluation=evaluation, evaluation_timings=forward_names)
-    measured.keep(store, "choice", depends, choice.to_json())
+    forward, forward_load = _forward(formulations, p, data, recipe.batch_size)
+    load = load.worst(forward_load)
+    order = [f, *(e for e in formulations if e != f)]
+    evaluation = pick(forward, order, EVALUATION_MARGIN) if forward else f
+    if forward:
+        why = _why(forward, evaluation, "a forward pass", EVALUATION_MARGIN)
+        reason += f"; evaluated in the {evaluation} formulation: {why}"
+    kept_it = _trusted(steps, forward, load)
+    if not kept_it:
+        reason += "; not kept: its timing was noisy (measurement), a later run times again"
+    choice = Choice(
+        f, p, reason, _ms(steps, "cpu_ms", lambda c: f"{c[0]}/{c[1]}"), evaluation=evaluation,
+        evaluation_timings=_ms(forward, "cpu_ms", lambda e: f"{e}/{p}"),
+        wall_timings=_ms(steps, "wall_ms", lambda c: f"{c[0]}/{c[1]}"),
+        measurement=_measurement(steps, forward, load, kept_it),
+    )  # fmt: skip
+    if kept_it:
+        measured.keep(store, "choice", depends, choice.to_json())
     return choice
+
+
+def _why(figures: dict[C, timing.Timed], taken: C, per: str, margin: float) -> str:
+    """Why ``taken`` of ``figures``: the least CPU time beyond ``margin``, or within it of
+    the least and earlier in the order."""
+    fastest = min(figures, key=lambda c: figures[c].cpu_ms)
+    ms = figures[taken].cpu_ms
+    if taken == fastest:
+        return f"the least CPU time of {len(figures)} measured, {ms:.1f} ms {per}"
+    return (
+        f"{ms:.1f} CPU-ms {per}, within {margin:.0%} of the least "
+        f"({figures[fastest].cpu_ms:.1f} ms) and first in the order"
+    )
+
+
+def _ms(figures: dict[C, timing.Timed], which: str, name: Callable[[C], str]) -> dict[str, float]:
+    return {name(c): round(getattr(t, which), 2) for c, t in figures.items()}
+
+
+def _trusted(
+    steps: dict[Any, timing.Timed], forward: dict[Any, timing.Timed], load: timing.Load
+) -> bool:
+    """Whether a choice timed so may be kept for later runs (module docstring)."""
+    stolen = load.steal is not None and load.steal > timing.NOISE
+    return not stolen and not timing.noisy([*steps.values(), *forward.values()])
+
+
+def _measurement(
+    steps: dict[Any, timing.Timed], forward: dict[Any, timing.Timed], load: timing.Load,
+    kept_it: bool,
+) -> dict[str, Any]:  # fmt: skip
+    figures = [*steps.values(), *forward.values()]
+    return {
+        "rounds": max(t.rounds for t in figures),
+        "spread": round(max(t.spread for t in figures), 3),
+        **load.to_json(),
+        "kept": kept_it,
+        "margin": MARGIN,
+        "evaluation_margin": EVALUATION_MARGIN,
+    }
 
 
 def _cached(found: dict[str, Any] | None, candidates: list[tuple[str, str]]) -> Choice | None:
@@ -171,12 +261,12 @@ def _cached(found: dict[str, Any] | None, candidates: list[tuple[str, str]]) -> 
         return None
     if found.get("evaluation") not in model_lib.FORMULATIONS:
         return None
-    timings, forward = found.get("timings"), found.get("evaluation_timings")
     reason = f"{found.get('reason')}; measured earlier on this CPU, kept beside the data cache"
+    dicts = [found.get(k) for k in ("timings", "evaluation_timings", "wall_timings", "measurement")]
+    timings, forward, wall, how = (d if isinstance(d, dict) else {} for d in dicts)
     return Choice(
-        found["formulation"], found["precision"], reason,
-        timings if isinstance(timings, dict) else {}, "cached", found["evaluation"],
-        forward if isinstance(forward, dict) else {},
+        found["formulation"], found["precision"], reason, timings, "cached", found["evaluation"],
+        forward, wall, how,
     )  # fmt: skip
 
 
@@ -208,61 +298,33 @@ def _batch(data: DataCache, batch_size: int) -> tuple[tf.Tensor, tf.Tensor]:
 
 def _measure(
     candidates: list[tuple[str, str]], data: DataCache, recipe: RecipeConfig, max_steps: int
-) -> dict[tuple[str, str], float]:
-    """ms per training step of each candidate on one real batch of the run's shape
-    (:func:`_batch`): every candidate traced and warmed up, then :data:`ROUNDS` rounds of
-    :data:`TIMED_STEPS` steps each, the candidates interleaved, and the best round of each
-    (a moment of load from elsewhere then hurts one round, not one candidate); a candidate
-    that cannot win (:data:`CANNOT_WIN`) leaves the rounds, its best so far kept."""
+) -> tuple[dict[tuple[str, str], timing.Timed], timing.Load]:
+    """Each candidate's training step timed (app/training/state/timing.py) on one real batch
+    of the run's shape (:func:`_batch`), and the load the CPUs saw meanwhile."""
     x, y = _batch(data, recipe.batch_size)
     t0 = time.perf_counter()
-    best = _best_rounds({c: train_step(*c, x, y, recipe, max_steps) for c in candidates})
+    timed = timing.time_calls({c: train_step(*c, x, y, recipe, max_steps) for c in candidates})
     logs.event(
         "choice_measured",
         f"timed {len(candidates)} formulations in {time.perf_counter() - t0:.1f} s",
         seconds=round(time.perf_counter() - t0, 2),
     )
-    return best
+    return timed
 
 
-def _forward_ms(
+def _forward(
     formulations: list[str], precision: str, data: DataCache, batch_size: int
-) -> dict[str, float]:
-    """ms per forward pass (inference, no gradient) of the batch :func:`_batch` in each of
-    ``formulations`` at ``precision``, timed as :func:`_measure` times steps
-    (:func:`_best_rounds`); empty for a single formulation: nothing to choose."""
+) -> tuple[dict[str, timing.Timed], timing.Load | None]:
+    """The forward pass (inference, no gradient) of the batch :func:`_batch` in each of
+    ``formulations`` at ``precision``, timed as :func:`_measure` times steps, and the load
+    seen; empty (None) for a single formulation: nothing to choose."""
     if len(formulations) < 2:
-        return {}
+        return {}, None
     x, _ = _batch(data, batch_size)
     shape = dict(height=data.height, width=data.width, precision=precision)
     model = model_lib.build_model(data.num_outputs, **shape)
     traced = {f: tf.function(functools.partial(model.infer, formulation=f)) for f in formulations}
-    return _best_rounds({f: functools.partial(traced[f], x) for f in formulations})
-
-
-def _best_rounds(calls: dict[Any, Callable[[], tf.Tensor]]) -> dict[Any, float]:
-    """ms per call of each of ``calls``: each warmed up (:data:`WARMUP_STEPS` calls), then
-    :data:`ROUNDS` rounds of :data:`TIMED_STEPS` calls, interleaved, the best round of each;
-    one slower than :data:`CANNOT_WIN` times the fastest leaves the rounds, its best so far
-    kept."""
-    for call in calls.values():
-        for _ in range(WARMUP_STEPS):
-            call().numpy()
-    best = dict.fromkeys(calls, float("inf"))
-    timed = list(calls)
-    for _ in range(ROUNDS):
-        for c in timed:
-            best[c] = min(best[c], _ms_per_step(calls[c], TIMED_STEPS))
-        fastest = min(best.values())
-        timed = [c for c in timed if best[c] <= CANNOT_WIN * fastest]
-    return best
-
-
-def _ms_per_step(step: Any, count: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(count):
-        step().numpy()
-    return (time.perf_counter() - t0) / count * 1e3
+    return timing.time_calls({f: functools.partial(traced[f], x) for f in formulations})
 
 
 def train_step(
@@ -282,11 +344,14 @@ def train_step(
 
 def step_time(
     formulation: str, precision: str, x: tf.Tensor, y: tf.Tensor, recipe: RecipeConfig,
-    max_steps: int, steps: int = TIMED_STEPS, warmup: int = WARMUP_STEPS,
+    max_steps: int, steps: int, warmup: int,
 ) -> float:  # fmt: skip
-    """Milliseconds per training step of :func:`train_step`: the mean of ``steps`` steps
+    """Wall milliseconds per training step of :func:`train_step`: the mean of ``steps`` steps
     after ``warmup`` (the first traces it)."""
     step = train_step(formulation, precision, x, y, recipe, max_steps)
     for _ in range(warmup):
         step().numpy()
-    return _ms_per_step(step, steps)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step().numpy()
+    return (time.perf_counter() - t0) / steps * 1e3
