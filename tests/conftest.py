@@ -91,6 +91,20 @@ def events(records: list[dict], name: str) -> list[dict]:
     return [r for r in records if r.get("event") == name]
 
 
+def assert_choice_reused(first: dict, again: list[dict]) -> bool:
+    """The ``choice`` event ``first`` (a run that measured) against the records ``again`` of a
+    later run sharing its cache: the choice is reused, timing nothing, when ``first`` kept it;
+    timed again when its timing was noisy and ``first`` said it was not kept (the test suite's
+    background runs load the CPUs: docs/architecture.md, "A choice that holds"). Returns
+    whether it was kept."""
+    (choice,) = events(again, "choice")
+    kept = first["measurement"]["kept"]
+    assert ("not kept" in first["reason"]) == (not kept), first["reason"]
+    assert choice["source"] == ("cached" if kept else "measured"), (first, choice)
+    assert bool(events(again, "choice_measured")) == (not kept)
+    return bool(kept)
+
+
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A generated demo data set: 240 train / 60 test samples of 20×195, K = 3."""
