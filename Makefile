@@ -37,7 +37,7 @@ unit: install
 
 test: lint typecheck unit
 
-# The fast loop while editing (~1.5 minutes on 2 cores): lint, types, the layer contracts and
+# The fast loop while editing (~4 minutes on 2 cores): lint, types, the layer contracts and
 # every test not marked slow (those that train TensorFlow in a subprocess). Not a substitute
 # for make test, which CI runs.
 test-fast: lint typecheck
