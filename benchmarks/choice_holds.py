@@ -66,14 +66,9 @@ def busy_cpus() -> Iterator[None]:
 
 def others_share(seconds: float = 2.0) -> float | None:
     """The share of this process's CPUs other processes used over ``seconds``."""
-    cpus = sorted(os.sched_getaffinity(0))
-    before, t0, c0 = timing.read_stat(cpus), time.perf_counter(), time.process_time()
+    span = timing.Span()
     time.sleep(seconds)
-    load = timing.load_between(
-        before, timing.read_stat(cpus), time.process_time() - c0, time.perf_counter() - t0,
-        len(cpus),
-    )  # fmt: skip
-    return load.others
+    return span.load().others
 
 
 def wait_quiet(deadline_s: float) -> float | None:

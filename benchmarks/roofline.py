@@ -37,7 +37,6 @@ import argparse
 import collections
 import glob
 import json
-import os
 import re
 import shutil
 import statistics
@@ -218,16 +217,12 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     graph = {op.name: op for op in update.get_concrete_function().graph.get_operations()}
     for _ in range(spec["warmup"]):
         update().numpy()
-    walls, cpus = [], sorted(os.sched_getaffinity(0))
-    before, t0, c0 = timing.read_stat(cpus), time.perf_counter(), time.process_time()
+    walls, span = [], timing.Span()
     for _ in range(steps):
         t1 = time.perf_counter()
         update().numpy()
         walls.append(time.perf_counter() - t1)
-    load = timing.load_between(
-        before, timing.read_stat(cpus), time.process_time() - c0, time.perf_counter() - t0,
-        len(cpus),
-    )  # fmt: skip
+    load = span.load()
     logdir = tempfile.mkdtemp(prefix="roofline-")
     try:
         tf.profiler.experimental.start(logdir)

@@ -110,8 +110,7 @@ def time_calls(calls: dict[K, Callable[[], Any]]) -> tuple[dict[K, Timed], Load]
     """Each of ``calls`` (each returns a tensor, waited for with ``.numpy()``) timed as the
     module docstring says, and the load the CPUs saw meanwhile."""
     count = {c: _calls_per_round(call) for c, call in calls.items()}
-    cpus = sorted(os.sched_getaffinity(0))
-    before, wall0, cpu0 = read_stat(cpus), time.perf_counter(), time.process_time()
+    span = Span()
     rounds: list[dict[K, tuple[float, float]]] = []
     timed = list(calls)
     while True:
@@ -122,8 +121,7 @@ def time_calls(calls: dict[K, Callable[[], Any]]) -> tuple[dict[K, Timed], Load]
         done = len(rounds)
         if done >= MAX_ROUNDS or (done >= ROUNDS and not noisy(figures[c] for c in timed)):
             break
-    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    return figures, load_between(before, read_stat(cpus), cpu, wall, len(cpus))
+    return figures, span.load()
 
 
 def _calls_per_round(call: Callable[[], Any]) -> int:
@@ -166,6 +164,20 @@ def _figures(c: K, rounds: list[dict[K, tuple[float, float]]]) -> Timed:
 
 def _least(one_round: dict[Any, tuple[float, float]]) -> float:
     return min(cpu for cpu, _ in one_round.values())
+
+
+class Span:
+    """The load on this process's CPUs from the span's start (its making) to each
+    :meth:`load`: what other processes and the hypervisor took meanwhile."""
+
+    def __init__(self) -> None:
+        self.cpus = sorted(os.sched_getaffinity(0))
+        self.before = read_stat(self.cpus)
+        self.wall0, self.cpu0 = time.perf_counter(), time.process_time()
+
+    def load(self) -> Load:
+        own, wall = time.process_time() - self.cpu0, time.perf_counter() - self.wall0
+        return load_between(self.before, read_stat(self.cpus), own, wall, len(self.cpus))
 
 
 def read_stat(cpus: list[int], path: str = STAT) -> tuple[float, float] | None:
