@@ -162,7 +162,7 @@ def pick(figures: dict[C, timing.Timed], order: list[C], margin: float) -> C:
     """The first of ``order`` timed in ``figures`` whose CPU time is within ``margin``
     (relative) of the least (module docstring), compared as the choice event reports them
     (ms to 2 places), so that a reader of the event reaches the same decision."""
-    ms = {c: round(t.cpu_ms, 2) for c, t in figures.items()}
+    ms = {c: _reported(t) for c, t in figures.items()}
     least = min(ms.values())
     return next(c for c in order if c in ms and ms[c] <= least * (1 + margin))
 
@@ -217,7 +217,7 @@ def _decide(
 def _why(figures: dict[C, timing.Timed], taken: C, per: str, margin: float) -> str:
     """Why ``taken`` of ``figures``: the least CPU time beyond ``margin``, or within it of
     the least and earlier in the order."""
-    fastest = min(figures, key=lambda c: figures[c].cpu_ms)
+    fastest = min(figures, key=lambda c: _reported(figures[c]))
     ms = figures[taken].cpu_ms
     if taken == fastest:
         return f"the least CPU time of {len(figures)} measured, {ms:.1f} ms {per}"
@@ -228,7 +228,12 @@ def _why(figures: dict[C, timing.Timed], taken: C, per: str, margin: float) -> s
 
 
 def _ms(figures: dict[C, timing.Timed], which: str, name: Callable[[C], str]) -> dict[str, float]:
-    return {name(c): round(getattr(t, which), 2) for c, t in figures.items()}
+    return {name(c): _reported(t, which) for c, t in figures.items()}
+
+
+def _reported(t: timing.Timed, which: str = "cpu_ms") -> float:
+    """A figure of ``t`` as the ``choice`` event reports it (ms to 2 places): what decides."""
+    return float(round(getattr(t, which), 2))
 
 
 def _trusted(
