@@ -3,12 +3,17 @@ it can't take."""
 
 from __future__ import annotations
 
+import re
 import shutil
+import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from app.data.formats import textfile
 from app.data.formats.textfile import blocks as fast_path
@@ -101,6 +106,79 @@ def test_random_decimals_match_float_and_the_numpy_path(
         list(textfile.iter_chunks(path, chunk_rows=50, allow_nonfinite=True))
     )
     assert np.array_equal(compiled.view(np.uint32), numpy_path.view(np.uint32))
+
+
+#: Fields of the grammar's shapes: plain ones of up to 10 digits a side (the vector path takes
+#: up to 8), exponents and signs (the byte path), separators of every kind and width.
+_FIELD = st.from_regex(r"[+-]?[0-9]{0,10}(\.[0-9]{0,10})?([eE][+-]?[0-9]{1,2})?", fullmatch=True)
+_PLAIN = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)")
+_SEPARATOR = st.sampled_from([" ", "  ", "\t", " \r", "\x0b", "\x0c"])
+
+
+@settings(max_examples=400, derandomize=True, deadline=None)
+@given(
+    st.lists(st.tuples(_FIELD, _SEPARATOR), min_size=1, max_size=6),
+    st.integers(0, 40),
+    st.integers(0, 24),
+)
+def test_a_field_has_its_value_wherever_it_lies_in_the_buffer(
+    fields: list[tuple[str, str]], before: int, after: int
+) -> None:
+    """Fields near the buffer's ends take the byte path, the others the vector path (x86-64):
+    shifting a line through the buffer's first and last 24 bytes must not change a value,
+    nor whether the line is taken."""
+    tokens = [t for t, _ in fields]
+    line = "".join(t + sep for t, sep in fields).rstrip() + "\n"
+    u = np.frombuffer(b" " * before + line.encode() + b" " * after, np.uint8)
+    out = np.full((1, len(tokens)), -7.0, np.float32)
+    taken = fast.parse_lines(u, before, before + len(line), len(tokens), out)
+    if all(_PLAIN.fullmatch(t) and sum(c.isdigit() for c in t) <= 15 for t in tokens):
+        assert taken == 1  # plain fields of at most 15 digits: always exact, always taken
+    if taken:
+        expected = np.array([float(t) for t in tokens], np.float64).astype(np.float32)
+        assert np.array_equal(out[0].view(np.uint32), expected.view(np.uint32)), line
+
+
+#: Parses lines laid against a page that can't be read (PROT_NONE), at the start and at the
+#: end of a readable page: a read outside the buffer is a SIGSEGV, not a wrong value.
+_GUARDED = """
+import ctypes, mmap, sys
+import numpy as np
+from app.data.formats.textfile import _fastparse as fast
+
+page = mmap.PAGESIZE
+area = mmap.mmap(-1, 3 * page)
+base = ctypes.addressof(ctypes.c_char.from_buffer(area))
+libc = ctypes.CDLL(None, use_errno=True)
+for guard in (base, base + 2 * page):
+    assert libc.mprotect(ctypes.c_void_p(guard), page, 0) == 0
+rng = np.random.default_rng(int(sys.argv[1]))
+checked = 0
+for _ in range(3000):
+    width = int(rng.integers(1, 5))
+    values = rng.choice([0.0, 1.0, 1e-3, 1e3], width) * rng.standard_normal(width)
+    fmt = str(rng.choice(["%.6g", "%.8f", "%.1f", "%d"]))
+    line = (" ".join(fmt % v if fmt != "%d" else str(int(v)) for v in values) + "\\n").encode()
+    for at_start in (True, False):
+        offset = page if at_start else 2 * page - len(line)
+        area[offset : offset + len(line)] = line
+        text = np.frombuffer(area, np.uint8, count=len(line), offset=offset)
+        out = np.zeros((1, width), np.float32)
+        assert fast.parse_lines(text, 0, len(line), width, out) == 1, line
+        expected = np.array([float(t) for t in line.split()], np.float64).astype(np.float32)
+        assert np.array_equal(out.view(np.uint32), expected[None].view(np.uint32)), line
+        checked += 1
+print(checked)
+"""
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_never_reads_outside_the_buffer(seed: int) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _GUARDED, str(seed)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["6000"]
 
 
 def test_a_file_mixing_both_paths_in_one_block(tmp_path: Path) -> None:

@@ -20,6 +20,15 @@
  * PLDI 1990); anything else is left to the caller. Whitespace: space, \t, \r,
  * \v, \f between fields; \n ends a line (the set bytes.split() uses).
  *
+ * On x86-64 a field with 16 bytes after its start and 8 before it in the buffer is first
+ * read as one 16-byte vector (SSE2): its separators, digits and point found at once, so its
+ * length is known without a loop; a plain field ([+-]digits[.digits], at most 8 digits on
+ * each side of the point) is combined from the 64-bit words that end its two parts by SWAR
+ * arithmetic (D. Lemire, "Number parsing at a gigabyte per second", Software: Practice and
+ * Experience 51(8), 2021). Any other field takes the byte-at-a-time path. Both reach the
+ * same mantissa and exponent, so the same value: 1.48x the parse rate of the byte path
+ * alone on the seed's %.6g text (docs/performance.md, "The converter").
+ *
  * count_newlines(text) counts the '\n' bytes of a buffer (memchr).
  *
  * newline_offsets(text, out) writes the offsets of the '\n' bytes of text, in
@@ -36,6 +45,12 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__SSE2__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#include <emmintrin.h>
+#define VECTOR 1
+#else
+#define VECTOR 0
+#endif
 
 static const double POW10[23] = {
     1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
@@ -122,9 +137,70 @@ static inline int parse_field(const unsigned char **pp, float *value)
     return 1;
 }
 
+#if VECTOR
+#define ONES(b) (UINT64_C(0x0101010101010101) * (b))
+static const uint64_t POW10_INT[9] = {1, 10, 100, 1000, 10000, 100000, 1000000, 10000000,
+                                      100000000};
+
+/* The value of the n (1..8) ASCII digits that end just before `end`, most significant
+ * first: the 64-bit word ending there with its other bytes cleared (they read as leading
+ * zeros), eight digits combined by three multiply-shifts. */
+static inline uint64_t digits_before(const unsigned char *end, int n)
+{
+    uint64_t w, keep = ~UINT64_C(0) << (8 * (8 - n) & 63);
+    memcpy(&w, end - 8, 8);
+    uint64_t v = (w & keep) - (ONES(0x30) & keep); /* each kept byte is >= '0': no borrow */
+    v = v * 10 + (v >> 8);
+    return (((v & UINT64_C(0x000000FF000000FF)) * (100 + (UINT64_C(1000000) << 32))) +
+            (((v >> 16) & UINT64_C(0x000000FF000000FF)) * (1 + (UINT64_C(10000) << 32)))) >>
+           32;
+}
+
+/* parse_field for a field with 16 readable bytes from *pp and 8 before it: a plain field
+ * of at most 8 digits each side of the point here, any other by parse_field. */
+static inline int parse_field_vector(const unsigned char **pp, float *value)
+{
+    const unsigned char *p = *pp;
+    __m128i v = _mm_loadu_si128((const __m128i *)p);
+    __m128i from9 = _mm_sub_epi8(v, _mm_set1_epi8(9)), from0 = _mm_sub_epi8(v, _mm_set1_epi8('0'));
+    __m128i space = _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8(' ')), /* or 9..13: \t..\r */
+                                 _mm_cmpeq_epi8(_mm_min_epu8(from9, _mm_set1_epi8(4)), from9));
+    __m128i digit = _mm_cmpeq_epi8(_mm_min_epu8(from0, _mm_set1_epi8(9)), from0);
+    unsigned ends = (unsigned)_mm_movemask_epi8(space) | 0x10000u;
+    unsigned digits = (unsigned)_mm_movemask_epi8(digit);
+    unsigned points = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8('.')));
+    int len = __builtin_ctz(ends), sign = *p == '-' || *p == '+';
+    unsigned body = ((1u << len) - 1) & ~(unsigned)sign; /* the bytes after the sign */
+    points &= body;
+    if (len == 16 || ((digits | points) & body) != body || (points & (points - 1)))
+        return parse_field(pp, value); /* an exponent, another byte, a long field */
+    int point = points ? __builtin_ctz(points) : len;
+    int whole = point - sign, fraction = points ? len - point - 1 : 0;
+    if (whole > 8 || fraction > 8 || whole + fraction == 0)
+        return parse_field(pp, value);
+    uint64_t m = whole > 1 ? digits_before(p + point, whole) : whole ? (uint64_t)(p[sign] - '0') : 0;
+    if (fraction)
+        m = m * POW10_INT[fraction] + digits_before(p + len, fraction);
+    if (m > MAX_EXACT)
+        return parse_field(pp, value);
+    double d = m ? (double)m / POW10[fraction] : 0.0; /* one exact operation (Clinger) */
+    *value = (float)(*p == '-' ? -d : d);
+    *pp = p + len;
+    return 1;
+}
+#define FAST_FIELD parse_field_vector
+#else
+#define FAST_FIELD parse_field
+#endif
+
+/* Whole lines of [p, stop) into out; [start, end) is the whole buffer, which the vector
+ * path may read around a field. */
 static Py_ssize_t parse_lines(const unsigned char *p, const unsigned char *stop,
+                              const unsigned char *start, const unsigned char *end,
                               Py_ssize_t width, float *out, Py_ssize_t max_rows)
 {
+    /* Fields starting in [fast_from, fast_until] have 8 bytes before and 16 from them. */
+    const unsigned char *fast_from = start + 8, *fast_until = end - start >= 24 ? end - 16 : start;
     Py_ssize_t rows = 0;
     while (p < stop && rows < max_rows) {
         float *row = out + rows * width;
@@ -136,7 +212,10 @@ static Py_ssize_t parse_lines(const unsigned char *p, const unsigned char *stop,
                 p++;
                 break;
             }
-            if (fields == width || !parse_field(&p, row + fields))
+            if (fields == width)
+                return rows;
+            if (!(p >= fast_from && p <= fast_until ? FAST_FIELD(&p, row + fields)
+                                                    : parse_field(&p, row + fields)))
                 return rows;
             fields++;
         }
@@ -166,7 +245,8 @@ static PyObject *py_parse_lines(PyObject *self, PyObject *args)
     const unsigned char *base = (const unsigned char *)text.buf;
     Py_ssize_t max_rows = out.len / (Py_ssize_t)sizeof(float) / width;
     Py_BEGIN_ALLOW_THREADS
-    rows = parse_lines(base + begin, base + stop, width, (float *)out.buf, max_rows);
+    rows = parse_lines(base + begin, base + stop, base, base + text.len, width,
+                       (float *)out.buf, max_rows);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&text);
     PyBuffer_Release(&out);
