@@ -26,7 +26,7 @@
  * each side of the point) is combined from the 64-bit words that end its two parts by SWAR
  * arithmetic (D. Lemire, "Number parsing at a gigabyte per second", Software: Practice and
  * Experience 51(8), 2021). Any other field takes the byte-at-a-time path. Both reach the
- * same mantissa and exponent, so the same value: 1.48x the parse rate of the byte path
+ * same mantissa and exponent, so the same value: 1.44x the parse rate of the byte path
  * alone on the seed's %.6g text (docs/performance.md, "The converter").
  *
  * count_newlines(text) counts the '\n' bytes of a buffer (memchr).
