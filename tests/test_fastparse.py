@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from app.data.formats import textfile
 from app.data.formats.textfile import blocks as fast_path
 from app.data.formats.textfile import reader
+from tests.conftest import REPO
 
 fast = pytest.importorskip(
     "app.data.formats.textfile._fastparse",
@@ -175,8 +176,9 @@ print(checked)
 @pytest.mark.parametrize("seed", range(2))
 def test_never_reads_outside_the_buffer(seed: int) -> None:
     done = subprocess.run(
-        [sys.executable, "-c", _GUARDED, str(seed)], capture_output=True, text=True, check=False
-    )
+        [sys.executable, "-c", _GUARDED, str(seed)],
+        cwd=REPO, capture_output=True, text=True, check=False,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["6000"]
 
