@@ -447,3 +447,29 @@ def test_a_tensorflow_childs_intra_op_pool_follows_the_quota() -> None:
     assert (large["env"], large["pool"]) == (str(two), two)
     # TensorFlow's own API reports only its setter's value: 0 ("the runtime chooses").
     assert (bare["api"], small["api"], large["api"]) == (0, 0, 0)
+
+
+LOSES_SIGCHLD = """
+import os, signal
+from app.commands import supervise
+
+taken = signal.sigtimedwait
+
+
+def losing(signals, timeout):  # as if another thread of the process took the child's SIGCHLD
+    info = taken(signals, timeout)
+    return None if info is not None and info.si_signo == signal.SIGCHLD else info
+
+
+signal.sigtimedwait = losing
+end = supervise.spawn("/bin/sh", ["sh", "-c", "exit 3"], dict(os.environ))
+print(end.exit_code, end.forwarded)
+"""
+
+
+def test_the_childs_end_is_noticed_without_its_sigchld() -> None:
+    done = subprocess.run(
+        [PY, "-c", LOSES_SIGCHLD], cwd=REPO, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["3", "()"]

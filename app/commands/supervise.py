@@ -1,12 +1,14 @@
 """A program run as a child, its signals forwarded, its end measured: ``coretrain exec
 --report``.
 
-The forwarded signals are blocked in this process and taken with ``sigwaitinfo`` together
+The forwarded signals are blocked in this process and taken with ``sigtimedwait`` together
 with SIGCHLD, so none is lost between the child's start and its end and no handler runs
-in between (as tini does it). The child starts with the signal mask this process had and
-the dispositions it inherited, but for the two Python itself ignores
-(``app.budget.apply.PYTHON_IGNORED``, reset by ``subprocess``'s ``restore_signals``), so
-it sees what it would see started directly (a ``nohup``'s ignored SIGHUP stays ignored).
+in between (as tini does it); the child is also looked at every :data:`CHECK_S` seconds, so
+an end whose SIGCHLD this thread did not take is not missed. The child starts with the
+signal mask this process had and the dispositions it inherited, but for the two Python
+itself ignores (``app.budget.apply.PYTHON_IGNORED``, reset by ``subprocess``'s
+``restore_signals``), so it sees what it would see started directly (a ``nohup``'s ignored
+SIGHUP stays ignored).
 A signal the kernel sent to the whole process group (a terminal's Ctrl-C, hang-up or
 resize: ``si_code`` SI_KERNEL, sigaction(2)) has reached the child already and is not
 sent twice. The CPU time comes from ``wait4``'s rusage of the child (its own and its
@@ -28,6 +30,10 @@ _NAMES = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGAL
 FORWARDED = tuple(getattr(signal, name) for name in _NAMES if hasattr(signal, name))
 #: ``si_code`` of a signal the kernel itself sent (linux/include/uapi/asm-generic/siginfo.h).
 SI_KERNEL = 0x80
+#: Seconds between two looks at the child when no signal comes: its end is also noticed
+#: without its SIGCHLD (one another thread of the process took, or a merge with an earlier
+#: pending one), so the supervisor can't wait forever for a child that is gone.
+CHECK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -78,14 +84,13 @@ def spawn(path: str, argv: Sequence[str], env: dict[str, str]) -> ChildEnd:
     pid = child.pid
     forwarded: list[str] = []
     while True:
-        info = signal.sigwaitinfo(watched)
-        if info.si_signo == signal.SIGCHLD:
-            done, status, usage = os.wait4(pid, os.WNOHANG)
-            if done == pid:
-                break
-        elif info.si_code != SI_KERNEL:
+        info = signal.sigtimedwait(watched, CHECK_S)
+        if info is not None and info.si_signo != signal.SIGCHLD and info.si_code != SI_KERNEL:
             os.kill(pid, info.si_signo)
             forwarded.append(signal.Signals(info.si_signo).name)
+        done, status, usage = os.wait4(pid, os.WNOHANG)
+        if done == pid:
+            break
     code = child.returncode = os.waitstatus_to_exitcode(status)
     return ChildEnd(
         pid=pid,
