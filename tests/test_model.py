@@ -160,6 +160,72 @@ def test_pool_ties_route_the_gradient_to_the_first_maximum_like_max_pool(models)
     np.testing.assert_allclose(dxb.numpy(), dxa.numpy(), rtol=0, atol=ATOL)
 
 
+def test_copies_lists_each_rows_positions_in_increasing_order() -> None:
+    from app.model.fast_formulation import copies
+
+    t = model_lib.fast_tables(20, 195)
+    rows = np.array([3, 0, 3, 1, 3, 0])
+    want = [[1, 3, 6, 0, 6], [5, 6, 6, 2, 6], [6, 6, 6, 4, 6]]
+    np.testing.assert_array_equal(copies(rows, 5), want)
+    got = t.conv2_copies
+    for r in range(t.pool1_rows):
+        want = np.flatnonzero(t.conv2_rows == r)
+        np.testing.assert_array_equal(got[: len(want), r], want)
+        assert (got[len(want) :, r] == len(t.conv2_rows)).all()
+    assert got.shape[0] > 1  # rows are gathered more than once: the sums are tested below
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+def test_gather_rows_gradient_has_the_bits_of_tf_gathers(dtype) -> None:
+    # tf.gather's gradient sums a row's copies with UnsortedSegmentSum: from a zero, in the
+    # order of the rows; gather_rows adds them as gathers in that order. In bfloat16 a
+    # different order or a missing zero (a -0 kept) changes bits; the zeros test the sign.
+    from app.model.fast_formulation import gather_rows
+
+    t = model_lib.fast_tables(20, 195)
+    rng = np.random.default_rng(3)
+    a = tf.constant(rng.standard_normal((t.pool1_rows, 64)), dtype)
+    dq = rng.standard_normal((len(t.conv2_rows), 64)) * np.exp(rng.uniform(-8, 8, (1, 64)))
+    dq[:, :8] = -0.0
+    dq[::3, 8:16] = 0.0
+    dq = tf.constant(dq, dtype)
+    grads = []
+    for gather in (
+        lambda v: tf.gather(v, t.conv2_rows),
+        lambda v: gather_rows(v, t.conv2_rows, t.conv2_copies),
+    ):
+        with tf.GradientTape() as tape:
+            tape.watch(a)
+            q = gather(a)
+        grads.append(tf.convert_to_tensor(tape.gradient(q, a, output_gradients=dq)))
+        np.testing.assert_array_equal(q.numpy(), tf.gather(a, t.conv2_rows).numpy())
+    want, got = (g.numpy().view(np.uint16 if dtype == tf.bfloat16 else np.uint32) for g in grads)
+    np.testing.assert_array_equal(got, want)
+    assert np.count_nonzero(want) > want.size // 2
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_compiled_pool_max_and_routing_select_the_same_bits(axis: int) -> None:
+    from app.model.fast_formulation import _first_max_routing, _window_max
+
+    rng = np.random.default_rng(axis)
+    shape = (4, 10, 300) if axis == 0 else (10, 4, 300)
+    y = tf.constant(np.round(rng.standard_normal(shape) * 2) / 2, tf.bfloat16)  # many ties
+    m = _window_max(y, axis)
+    np.testing.assert_array_equal(m.numpy(), tf.reduce_max(y, axis=axis).numpy())
+    dm = tf.constant(rng.standard_normal(m.shape), tf.bfloat16)
+    got = _first_max_routing(y, m, dm, axis).numpy()
+    want = _first_max_routing.python_function(y, m, dm, axis).numpy()  # TensorFlow's kernels
+    np.testing.assert_array_equal(got, want)
+    yf, mf = (tf.cast(v, tf.float32).numpy() for v in (y, m))
+    first = np.argmax(yf == np.expand_dims(mf, axis), axis=axis)  # the first maximum
+    window = np.arange(4).reshape([4 if k == axis else 1 for k in range(3)])
+    dmf = np.expand_dims(tf.cast(dm, tf.float32).numpy(), axis)
+    expected = np.where(np.expand_dims(first, axis) == window, dmf, 0.0)
+    np.testing.assert_array_equal(tf.cast(got, tf.float32).numpy(), expected)
+    assert (np.sum(yf == np.expand_dims(mf, axis), axis=axis) > 1).any()  # ties were there
+
+
 def test_fast_train_step_matches_plain_inside_tf_function(models) -> None:
     plain, fast = pair(seed=12)
     x, y = inputs(16, seed=13)
