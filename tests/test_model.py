@@ -318,6 +318,35 @@ def test_saved_model_export_serves_the_same_outputs(tmp_path: Path) -> None:
     np.testing.assert_allclose(served.numpy(), m(x).numpy(), rtol=0, atol=1e-6)
 
 
+def _xla_calls(graph_def) -> int:
+    """Calls of XLA-compiled functions (``_XlaMustCompile``) the graph runs: in it and in the
+    functions it calls, transitively (a library also holds functions nothing here calls,
+    such as a saved custom gradient)."""
+    library = {f.signature.name: f for f in graph_def.library.function}
+    count, seen, nodes = 0, set(), list(graph_def.node)
+    while nodes:
+        n = nodes.pop()
+        count += n.attr["_XlaMustCompile"].b
+        called = [n.op, *(v.func.name for v in n.attr.values() if v.HasField("func"))]
+        for name in called:
+            if name in library and name not in seen:
+                seen.add(name)
+                nodes.extend(library[name].node_def)
+    return count
+
+
+def test_an_exported_model_runs_no_xla_and_the_training_step_does(tmp_path: Path) -> None:
+    # TF Serving compiles no XLA unless started with --xla_cpu_compilation_enabled: a
+    # served graph calling a compiled function would fail its first request.
+    m = model_lib.build_model(K, seed=42, formulation="fast", precision="bfloat16")
+    m.export(str(tmp_path / "sm"), format="tf_saved_model", verbose=False)
+    serve = tf.saved_model.load(str(tmp_path / "sm")).signatures["serve"]
+    assert _xla_calls(serve.graph.as_graph_def()) == 0
+    spec = tf.TensorSpec((None, 20, 195, 1), tf.float32)
+    training = tf.function(lambda x: m.features(x, compiled=True)).get_concrete_function(spec)
+    assert _xla_calls(training.graph.as_graph_def()) == 2  # both pools' max
+
+
 # --- dropout ------------------------------------------------------------------
 
 

@@ -25,7 +25,9 @@ window in row-major order, as ``tf.nn.max_pool2d``'s gradient does, so outputs
 and gradients match the plain layers to float32 rounding (tested to 1e-5).
 The pool's max and that routing select values and never compute any, so they
 run compiled by XLA (``jit_compile``: one pass over the window instead of ~10
-TensorFlow kernels) with the same bits; the conv2 patch gather's gradient adds
+TensorFlow kernels) with the same bits, in training only: a served model's
+forward pass keeps TensorFlow's kernels (TF Serving runs no XLA unless started
+with ``--xla_cpu_compilation_enabled``); the conv2 patch gather's gradient adds
 each pooled row's copies as a few gathers, in the order and from the zero
 ``tf.gather``'s own gradient (``UnsortedSegmentSum``) adds them, so the same
 bits again (tested), without that scatter (docs/performance.md, "The step's
@@ -195,14 +197,17 @@ def _first_max_routing(y: tf.Tensor, m: tf.Tensor, dm: tf.Tensor, axis: int) -> 
     return tf.where(tf.equal(tf.expand_dims(first, axis), window), tf.expand_dims(dm, axis), 0.0)
 
 
-def matmul_maxpool(w: tf.Tensor, p: tf.Tensor, *, window_axis: int) -> tf.Tensor:
+def matmul_maxpool(
+    w: tf.Tensor, p: tf.Tensor, *, window_axis: int, compiled: bool = False
+) -> tf.Tensor:
     """max over a 2×2 pool window of ``w @ p``, with max-pool's gradient tie rule.
 
     ``w`` (R, K), ``p`` (K, M). With ``window_axis=0`` the rows of ``w`` are
     (window element, C); with ``window_axis=1`` the columns of ``p`` are
     (window element, M/4). Returns (C, M) or (R, M/4) respectively. Gradients
     flow to both ``w`` and ``p`` (the one for ``p`` is pruned from graphs that
-    don't use it).
+    don't use it). ``compiled``: the max by XLA too (the training step's; the
+    same bits), else by TensorFlow's kernel (what an exported model runs).
     """
 
     @tf.custom_gradient
@@ -213,7 +218,7 @@ def matmul_maxpool(w: tf.Tensor, p: tf.Tensor, *, window_axis: int) -> tf.Tensor
             y = tf.reshape(y, (4, shape[0] // 4, -1))
         else:
             y = tf.reshape(y, (shape[0], 4, -1))
-        m = _window_max(y, window_axis)
+        m = _window_max(y, window_axis) if compiled else tf.reduce_max(y, axis=window_axis)
 
         def grad(dm: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
             dy = tf.reshape(_first_max_routing(y, m, dm, window_axis), shape)
@@ -227,8 +232,9 @@ def matmul_maxpool(w: tf.Tensor, p: tf.Tensor, *, window_axis: int) -> tf.Tensor
     return op(w, p)
 
 
-def fast_features(model: SeedCNN, x: tf.Tensor) -> tf.Tensor:
-    """conv1 … flatten of the fast formulation: (N, H, W, 1) → (N, Hq·Wq·5)."""
+def fast_features(model: SeedCNN, x: tf.Tensor, compiled: bool = False) -> tf.Tensor:
+    """conv1 … flatten of the fast formulation: (N, H, W, 1) → (N, Hq·Wq·5); ``compiled``:
+    the pools' max by XLA (:func:`matmul_maxpool`)."""
     g = model.geometry
     t = fast_tables(g.height, g.width, PHASES)
     dtype = tf.as_dtype(model.compute_dtype)  # float32, or bfloat16 under mixed precision
@@ -236,7 +242,7 @@ def fast_features(model: SeedCNN, x: tf.Tensor) -> tf.Tensor:
     patches = tf.reshape(tf.gather(xt, t.patch_rows), (t.inner, -1))
     k1 = tf.reshape(tf.cast(model.conv1.kernel, dtype), (-1,))
     k1 = tf.gather(tf.concat([k1, tf.zeros((1,), dtype)], 0), t.kernel_index)
-    a1 = matmul_maxpool(k1, patches, window_axis=0)  # (ph·c, i·t·N)
+    a1 = matmul_maxpool(k1, patches, window_axis=0, compiled=compiled)  # (ph·c, i·t·N)
     a1 = tf.reshape(a1, (-1, FILTERS, tf.shape(a1)[1]))
     a1 = tf.nn.relu(a1 + tf.reshape(tf.cast(model.conv1.bias, dtype), (1, FILTERS, 1)))
     a1 = tf.reshape(a1, (t.pool1_rows, -1))  # rows (ph, c, i, t)
@@ -244,7 +250,7 @@ def fast_features(model: SeedCNN, x: tf.Tensor) -> tf.Tensor:
     q = gather_rows(a1, t.conv2_rows, t.conv2_copies)
     q = tf.reshape(q, (4 * FILTERS, -1))  # rows (dy, dx, c)
     k2 = tf.transpose(tf.reshape(tf.cast(model.conv2.kernel, dtype), (4 * FILTERS, FILTERS)))
-    a2 = matmul_maxpool(k2, q, window_axis=1)  # (c, i2·j2·N)
+    a2 = matmul_maxpool(k2, q, window_axis=1, compiled=compiled)  # (c, i2·j2·N)
     a2 = tf.nn.relu(a2 + tf.cast(model.conv2.bias, dtype)[:, None])
     a2 = tf.reshape(a2, (g.flat, -1))  # rows (c, i2, j2)
     return tf.transpose(tf.gather(a2, t.flatten_rows))
