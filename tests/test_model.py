@@ -175,11 +175,18 @@ def test_copies_lists_each_rows_positions_in_increasing_order() -> None:
     assert got.shape[0] > 1  # rows are gathered more than once: the sums are tested below
 
 
+def _bits(t: tf.Tensor) -> np.ndarray:
+    """A float32 or bfloat16 tensor's bit patterns (-0 and +0 differ, NaN equals itself)."""
+    return t.numpy().view(np.uint16 if t.dtype == tf.bfloat16 else np.uint32)
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf.function"])
 @pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
-def test_gather_rows_gradient_has_the_bits_of_tf_gathers(dtype) -> None:
+def test_gather_rows_gradient_has_the_bits_of_tf_gathers(dtype, graph: bool) -> None:
     # tf.gather's gradient sums a row's copies with UnsortedSegmentSum: from a zero, in the
     # order of the rows; gather_rows adds them as gathers in that order. In bfloat16 a
-    # different order or a missing zero (a -0 kept) changes bits; the zeros test the sign.
+    # different order changes bits; a row whose copies are all -0 is +0 only from a zero
+    # the graph optimizer did not drop (it drops an add of zeros_like), hence tf.function.
     from app.model.fast_formulation import gather_rows
 
     t = model_lib.fast_tables(20, 195)
@@ -189,41 +196,86 @@ def test_gather_rows_gradient_has_the_bits_of_tf_gathers(dtype) -> None:
     dq[:, :8] = -0.0
     dq[::3, 8:16] = 0.0
     dq = tf.constant(dq, dtype)
-    grads = []
+
+    def gradient(gather):
+        with tf.GradientTape() as tape:
+            tape.watch(a)
+            q = gather(a)
+        return q, tf.convert_to_tensor(tape.gradient(q, a, output_gradients=dq))
+
+    results = []
     for gather in (
         lambda v: tf.gather(v, t.conv2_rows),
         lambda v: gather_rows(v, t.conv2_rows, t.conv2_copies),
     ):
-        with tf.GradientTape() as tape:
-            tape.watch(a)
-            q = gather(a)
-        grads.append(tf.convert_to_tensor(tape.gradient(q, a, output_gradients=dq)))
-        np.testing.assert_array_equal(q.numpy(), tf.gather(a, t.conv2_rows).numpy())
-    want, got = (g.numpy().view(np.uint16 if dtype == tf.bfloat16 else np.uint32) for g in grads)
-    np.testing.assert_array_equal(got, want)
-    assert np.count_nonzero(want) > want.size // 2
+        results.append(tf.function(lambda g=gather: gradient(g))() if graph else gradient(gather))
+    (q_want, want), (q_got, got) = results
+    np.testing.assert_array_equal(_bits(q_got), _bits(q_want))
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+    assert np.count_nonzero(want.numpy()) > want.shape.num_elements() // 2
 
 
 @pytest.mark.parametrize("axis", [0, 1])
-def test_compiled_pool_max_and_routing_select_the_same_bits(axis: int) -> None:
-    from app.model.fast_formulation import _first_max_routing, _window_max
+def test_compiled_routing_selects_the_bits_of_tensorflows_kernels(axis: int) -> None:
+    from app.model.fast_formulation import _first_max_routing
 
     rng = np.random.default_rng(axis)
     shape = (4, 10, 300) if axis == 0 else (10, 4, 300)
-    y = tf.constant(np.round(rng.standard_normal(shape) * 2) / 2, tf.bfloat16)  # many ties
-    m = _window_max(y, axis)
-    np.testing.assert_array_equal(m.numpy(), tf.reduce_max(y, axis=axis).numpy())
+    values = np.round(rng.standard_normal(shape) * 2) / 2  # many ties, -0 among them
+    window = [slice(None)] * 3
+    for k, special in enumerate((np.nan, np.inf, -np.inf)):  # windows holding them
+        window[axis], window[2 - axis if axis == 0 else 2] = k, slice(10 * k, 10 * k + 10)
+        values[tuple(window)] = special
+    y = tf.constant(values, tf.bfloat16)
+    m = tf.reduce_max(y, axis=axis)
     dm = tf.constant(rng.standard_normal(m.shape), tf.bfloat16)
-    got = _first_max_routing(y, m, dm, axis).numpy()
-    want = _first_max_routing.python_function(y, m, dm, axis).numpy()  # TensorFlow's kernels
-    np.testing.assert_array_equal(got, want)
+    got = _first_max_routing(y, m, dm, axis)
+    want = _first_max_routing.python_function(y, m, dm, axis)  # TensorFlow's kernels
+    np.testing.assert_array_equal(_bits(got), _bits(want))
     yf, mf = (tf.cast(v, tf.float32).numpy() for v in (y, m))
-    first = np.argmax(yf == np.expand_dims(mf, axis), axis=axis)  # the first maximum
-    window = np.arange(4).reshape([4 if k == axis else 1 for k in range(3)])
+    hit = yf == np.expand_dims(mf, axis)
+    first = np.where(hit.any(axis=axis), np.argmax(hit, axis=axis), 3)  # the first maximum
+    place = np.arange(4).reshape([4 if k == axis else 1 for k in range(3)])
     dmf = np.expand_dims(tf.cast(dm, tf.float32).numpy(), axis)
-    expected = np.where(np.expand_dims(first, axis) == window, dmf, 0.0)
+    expected = np.where(np.expand_dims(first, axis) == place, dmf, 0.0)
     np.testing.assert_array_equal(tf.cast(got, tf.float32).numpy(), expected)
-    assert (np.sum(yf == np.expand_dims(mf, axis), axis=axis) > 1).any()  # ties were there
+    assert (hit.sum(axis=axis) > 1).any() and np.isnan(mf).any()  # ties and NaN were there
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_fast_train_step_has_the_bits_of_tensorflows_own_kernels(
+    monkeypatch: pytest.MonkeyPatch, precision: str
+) -> None:
+    # The step as it trains (TrainStep: dropout, SGD momentum, weight decay) with the
+    # compiled routing and gather_rows, against the same step with TensorFlow's kernels
+    # for both (the routing uncompiled, tf.gather's own gradient): the same weights, bit
+    # for bit, with ties in the pools (zero input blocks).
+    from app.config import RecipeConfig
+    from app.model import fast_formulation as ff
+    from app.training.loop.replicas import Replicas
+    from app.training.loop.step import TrainStep
+    from app.training.state.choose import Choice
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 64, 20, 195, 1)).astype(np.float32)
+    x[:, :, 4:12, 40:120] = 0.0
+    y = rng.standard_normal((3, 64, 4)).astype(np.float32)
+    recipe = RecipeConfig(batch_size=64)
+
+    def trained() -> tuple[list[np.ndarray], list[np.ndarray]]:
+        step = TrainStep(recipe, 100, Choice("fast", precision, "", {}), (20, 195, 4), Replicas())
+        before = [v.numpy() for v in step.model.variables]
+        batches = iter(tf.data.Dataset.from_tensor_slices((x, y)).repeat())
+        step.run(batches, tf.constant(6), tf.constant(0.0))
+        return before, [v.numpy() for v in step.model.variables]
+
+    before, ours = trained()
+    monkeypatch.setattr(ff, "_first_max_routing", ff._first_max_routing.python_function)
+    monkeypatch.setattr(ff, "gather_rows", lambda a, rows, _: tf.gather(a, rows))
+    _, kernels = trained()
+    for a, b in zip(ours, kernels, strict=True):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    assert all(not np.array_equal(a, b) for a, b in zip(before, ours, strict=True))
 
 
 def test_fast_train_step_matches_plain_inside_tf_function(models) -> None:
@@ -319,32 +371,41 @@ def test_saved_model_export_serves_the_same_outputs(tmp_path: Path) -> None:
 
 
 def _xla_calls(graph_def) -> int:
-    """Calls of XLA-compiled functions (``_XlaMustCompile``) the graph runs: in it and in the
-    functions it calls, transitively (a library also holds functions nothing here calls,
-    such as a saved custom gradient)."""
+    """Calls of XLA-compiled functions (``_XlaMustCompile`` on the call or on the function)
+    the graph runs: in it and in the functions it calls, transitively (a library also holds
+    functions nothing here calls, such as a saved custom gradient)."""
     library = {f.signature.name: f for f in graph_def.library.function}
     count, seen, nodes = 0, set(), list(graph_def.node)
     while nodes:
         n = nodes.pop()
-        count += n.attr["_XlaMustCompile"].b
         called = [n.op, *(v.func.name for v in n.attr.values() if v.HasField("func"))]
-        for name in called:
-            if name in library and name not in seen:
-                seen.add(name)
-                nodes.extend(library[name].node_def)
+        called += [f.name for v in n.attr.values() if v.HasField("list") for f in v.list.func]
+        functions = [library[name] for name in called if name in library]
+        count += n.attr["_XlaMustCompile"].b or any(f.attr["_XlaMustCompile"].b for f in functions)
+        for f in functions:
+            if f.signature.name not in seen:
+                seen.add(f.signature.name)
+                nodes.extend(f.node_def)
     return count
 
 
-def test_an_exported_model_runs_no_xla_and_the_training_step_does(tmp_path: Path) -> None:
+def test_an_exported_model_runs_no_xla_and_the_training_gradient_does(tmp_path: Path) -> None:
     # TF Serving compiles no XLA unless started with --xla_cpu_compilation_enabled: a
     # served graph calling a compiled function would fail its first request.
     m = model_lib.build_model(K, seed=42, formulation="fast", precision="bfloat16")
     m.export(str(tmp_path / "sm"), format="tf_saved_model", verbose=False)
     serve = tf.saved_model.load(str(tmp_path / "sm")).signatures["serve"]
     assert _xla_calls(serve.graph.as_graph_def()) == 0
-    spec = tf.TensorSpec((None, 20, 195, 1), tf.float32)
-    training = tf.function(lambda x: m.features(x, compiled=True)).get_concrete_function(spec)
-    assert _xla_calls(training.graph.as_graph_def()) == 2  # both pools' max
+    spec = tf.TensorSpec((8, 20, 195, 1), tf.float32)
+
+    @tf.function(input_signature=[spec])
+    def gradient(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(m(x))
+        return tape.gradient(loss, m.trainable_variables)
+
+    traced = gradient.get_concrete_function().graph.as_graph_def()
+    assert _xla_calls(traced) == 2  # both pools' routing
 
 
 # --- dropout ------------------------------------------------------------------

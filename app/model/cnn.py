@@ -125,16 +125,12 @@ class SeedCNN(keras.Model):
         ):
             raise ConfigError(f"the model takes (N, {self.height}, {self.width}, 1), got {shape}")
 
-    def features(
-        self, x: tf.Tensor, formulation: str | None = None, compiled: bool = False
-    ) -> tf.Tensor:
+    def features(self, x: tf.Tensor, formulation: str | None = None) -> tf.Tensor:
         """conv1 … flatten: (N, H, W, 1) → (N, Hq·Wq·5), NHWC flatten order, computed in
-        ``formulation`` (default the model's; the other computes the same function);
-        ``compiled``: the fast formulation's pools by XLA, the same bits (the training step;
-        an exported model's graph runs no XLA: app/model/fast_formulation.py)."""
+        ``formulation`` (default the model's; the other computes the same function)."""
         self._check_shape(tuple(x.shape))
         if (formulation or self.formulation) == "fast":
-            return fast_features(self, x, compiled)
+            return fast_features(self, x)
         h = self.pool1(self.conv1(x))
         return self.flatten(self.pool2(self.conv2(h)))
 

@@ -23,15 +23,16 @@ GFLOP/s, mostly in the filter gradient. The fast path instead:
 A custom gradient routes each pooled gradient to the *first* maximum of its
 window in row-major order, as ``tf.nn.max_pool2d``'s gradient does, so outputs
 and gradients match the plain layers to float32 rounding (tested to 1e-5).
-The pool's max and that routing select values and never compute any, so they
-run compiled by XLA (``jit_compile``: one pass over the window instead of ~10
-TensorFlow kernels) with the same bits, in training only: a served model's
-forward pass keeps TensorFlow's kernels (TF Serving runs no XLA unless started
-with ``--xla_cpu_compilation_enabled``); the conv2 patch gather's gradient adds
-each pooled row's copies as a few gathers, in the order and from the zero
-``tf.gather``'s own gradient (``UnsortedSegmentSum``) adds them, so the same
-bits again (tested), without that scatter (docs/performance.md, "The step's
-roofline").
+That routing only compares and selects, so it runs compiled by XLA
+(``jit_compile``: one pass over the window instead of ~10 TensorFlow kernels)
+with the same bits, NaN included; it runs only where a gradient is taken, so a
+served model's forward pass calls no XLA (TF Serving compiles none unless
+started with ``--xla_cpu_compilation_enabled``). The pool's max stays
+TensorFlow's: XLA's CPU ``reduce_max`` in TensorFlow 2.21 can drop a NaN, which
+would hide a non-finite input from the loss. The conv2 patch gather's gradient
+adds each pooled row's copies as a few gathers, in the order ``tf.gather``'s own
+gradient (``UnsortedSegmentSum``) adds them, so the same bits without that
+scatter (docs/performance.md, "The step's roofline").
 Pooling before the bias and ReLU is exact because both are monotone and the
 bias is shared by the window. Any H, W the plain model accepts works; padding
 columns of the last tile read a clamped (real) input column and only feed
@@ -157,15 +158,18 @@ def copies(rows: np.ndarray, n: int) -> np.ndarray:
 
 def gather_rows(a: tf.Tensor, rows: np.ndarray, row_copies: np.ndarray) -> tf.Tensor:
     """``tf.gather(a, rows)`` of ``a`` (R, M), with the same gradient computed without a
-    scatter: row r's gradient is 0 + its copies' gradients, added one gather at a time in
-    the order of ``rows`` (``row_copies``, :func:`copies`), the sum ``tf.gather``'s
-    ``UnsortedSegmentSum`` forms (from a zero, so never a -0), rounded the same at each add."""
+    scatter: row r's gradient is a zero plus its copies' gradients, added one gather at a
+    time in the order of ``rows`` (``row_copies``, :func:`copies`), as ``tf.gather``'s
+    ``UnsortedSegmentSum`` adds them: the same bits, rounded the same at each add."""
+    zeros_at = np.full(row_copies.shape[1], len(rows), np.int32)
 
     @tf.custom_gradient
     def op(a: tf.Tensor) -> Any:
         def grad(dq: tf.Tensor) -> tf.Tensor:
             padded = tf.concat([dq, tf.zeros_like(dq[:1])], 0)  # row len(rows): zeros
-            da = tf.zeros_like(a)
+            # The zero the sum starts from (+0 + -0 is +0), gathered: TensorFlow's graph
+            # optimizer drops an add of zeros_like, which kept a -0 the scatter does not.
+            da = tf.gather(padded, zeros_at)
             for positions in row_copies:
                 da += tf.gather(padded, positions)
             return da
@@ -176,18 +180,12 @@ def gather_rows(a: tf.Tensor, rows: np.ndarray, row_copies: np.ndarray) -> tf.Te
 
 
 @tf.function(jit_compile=True)
-def _window_max(y: tf.Tensor, axis: int) -> tf.Tensor:
-    """``tf.reduce_max(y, axis)``, compiled (it selects: the same bits)."""
-    return tf.reduce_max(y, axis=axis)
-
-
-@tf.function(jit_compile=True)
 def _first_max_routing(y: tf.Tensor, m: tf.Tensor, dm: tf.Tensor, axis: int) -> tf.Tensor:
     """Gradient of m = max(y, axis) (window of 4) sent to the first maximum only.
 
     This is the tie rule of ``tf.nn.max_pool2d``'s gradient (the first element
     of the window in row-major order wins); ``tf.reduce_max`` would split it.
-    Compiled: it selects and never computes a value.
+    Compiled: it compares and selects, never computes a value (the same bits).
     """
     parts = tf.unstack(y, num=4, axis=axis)
     first = tf.where(tf.equal(parts[2], m), 2, 3)
@@ -197,17 +195,14 @@ def _first_max_routing(y: tf.Tensor, m: tf.Tensor, dm: tf.Tensor, axis: int) -> 
     return tf.where(tf.equal(tf.expand_dims(first, axis), window), tf.expand_dims(dm, axis), 0.0)
 
 
-def matmul_maxpool(
-    w: tf.Tensor, p: tf.Tensor, *, window_axis: int, compiled: bool = False
-) -> tf.Tensor:
+def matmul_maxpool(w: tf.Tensor, p: tf.Tensor, *, window_axis: int) -> tf.Tensor:
     """max over a 2×2 pool window of ``w @ p``, with max-pool's gradient tie rule.
 
     ``w`` (R, K), ``p`` (K, M). With ``window_axis=0`` the rows of ``w`` are
     (window element, C); with ``window_axis=1`` the columns of ``p`` are
     (window element, M/4). Returns (C, M) or (R, M/4) respectively. Gradients
     flow to both ``w`` and ``p`` (the one for ``p`` is pruned from graphs that
-    don't use it). ``compiled``: the max by XLA too (the training step's; the
-    same bits), else by TensorFlow's kernel (what an exported model runs).
+    don't use it).
     """
 
     @tf.custom_gradient
@@ -218,7 +213,7 @@ def matmul_maxpool(
             y = tf.reshape(y, (4, shape[0] // 4, -1))
         else:
             y = tf.reshape(y, (shape[0], 4, -1))
-        m = _window_max(y, window_axis) if compiled else tf.reduce_max(y, axis=window_axis)
+        m = tf.reduce_max(y, axis=window_axis)
 
         def grad(dm: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
             dy = tf.reshape(_first_max_routing(y, m, dm, window_axis), shape)
@@ -232,9 +227,8 @@ def matmul_maxpool(
     return op(w, p)
 
 
-def fast_features(model: SeedCNN, x: tf.Tensor, compiled: bool = False) -> tf.Tensor:
-    """conv1 … flatten of the fast formulation: (N, H, W, 1) → (N, Hq·Wq·5); ``compiled``:
-    the pools' max by XLA (:func:`matmul_maxpool`)."""
+def fast_features(model: SeedCNN, x: tf.Tensor) -> tf.Tensor:
+    """conv1 … flatten of the fast formulation: (N, H, W, 1) → (N, Hq·Wq·5)."""
     g = model.geometry
     t = fast_tables(g.height, g.width, PHASES)
     dtype = tf.as_dtype(model.compute_dtype)  # float32, or bfloat16 under mixed precision
@@ -242,7 +236,7 @@ def fast_features(model: SeedCNN, x: tf.Tensor, compiled: bool = False) -> tf.Te
     patches = tf.reshape(tf.gather(xt, t.patch_rows), (t.inner, -1))
     k1 = tf.reshape(tf.cast(model.conv1.kernel, dtype), (-1,))
     k1 = tf.gather(tf.concat([k1, tf.zeros((1,), dtype)], 0), t.kernel_index)
-    a1 = matmul_maxpool(k1, patches, window_axis=0, compiled=compiled)  # (ph·c, i·t·N)
+    a1 = matmul_maxpool(k1, patches, window_axis=0)  # (ph·c, i·t·N)
     a1 = tf.reshape(a1, (-1, FILTERS, tf.shape(a1)[1]))
     a1 = tf.nn.relu(a1 + tf.reshape(tf.cast(model.conv1.bias, dtype), (1, FILTERS, 1)))
     a1 = tf.reshape(a1, (t.pool1_rows, -1))  # rows (ph, c, i, t)
@@ -250,7 +244,7 @@ def fast_features(model: SeedCNN, x: tf.Tensor, compiled: bool = False) -> tf.Te
     q = gather_rows(a1, t.conv2_rows, t.conv2_copies)
     q = tf.reshape(q, (4 * FILTERS, -1))  # rows (dy, dx, c)
     k2 = tf.transpose(tf.reshape(tf.cast(model.conv2.kernel, dtype), (4 * FILTERS, FILTERS)))
-    a2 = matmul_maxpool(k2, q, window_axis=1, compiled=compiled)  # (c, i2·j2·N)
+    a2 = matmul_maxpool(k2, q, window_axis=1)  # (c, i2·j2·N)
     a2 = tf.nn.relu(a2 + tf.cast(model.conv2.bias, dtype)[:, None])
     a2 = tf.reshape(a2, (g.flat, -1))  # rows (c, i2, j2)
     return tf.transpose(tf.gather(a2, t.flatten_rows))

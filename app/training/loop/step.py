@@ -126,7 +126,7 @@ class TrainStep:
         """One step on this replica's batch ``xs`` (B,H,W,1), ``ys`` (B,K) (module
         docstring), inside :meth:`Replicas.run`: (loss, global RMSE, agreed stop count)."""
         with tf.GradientTape() as tape:
-            h = self._dropout(self.model.features(xs, compiled=True))
+            h = self._dropout(self.model.features(xs))
             pred = self.model.head(h)
             sq = tf.reduce_sum(tf.square(pred - tf.cast(ys, pred.dtype)))
             local = tf.stack([sq, tf.cast(tf.size(pred), sq.dtype), stop])
