@@ -23,16 +23,6 @@ GFLOP/s, mostly in the filter gradient. The fast path instead:
 A custom gradient routes each pooled gradient to the *first* maximum of its
 window in row-major order, as ``tf.nn.max_pool2d``'s gradient does, so outputs
 and gradients match the plain layers to float32 rounding (tested to 1e-5).
-That routing only compares and selects, so it runs compiled by XLA
-(``jit_compile``: one pass over the window instead of ~10 TensorFlow kernels)
-with the same bits, NaN included; it runs only where a gradient is taken, so a
-served model's forward pass calls no XLA (TF Serving compiles none unless
-started with ``--xla_cpu_compilation_enabled``). The pool's max stays
-TensorFlow's: XLA's CPU ``reduce_max`` in TensorFlow 2.21 can drop a NaN, which
-would hide a non-finite input from the loss. The conv2 patch gather's gradient
-adds each pooled row's copies as a few gathers, in the order ``tf.gather``'s own
-gradient (``UnsortedSegmentSum``) adds them, so the same bits without that
-scatter (docs/performance.md, "The step's roofline").
 Pooling before the bias and ReLU is exact because both are monotone and the
 bias is shared by the window. Any H, W the plain model accepts works; padding
 columns of the last tile read a clamped (real) input column and only feed
@@ -70,16 +60,13 @@ class FastTables:
     (input row 0..3, tile column u, pooled row i, tile t). ``kernel_index``:
     (4·PHASES·5, 4·span) positions in the flattened conv1 kernel (450 = zero).
     ``conv2_rows``: rows of the pooled conv1 output forming the conv2 patch
-    matrix, ordered (dy, dx, c, window, i2, j2); ``conv2_copies``: (copies,
-    pool1_rows) where each of those rows lies in ``conv2_rows``, in increasing
-    order, padded with ``len(conv2_rows)`` (:func:`copies`). ``flatten_rows``:
-    rows of the pooled conv2 output in NHWC flatten order.
+    matrix, ordered (dy, dx, c, window, i2, j2). ``flatten_rows``: rows of the
+    pooled conv2 output in NHWC flatten order.
     """
 
     patch_rows: np.ndarray
     kernel_index: np.ndarray
     conv2_rows: np.ndarray
-    conv2_copies: np.ndarray
     flatten_rows: np.ndarray
     inner: int
     pool1_rows: int
@@ -131,61 +118,21 @@ def fast_tables(height: int, width: int, phases: int = PHASES) -> FastTables:
     i2, j2, c = np.meshgrid(np.arange(hq), np.arange(wq), np.arange(FILTERS), indexing="ij")
     flatten_rows = (c * hq + i2) * wq + j2
 
-    pool1_rows = half * FILTERS * hp * tiles
     return FastTables(
         patch_rows=patch_rows.reshape(-1).astype(np.int32),
         kernel_index=kernel_index.astype(np.int32),
         conv2_rows=conv2_rows.reshape(-1).astype(np.int32),
-        conv2_copies=copies(conv2_rows.reshape(-1), pool1_rows),
         flatten_rows=flatten_rows.reshape(-1).astype(np.int32),
         inner=rows_in * span,
-        pool1_rows=pool1_rows,
+        pool1_rows=half * FILTERS * hp * tiles,
     )
 
 
-def copies(rows: np.ndarray, n: int) -> np.ndarray:
-    """Where each of the rows ``0..n-1`` lies in ``rows`` (int, (len,), values < n):
-    (most copies of a row, n) int32, column r the positions of row r in increasing
-    order, padded with ``len(rows)``."""
-    order = np.argsort(rows, kind="stable")  # positions, grouped by row, increasing
-    counts = np.bincount(rows, minlength=n)
-    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    rank = np.arange(len(rows)) - np.repeat(first, counts)  # copy number of order[k]
-    out = np.full((max(int(counts.max(initial=0)), 1), n), len(rows), np.int32)
-    out[rank, rows[order]] = order
-    return out
-
-
-def gather_rows(a: tf.Tensor, rows: np.ndarray, row_copies: np.ndarray) -> tf.Tensor:
-    """``tf.gather(a, rows)`` of ``a`` (R, M), with the same gradient computed without a
-    scatter: row r's gradient is a zero plus its copies' gradients, added one gather at a
-    time in the order of ``rows`` (``row_copies``, :func:`copies`), as ``tf.gather``'s
-    ``UnsortedSegmentSum`` adds them: the same bits, rounded the same at each add."""
-    zeros_at = np.full(row_copies.shape[1], len(rows), np.int32)
-
-    @tf.custom_gradient
-    def op(a: tf.Tensor) -> Any:
-        def grad(dq: tf.Tensor) -> tf.Tensor:
-            padded = tf.concat([dq, tf.zeros_like(dq[:1])], 0)  # row len(rows): zeros
-            # The zero the sum starts from (+0 + -0 is +0), gathered: TensorFlow's graph
-            # optimizer drops an add of zeros_like, which kept a -0 the scatter does not.
-            da = tf.gather(padded, zeros_at)
-            for positions in row_copies:
-                da += tf.gather(padded, positions)
-            return da
-
-        return tf.gather(a, rows), grad
-
-    return op(a)
-
-
-@tf.function(jit_compile=True)
 def _first_max_routing(y: tf.Tensor, m: tf.Tensor, dm: tf.Tensor, axis: int) -> tf.Tensor:
     """Gradient of m = max(y, axis) (window of 4) sent to the first maximum only.
 
     This is the tie rule of ``tf.nn.max_pool2d``'s gradient (the first element
     of the window in row-major order wins); ``tf.reduce_max`` would split it.
-    Compiled: it compares and selects, never computes a value (the same bits).
     """
     parts = tf.unstack(y, num=4, axis=axis)
     first = tf.where(tf.equal(parts[2], m), 2, 3)
@@ -241,8 +188,7 @@ def fast_features(model: SeedCNN, x: tf.Tensor) -> tf.Tensor:
     a1 = tf.nn.relu(a1 + tf.reshape(tf.cast(model.conv1.bias, dtype), (1, FILTERS, 1)))
     a1 = tf.reshape(a1, (t.pool1_rows, -1))  # rows (ph, c, i, t)
 
-    q = gather_rows(a1, t.conv2_rows, t.conv2_copies)
-    q = tf.reshape(q, (4 * FILTERS, -1))  # rows (dy, dx, c)
+    q = tf.reshape(tf.gather(a1, t.conv2_rows), (4 * FILTERS, -1))  # rows (dy, dx, c)
     k2 = tf.transpose(tf.reshape(tf.cast(model.conv2.kernel, dtype), (4 * FILTERS, FILTERS)))
     a2 = matmul_maxpool(k2, q, window_axis=1)  # (c, i2·j2·N)
     a2 = tf.nn.relu(a2 + tf.cast(model.conv2.bias, dtype)[:, None])
