@@ -6,13 +6,17 @@ the rows rounded to bfloat16 (app/data/cache/rounded.py), side by side in one pr
 make here, builds the project's training step (fast formulation, bfloat16, the default
 recipe), holds the split twice (app/data/input/mapped.py: the float32 rows, and the rows
 rounded to bfloat16, made first if the cache lacks them) and trains ``--steps`` steps from
-each in turn, ``--rounds`` times, the order reversed every other round. Both train the
-same model variables, so the two see the same weights' cost; what differs is only what
-the step gathers its batch from: 1,000 float32 rows standardised and cast in the step, or
-1,000 bfloat16 rows as they are. Reports per round the wall and process-CPU seconds per
-step of each, and the median over rounds of the per-round ratios (float32 / bfloat16: how
-much faster the rounded rows are). A disturbance from other work tends to hit one
-segment, not one variant every round, hence the medians of paired ratios.
+each in turn, and a third segment on one batch fed again every step, as tensors (what the
+choice times, app/training/state/choose.py: no gather), ``--rounds`` times, the order
+reversed every other round. All train the same model variables, so they see the same
+weights' cost; what differs is only what the step gathers its batch from: 1,000 float32
+rows standardised and cast in the step, 1,000 bfloat16 rows as they are, or nothing.
+Reports per round the wall and process-CPU seconds per step of each, the median over
+rounds of the per-round ratios (float32 / bfloat16: how much faster the rounded rows are;
+each / the batch fed again: what gathering costs), and what reading the float32 rows
+alone takes: ``numpy.take`` of 10 of the run's batches from the mapped file, one thread,
+the median (the memory traffic's bound on the gather). A disturbance from other work tends
+to hit one segment, not one variant every round, hence the medians of paired ratios.
 """
 
 from __future__ import annotations
@@ -44,6 +48,24 @@ def _timed(step: Any, it: Any, held: Any, steps: int) -> tuple[float, float]:
     return (time.perf_counter() - w0) / steps, (time.process_time() - c0) / steps
 
 
+#: The ratios reported, of the wall and the process-CPU time a step.
+RATIOS = (("float32", "bfloat16"), ("float32", "batch"), ("bfloat16", "batch"))
+CLOCKS = ("wall", "cpu")
+
+
+def _read_ms(rows: Any, batches: list[Any]) -> float:
+    """Median ms to copy each of ``batches`` (row ids (B,)) of the mapped float32 rows
+    ``rows`` (N, H, W) into memory with ``numpy.take``, one thread."""
+    import numpy as np
+
+    out, times = np.empty((len(batches[0]), *rows.shape[1:]), np.float32), []
+    for ids in batches:
+        t0 = time.perf_counter()
+        np.take(rows, ids, axis=0, out=out)
+        times.append(1000 * (time.perf_counter() - t0))
+    return round(statistics.median(times), 2)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cache-dir", type=Path, required=True, help="The --cache-dir of a run.")
@@ -57,13 +79,15 @@ def main(argv: list[str] | None = None) -> int:
     plan = detect_plan("/")
     apply.apply(plan)
     apply.import_tensorflow()
+    import tensorflow as tf
+
     from app.atomic import open_dir
     from app.config import RecipeConfig
     from app.data.cache import rounded
     from app.data.cache.store import load
-    from app.data.input import pipeline, stream
+    from app.data.input import mapped, pipeline, stream
     from app.training.loop.replicas import Replicas
-    from app.training.loop.step import TrainStep
+    from app.training.loop.step import TrainStep, repeated
     from app.training.state.choose import Choice
 
     with open_dir(args.cache_dir, "cache", create=False) as root:
@@ -71,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     path = rounded.find(cache, True) or rounded.make(cache, True, threads=plan.intra_op_threads)
     source = stream.Source((path, 0), rounded.DTYPE, standardized=True)
     recipe = RecipeConfig()
-    total = 2 * args.rounds * args.steps + 2 * args.steps
+    total = 3 * (args.rounds + 1) * args.steps + 10  # every segment's steps, and 10 read
     shape = (cache.height, cache.width, cache.num_outputs)
     step = TrainStep(recipe, total, Choice("fast", "bfloat16", "timed", {}), shape, Replicas())
     stats = stream.Stats.of(cache)
@@ -82,17 +106,21 @@ def main(argv: list[str] | None = None) -> int:
         "bfloat16": pipeline.train_input(cache, plan.tfdata_threads, source=source, **kw),
     }
     its = {name: iter(given.dataset) for name, given in inputs.items()}
-    for name, given in inputs.items():  # tracing and warm-up
-        _timed(step, its[name], given.held, args.steps)
+    ids = [next(its["float32"]).numpy() for _ in range(10)]
+    x, y = mapped.batch(tf.constant(ids[0]), inputs["float32"].held or ())
+    its["batch"], held = repeated(x, y), {name: given.held for name, given in inputs.items()}
+    held["batch"] = None
+    for name in its:  # tracing and warm-up
+        _timed(step, its[name], held[name], args.steps)
     rounds = []
     for r in range(args.rounds):
-        order = ["float32", "bfloat16"][:: 1 if r % 2 == 0 else -1]
-        got = {name: _timed(step, its[name], inputs[name].held, args.steps) for name in order}
+        order = ["float32", "bfloat16", "batch"][:: 1 if r % 2 == 0 else -1]
+        got = {name: _timed(step, its[name], held[name], args.steps) for name in order}
         rounds.append({
             "wall_ms": {n: round(1000 * got[n][0], 2) for n in got},
             "cpu_ms": {n: round(1000 * got[n][1], 2) for n in got},
-            "wall_ratio": round(got["float32"][0] / got["bfloat16"][0], 3),
-            "cpu_ratio": round(got["float32"][1] / got["bfloat16"][1], 3),
+            **{f"{a}/{b}": {k: round(got[a][i] / got[b][i], 3) for i, k in enumerate(CLOCKS)}
+               for a, b in RATIOS},
         })  # fmt: skip
         print(json.dumps(rounds[-1]), file=sys.stderr, flush=True)
     report = {
@@ -101,8 +129,13 @@ def main(argv: list[str] | None = None) -> int:
         "rows": cache.train_size,
         "steps_per_segment": args.steps,
         "rounds": rounds,
-        "median_wall_ratio": statistics.median(r["wall_ratio"] for r in rounds),
-        "median_cpu_ratio": statistics.median(r["cpu_ratio"] for r in rounds),
+        "median_ratios": {
+            f"{a}/{b}": {
+                k: round(statistics.median(r[f"{a}/{b}"][k] for r in rounds), 3) for k in CLOCKS
+            }
+            for a, b in RATIOS
+        },
+        "float32_read_ms": _read_ms(cache.features("train"), ids),
     }
     print(json.dumps(report, indent=1))
     return 0
