@@ -11,7 +11,7 @@ choice times, app/training/state/choose.py: no gather), ``--rounds`` times, the 
 reversed every other round. All train the same model variables, so they see the same
 weights' cost; what differs is only what the step gathers its batch from: 1,000 float32
 rows standardised and cast in the step, 1,000 bfloat16 rows as they are, or nothing.
-Reports per round the wall and process-CPU seconds per step of each, the median over
+Reports per round the wall and process-CPU milliseconds a step of each, the median over
 rounds of the per-round ratios (float32 / bfloat16: how much faster the rounded rows are;
 each / the batch fed again: what gathering costs), and what reading the float32 rows
 alone takes: ``numpy.take`` of 10 of the run's batches from the mapped file, one thread,
