@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     its = {name: iter(given.dataset) for name, given in inputs.items()}
     ids = [next(its["float32"]).numpy() for _ in range(10)]
     x, y = mapped.batch(tf.constant(ids[0]), inputs["float32"].held or ())
-    its["batch"], held = repeated(x, y), {name: given.held for name, given in inputs.items()}
-    held["batch"] = None
+    its["batch"] = repeated(x, y)
+    held = {name: given.held for name, given in inputs.items()} | {"batch": None}
     for name in its:  # tracing and warm-up
         _timed(step, its[name], held[name], args.steps)
     rounds = []
