@@ -37,8 +37,6 @@ imports TensorFlow.
 
 from __future__ import annotations
 
-import ctypes
-import mmap
 import os
 import threading
 import weakref
@@ -50,12 +48,11 @@ import numpy as np
 
 from app.data.cache import DataCache
 from app.data.cache.rows import RowsFile
+from app.data.formats import files
 from app.data.input import order
 from app.errors import AppError
 from app.signals import end_now
 
-_LIBC = ctypes.CDLL(None, use_errno=True)
-_LIBC.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
 #: Bytes TensorFlow's CPU tensors are aligned to (``EIGEN_MAX_ALIGN_BYTES``); its kernels
 #: refuse a tensor that is not (``Check failed: IsAligned()``).
 ALIGNMENT = 64
@@ -156,29 +153,19 @@ def read_features(
 
 def cached_share(where: tuple[Path, int], nbytes: int) -> float:
     """Share (0..1) of the ``nbytes`` from the byte offset of the file ``where`` names that
-    the page cache holds now (``mincore`` on a mapping of them; nothing is read; 0 when the
-    kernel does not say)."""
+    the page cache holds now (app/data/formats/files.py ``cached_share``: nothing is read;
+    0 when the kernel does not say, or the file can't be opened)."""
     path, base = where
     if nbytes <= 0:
         return 1.0
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            mapping = mmap.mmap(fd, base + nbytes, mmap.MAP_SHARED, mmap.PROT_READ)
-        finally:
-            os.close(fd)
-    except (OSError, ValueError):  # unreadable, or shorter than said: not known to be cached
+    except OSError:  # unreadable: not known to be cached
         return 0.0
-    first, pages = base // mmap.PAGESIZE, -(-(base + nbytes) // mmap.PAGESIZE)
-    vec = np.zeros(pages, np.uint8)
-    view = np.frombuffer(mapping, np.uint8)
     try:
-        if _LIBC.mincore(view.ctypes.data, base + nbytes, vec.ctypes.data) != 0:
-            return 0.0
+        return files.cached_share(fd, base, base + nbytes)
     finally:
-        del view
-        mapping.close()
-    return float(np.count_nonzero(vec[first:] & 1)) / max(pages - first, 1)
+        os.close(fd)
 
 
 class _Steps:

@@ -47,6 +47,7 @@ def iter_chunks(
     span: Span | None = None,
     buffers: Buffers | None = None,
     progress: Callable[[int], None] | None = None,
+    text: memoryview | None = None,
 ) -> Iterator[np.ndarray]:
     """Yield the file's samples as float32 arrays of shape (rows <= chunk_rows, width), in order.
 
@@ -61,7 +62,8 @@ def iter_chunks(
     ``buffers``: memory to keep and reuse across chunks and calls (one :class:`Buffers` per
     thread); the arrays then share memory, each valid only until the next is requested.
     ``progress``: called with the bytes of the file (compressed bytes for gzip) read since
-    its last call, after every read (from the calling thread).
+    its last call, after every read (from the calling thread). ``text``: the span's bytes,
+    read already (app/data/formats/textfile/ahead.py; a span is then required).
 
     Memory: one chunk of lines as bytes (plus a 1 MiB read), its float32 array and
     temporaries for ~256 KiB of lines (a copy of the chunk on the np.loadtxt and error
@@ -84,7 +86,7 @@ def iter_chunks(
     state.blank_line = part.blank_line
     next_line = part.first_line
     for first_line, buf, begin, ends in read_blocks(
-        state.path, chunk_rows, part.start, part.stop, part.first_line, buffers, progress
+        state.path, chunk_rows, part.start, part.stop, part.first_line, buffers, progress, text
     ):
         next_line = first_line + len(ends)
         values = blocks.parse_block(state, buf, begin, first_line, ends)

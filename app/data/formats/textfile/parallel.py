@@ -1,18 +1,17 @@
 """Convert one text data file into raw float32 rows, in several threads when it pays.
 
 A plain-text file is cut into byte ranges that begin at line starts (:func:`split_lines`,
-a few per thread, and none over :data:`MAX_RANGE_BYTES`). A thread that takes a range counts
-its lines (a newline count, ~GB/s), then, once the ranges before it are counted, parses it
-by :func:`app.data.formats.textfile.iter_chunks` and writes its rows straight into the destination
-(``pwrite``) from the row its first line will have: a valid file has one row per line,
-blank lines only at its end. Counting a range just before parsing it reads it into the page
-cache for the parse, so a file larger than the page cache is read from the disk once, not
-twice, and rows are written from the first range on (a first pass counting the whole file
-kept a 32 GB conversion at 0 MB/s for its first 20 s). A thread that takes a range asks the
-kernel to read the next one ahead (``WILLNEED``), and drops a range's pages from the page
-cache once it is parsed (``DONTNEED``): the text is read once, and at the seed's scale (a
-32 GB text, 24 GB of memory) keeping it pushed out the rows just written, which the
-training reads next (docs/performance.md). Ranges are handed out one at a time,
+a few per thread, and none over :func:`largest_range`). One thread reads the ranges into
+memory in file order, ahead of their parse (app/data/formats/textfile/ahead.py: from the
+disk with ``O_DIRECT`` where the page cache does not hold them, so the text costs the
+kernel almost nothing and does not push out of the page cache the rows just written,
+which the training reads next). A thread that takes a range counts its lines in memory (a
+newline count), then, once the ranges before it are counted, parses the same bytes by
+:func:`app.data.formats.textfile.iter_chunks` and writes its rows straight into the
+destination (``pwrite``) from the row its first line will have: a valid file has one row
+per line, blank lines only at its end. The file is read once, and rows are written from
+the first range on (a first pass counting the whole file kept a 32 GB conversion at 0 MB/s
+for its first 20 s). Ranges are handed out one at a time,
 in file order, through a shared counter, and the calling thread works too, so a thread on a
 busier CPU holds nobody up. The result is bit for bit the one of reading the file in one pass; the
 column sums used for the statistics are added in another order (equal to float64
@@ -59,6 +58,7 @@ import numpy as np
 from app.atomic import FILE_MODE
 from app.data.formats import files, textfile
 from app.data.formats.base import Converted
+from app.data.formats.textfile import ahead as readahead
 from app.data.formats.textfile import blocks, follow, opener
 from app.errors import DataError, InputTooLarge, Preempted
 
@@ -80,13 +80,14 @@ RANGES_PER_THREAD = 16
 #: Files are not cut into ranges smaller than this (bytes): below it a range's fixed
 #: costs outweigh the parallel parse.
 MIN_RANGE_BYTES = 4 << 20
-#: Nor into ranges larger than this (bytes): a range counted is parsed while the page cache
-#: still holds it.
-MAX_RANGE_BYTES = 256 << 20
+#: Nor into ranges larger than this (bytes): the text read ahead is in memory (threads + 1
+#: ranges at once).
+MAX_RANGE_BYTES = 64 << 20
+#: Nor so large that the text read ahead passes this (bytes) with many threads.
+READ_AHEAD_BYTES = 512 << 20
 #: A new file, opened to be read too: the digest reads the rows back (follow.py).
 _NEW_FILE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _SCAN_BYTES = 1 << 16  # read at a time when looking for the end of a line
-_COUNT_BYTES = 1 << 20  # read at a time when counting lines
 
 
 def split_lines(
@@ -165,7 +166,8 @@ def convert_file(
     (app/data/formats/textfile/follow.py), returned as ``Converted.checksum`` (None when
     it could not follow them: the caller digests the file).
 
-    Memory per thread: one chunk of lines and its rows (textfile's bound), never the file.
+    Memory per thread: one chunk of lines and its rows (textfile's bound), and a range of
+    the text read ahead (:func:`largest_range`), never the file.
 
     Raises DataError (``file:line: problem``, the same message as one pass), Preempted
     when ``stop`` returns True, whatever ``written`` raises, OSError when ``dst`` can't be
@@ -200,14 +202,22 @@ def _ranges(
 ) -> list[tuple[int, int]]:
     """The byte ranges ``src`` is parsed in: one, ``[(0, 0)]`` (a pass over the whole file),
     for one thread or a gzip file; else :func:`split_lines` into a few per thread, none over
-    :data:`MAX_RANGE_BYTES`."""
+    :func:`largest_range`."""
     if threads == 1 or textfile.is_gzip(src):
         return [(0, 0)]
     min_bytes = MIN_RANGE_BYTES if min_range_bytes is None else min_range_bytes
     st = files.checked(src)  # there: is_gzip opened it
     size = st.st_size if st is not None else 0
-    parts = max(threads * RANGES_PER_THREAD, -(-size // MAX_RANGE_BYTES))
+    parts = max(threads * RANGES_PER_THREAD, -(-size // largest_range(threads, min_bytes)))
     return split_lines(src, parts, min_bytes)
+
+
+def largest_range(threads: int, min_bytes: int = MIN_RANGE_BYTES) -> int:
+    """Bytes a range of a conversion in ``threads`` threads is cut under: the
+    ``threads + 1`` ranges in memory at once (app/data/formats/textfile/ahead.py) hold
+    at most :data:`READ_AHEAD_BYTES`, and a range at most :data:`MAX_RANGE_BYTES`, at
+    least ``min_bytes``."""
+    return min(MAX_RANGE_BYTES, max(min_bytes, READ_AHEAD_BYTES // (threads + 1)))
 
 
 def _one_pass(job: _Job, f: Any, stop: Callable[[], bool]) -> Converted:
@@ -244,16 +254,18 @@ def _write_rows(
     span: textfile.Span | None,
     stopped: Callable[[], bool],
     buffers: textfile.Buffers,
+    text: memoryview | None = None,
 ) -> _Result:
     """Parse ``job.src`` (or its span) into the open file ``f``; DataError only without a
-    span. ``buffers``: the calling thread's (see :class:`app.data.formats.textfile.Buffers`)."""
+    span. ``buffers``: the calling thread's (see :class:`app.data.formats.textfile.Buffers`);
+    ``text``: the span's bytes, read already (app/data/formats/textfile/ahead.py)."""
     rows, width = 0, job.width
     total = np.zeros(width, np.float64)
     total_sq = np.zeros(width, np.float64)
     try:
         for chunk in textfile.iter_chunks(
             job.src, width=width, allow_nonfinite=job.allow_nonfinite, width_hint=job.hint,
-            span=span, buffers=buffers, progress=job.progress,
+            span=span, buffers=buffers, progress=job.progress, text=text,
         ):  # fmt: skip
             if stopped():
                 return _Result("stopped")
@@ -350,36 +362,14 @@ def _in_threads(
     return results
 
 
-def _count_lines(src: str, start: int, stop: int, last: bool, buf: memoryview) -> int:
-    """Lines in bytes [start, stop) of ``src``: newlines, plus an unterminated last line.
-    ``buf``: where to read, _COUNT_BYTES long."""
-    count_newlines = (
-        blocks.compiled.count_newlines
-        if blocks.compiled is not None
-        else lambda b: int(np.count_nonzero(np.frombuffer(b, np.uint8) == 10))
-    )
-    lines, pos, tail = 0, start, b"\n"
-    with files.opened(src, buffering=0) as f:
-        while pos < stop:
-            got = os.preadv(f.fileno(), [buf[: min(_COUNT_BYTES, stop - pos)]], pos)
-            if got == 0:
-                break
-            lines += count_newlines(buf[:got])
-            tail = bytes(buf[got - 1 : got])
-            pos += got
-    return lines + (1 if last and tail != b"\n" else 0)
-
-
-def _advise(src: str, start: int, stop: int, advice: int) -> None:
-    """``posix_fadvise`` bytes [start, stop) of ``src`` (best effort). Used with
-    ``WILLNEED``: start reading the next range into the page cache (it returns once the
-    reads are queued); and ``DONTNEED``: drop a range parsed (clean pages no process maps;
-    nothing else changes). A range is read once, for its count and its parse, and the cache
-    made from it replaces the text; a text larger than the memory would otherwise push out
-    of the page cache the rows just written, which the training reads next (at the seed's
-    scale: the page cache held 34 % of them when the run began, docs/performance.md)."""
-    with contextlib.suppress(OSError, DataError), files.opened(src, buffering=0) as f:
-        os.posix_fadvise(f.fileno(), start, stop - start, advice)
+def _count_lines(text: memoryview, last: bool) -> int:
+    """Lines in a range's bytes ``text``: newlines, plus an unterminated last line of the
+    file (``last``: the range ends the file)."""
+    if blocks.compiled is not None:
+        lines = blocks.compiled.count_newlines(text)
+    else:
+        lines = int(np.count_nonzero(np.frombuffer(text, np.uint8) == 10))
+    return lines + (1 if last and len(text) and text[-1] != 10 else 0)
 
 
 class _Counts:
@@ -424,10 +414,14 @@ def _in_ranges(job: _Job, f: Any, threads: int, stop: Callable[[], bool]) -> Con
     def parse(i: int, counter: _Counter) -> _Result:
         if not hasattr(local, "buffers"):
             local.buffers = textfile.Buffers()
-            local.count_buf = memoryview(bytearray(_COUNT_BYTES))
-        if i + 1 <= last:  # read ahead while this range is counted and parsed
-            _advise(name, *ranges[i + 1], os.POSIX_FADV_WILLNEED)
-        lines = counted.put(i, _count_lines(name, *ranges[i], i == last, local.count_buf))
+        text = ahead.take(i)
+        try:
+            return _parse_range(i, text.data, counter)
+        finally:
+            ahead.done(text)
+
+    def _parse_range(i: int, text: memoryview, counter: _Counter) -> _Result:
+        lines = counted.put(i, _count_lines(text, i == last))
         first_row = counted.before(i)
         if first_row is None:  # halted while the ranges before it were counted
             return _Result("stopped")
@@ -435,7 +429,7 @@ def _in_ranges(job: _Job, f: Any, threads: int, stop: Callable[[], bool]) -> Con
         sink = written.begin(f.fileno(), i, first_row * width * 4)
         result = _write_rows(
             job, sink, textfile.Span(start, end), lambda: halt.is_set() or stop(),
-            local.buffers,
+            local.buffers, text,
         )  # fmt: skip
         if result.status == "data_error":
             counter.end(len(ranges))  # the ranges before it still finish
@@ -445,9 +439,9 @@ def _in_ranges(job: _Job, f: Any, threads: int, stop: Callable[[], bool]) -> Con
             raise DataError(f"{name}: the file changed while it was being converted")
         else:
             written.end(i)
-            _advise(name, start, end, os.POSIX_FADV_DONTNEED)
         return result
 
+    ahead = readahead.Ahead(name, ranges, threads + 1)
     try:
         results: dict[int, _Result] = _in_threads(threads, len(ranges), parse, halt)
         if stop() or halt.is_set():
@@ -457,6 +451,8 @@ def _in_ranges(job: _Job, f: Any, threads: int, stop: Callable[[], bool]) -> Con
         if follower is not None:
             follower.stop()
         raise
+    finally:
+        ahead.close()
     f.truncate(rows * width * 4)  # rows past a trailing run of blank lines: none
     checksum = follower.digest(rows * width * 4) if follower is not None else None
     sums = np.sum([results[i].sums for i in range(len(ranges))], axis=0)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from types import ModuleType
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 import numpy as np
 
@@ -52,6 +52,7 @@ def read_blocks(
     first_line: int = 1,
     buffers: Buffers | None = None,
     progress: Callable[[int], None] | None = None,
+    text: memoryview | None = None,
 ) -> Iterator[Block]:
     """Yield (first line number, buffer, begin, line ends) for up to chunk_rows whole lines.
 
@@ -62,9 +63,14 @@ def read_blocks(
     Only bytes ``[start, stop)`` are read (``stop`` None: to the end), lines numbered from
     ``first_line``. ``buffers``: the text buffer to reuse (and keep). ``progress``: called
     with the file's bytes (compressed bytes for gzip) read since its last call, after every
-    read. Raises DataError; ValueError for a range of a gzip file other than the whole file.
+    read. ``text``: bytes ``[start, stop)`` of the plain file, read already
+    (app/data/formats/textfile/ahead.py): they are parsed, the file is not opened. Raises
+    DataError; ValueError for a range of a gzip file other than the whole file.
     """
-    raw, stream = opener.open_data(path)
+    if text is None:
+        raw, stream = opener.open_data(path)
+    else:
+        raw = stream = cast(BinaryIO, Held(text, start))
     with raw, stream:
         if start or stop is not None:
             if stream is not raw:
@@ -200,6 +206,33 @@ class _Lines:
         self.begin = int(ends[-1])
         self.nls = self.nls[take:]
         return block
+
+
+class Held:
+    """Bytes ``[start, start + len(data))`` of a file, read already, as the stream
+    :func:`read_blocks` reads: ``readinto`` copies them out in order."""
+
+    def __init__(self, data: memoryview, start: int) -> None:
+        self.data, self.start, self.pos = data, start, 0
+
+    def __enter__(self) -> Held:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def readinto(self, view: memoryview) -> int:
+        n = min(len(view), len(self.data) - self.pos)
+        view[:n] = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return n
+
+    def tell(self) -> int:
+        return self.start + self.pos
+
+    def seek(self, offset: int) -> int:
+        self.pos = min(max(offset - self.start, 0), len(self.data))
+        return self.tell()
 
 
 def newline_offsets(u: np.ndarray) -> np.ndarray:

@@ -1,0 +1,204 @@
+"""A text file's byte ranges read into memory, in file order, ahead of their parse.
+
+One reader thread reads each range whole into a buffer of a small pool, and the parse
+threads take them in order (app/data/formats/textfile/parallel.py): a range is read once,
+and its lines are counted and parsed from memory. A range the page cache does not hold is
+read with ``O_DIRECT``, straight from the disk into the buffer: the page cache's own cost,
+~0.6 CPU-ms a MB in the kernel on 2-vCPU VMs, against 0.04 for 16 MB direct reads, was a
+third of the seed's conversion (docs/performance.md, "The converter"), and the text no
+longer pushes out of the page cache the rows the training reads next. A range the page
+cache holds (measured with ``mincore`` just before it is read: a file just written, or read
+by another program) is copied from it. Where the file system refuses ``O_DIRECT`` (open or
+read: ``EINVAL``), every range is copied from the page cache, and the pages of a range so
+read are dropped (``DONTNEED``) once it is parsed, as before.
+
+Memory: the pool's buffers, each a range's bytes at most (app/data/formats/textfile/
+parallel.py ``largest_range``).
+A file cut short while it is read is a DataError (a range shorter than it was). No
+TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from app.data.formats import files
+from app.data.formats.textfile import opener
+from app.errors import DataError
+
+#: ``O_DIRECT`` reads start, end and land on multiples of this (bytes): the logical block
+#: size of every disk in use, and the page size.
+ALIGN = 4096
+#: Bytes of one read (a direct read of 16 MB cost 0.04 CPU-ms a MB on the seed's VM).
+_READ_BYTES = 16 << 20
+#: Below this share of a range in the page cache, it is read from the disk directly.
+CACHED_SHARE = 0.5
+
+
+@dataclass
+class Text:
+    """Range ``index``'s bytes, ``data`` (valid until :meth:`Ahead.done` for it), and
+    whether they were read ``direct`` (else copied from the page cache)."""
+
+    index: int
+    data: memoryview
+    direct: bool
+    buffer: np.ndarray
+
+
+class Ahead:
+    """Ranges ``ranges`` ([start, stop) byte pairs, in file order) of the plain file
+    ``path`` read by a background thread into ``slots`` buffers; :meth:`take` a range's
+    text (waits), :meth:`done` once it is parsed, :meth:`close` at the end (always)."""
+
+    def __init__(self, path: str, ranges: list[tuple[int, int]], slots: int) -> None:
+        self.path, self.ranges = path, ranges
+        self._fd = files.open_fd(path)
+        self._direct = _open_direct(path, self._fd)
+        self._free: list[np.ndarray] = []
+        self._slots = slots
+        self._made = 0
+        self._ready: dict[int, Text | BaseException] = {}
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="read-ahead", daemon=True)
+        self._thread.start()
+
+    def take(self, i: int) -> Text:
+        """Range ``i``'s text, once read. Raises DataError (it could not be read, or the
+        file is shorter than it was)."""
+        with self._cond:
+            while i not in self._ready:
+                self._cond.wait()
+            got = self._ready.pop(i)
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def done(self, text: Text) -> None:
+        """Give ``text``'s buffer back for a later range; drop a range copied from the page
+        cache from it."""
+        if not text.direct:
+            start, stop = self.ranges[text.index]
+            with contextlib.suppress(OSError):
+                os.posix_fadvise(self._fd, start, stop - start, os.POSIX_FADV_DONTNEED)
+        with self._cond:
+            self._free.append(text.buffer)
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Stop reading ahead, wait for the reader, close the file."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join()
+        os.close(self._fd)
+        if self._direct is not None:
+            os.close(self._direct)
+
+    def _buffer(self) -> np.ndarray | None:
+        """A free buffer (waits while all are in use); None once closed."""
+        with self._cond:
+            while not self._closed and not self._free and self._made >= self._slots:
+                self._cond.wait()
+            if self._closed:
+                return None
+            if self._free:
+                return self._free.pop()
+            self._made += 1
+        size = max(b - a for a, b in self.ranges) + 2 * ALIGN
+        raw = np.empty(size + ALIGN, np.uint8)
+        skip = -raw.ctypes.data % ALIGN
+        return raw[skip : skip + size]
+
+    def _run(self) -> None:
+        for i in range(len(self.ranges)):
+            buffer = self._buffer()
+            if buffer is None:
+                return
+            try:
+                got: Text | BaseException = self._read(i, buffer)
+            except BaseException as exc:  # raised in the thread that takes range i
+                got = exc
+            with self._cond:
+                self._ready[i] = got
+                self._cond.notify_all()
+
+    def _read(self, i: int, buffer: np.ndarray) -> Text:
+        """Range ``i`` into ``buffer``: direct unless the page cache holds it."""
+        start, stop = self.ranges[i]
+        cached = files.cached_share(self._fd, start, stop)
+        direct = self._direct is not None and cached < CACHED_SHARE
+        if direct:
+            try:
+                data = self._read_direct(start, stop, buffer)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise opener.cannot_read(self.path, exc) from None
+                self._refused()
+                direct = False
+        if not direct:
+            data = self._read_cached(start, stop, buffer)
+        if len(data) < stop - start:
+            raise DataError(f"{self.path}: the file changed while it was being converted")
+        return Text(i, data, direct, buffer)
+
+    def _refused(self) -> None:
+        """The file system refused a direct read: copy every range from the page cache."""
+        if self._direct is not None:
+            os.close(self._direct)
+            self._direct = None
+
+    def _read_direct(self, start: int, stop: int, buffer: np.ndarray) -> memoryview:
+        """Bytes [start, stop) read with ``O_DIRECT`` (aligned reads around them)."""
+        assert self._direct is not None
+        base = start // ALIGN * ALIGN
+        end = -(-stop // ALIGN) * ALIGN
+        view = buffer.data.cast("B")
+        pos = base
+        while pos < end:
+            n = min(_READ_BYTES, end - pos)
+            got = os.preadv(self._direct, [view[pos - base : pos - base + n]], pos)
+            pos += got
+            if got < n:  # the end of the file
+                break
+        have = min(pos, stop)
+        return view[start - base : max(have, start) - base]
+
+    def _read_cached(self, start: int, stop: int, buffer: np.ndarray) -> memoryview:
+        """Bytes [start, stop) copied from the page cache."""
+        view = buffer.data.cast("B")
+        pos = start
+        try:
+            while pos < stop:
+                n = min(stop - pos, _READ_BYTES)
+                got = os.preadv(self._fd, [view[pos - start : pos - start + n]], pos)
+                if got == 0:
+                    break
+                pos += got
+        except OSError as exc:
+            raise opener.cannot_read(self.path, exc) from None
+        return view[: pos - start]
+
+
+def _open_direct(path: str, fd: int) -> int | None:
+    """``path`` opened again for ``O_DIRECT`` reads, or None where the file system refuses
+    them or the name no longer leads to ``fd``'s file (replaced in between)."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return None
+    try:
+        direct = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | flag)
+    except OSError:
+        return None
+    one, two = os.fstat(fd), os.fstat(direct)
+    if (one.st_dev, one.st_ino) != (two.st_dev, two.st_ino):
+        os.close(direct)
+        return None
+    return direct
