@@ -30,6 +30,7 @@ import numpy as np
 
 from app.data.formats import files
 from app.data.formats.textfile import opener
+from app.data.formats.textfile.reader import Held
 from app.errors import DataError
 
 #: ``O_DIRECT`` reads start, end and land on multiples of this (bytes): the logical block
@@ -43,13 +44,17 @@ CACHED_SHARE = 0.5
 
 @dataclass
 class Text:
-    """Range ``index``'s bytes, ``data`` (valid until :meth:`Ahead.done` for it), and
-    whether they were read ``direct`` (else copied from the page cache)."""
+    """Range ``index``'s bytes, ``held`` in its buffer (valid until :meth:`Ahead.done` for
+    it), and whether they were read ``direct`` (else copied from the page cache)."""
 
     index: int
-    data: memoryview
+    held: Held
     direct: bool
-    buffer: np.ndarray
+
+    @property
+    def data(self) -> memoryview:
+        """The range's bytes."""
+        return self.held.data
 
 
 class Ahead:
@@ -89,7 +94,7 @@ class Ahead:
             with contextlib.suppress(OSError):
                 os.posix_fadvise(self._fd, start, stop - start, os.POSIX_FADV_DONTNEED)
         with self._cond:
-            self._free.append(text.buffer)
+            self._free.append(text.held.buffer)
             self._cond.notify_all()
 
     def close(self) -> None:
@@ -112,7 +117,8 @@ class Ahead:
             if self._free:
                 return self._free.pop()
             self._made += 1
-        size = max(b - a for a, b in self.ranges) + 2 * ALIGN
+        pages = -(-max(b - a for a, b in self.ranges) // ALIGN)
+        size = (pages + 4) * ALIGN  # the bytes read, room around them; a multiple of 8
         raw = np.empty(size + ALIGN, np.uint8)
         skip = -raw.ctypes.data % ALIGN
         return raw[skip : skip + size]
@@ -145,9 +151,9 @@ class Ahead:
                 direct = False
         if not direct:
             data = self._read_cached(start, stop, buffer)
-        if len(data) < stop - start:
+        if data.end - data.begin < stop - start:
             raise DataError(f"{self.path}: the file changed while it was being converted")
-        return Text(i, data, direct, buffer)
+        return Text(i, data, direct)
 
     def _refused(self) -> None:
         """The file system refused a direct read: copy every range from the page cache."""
@@ -155,12 +161,13 @@ class Ahead:
             os.close(self._direct)
             self._direct = None
 
-    def _read_direct(self, start: int, stop: int, buffer: np.ndarray) -> memoryview:
-        """Bytes [start, stop) read with ``O_DIRECT`` (aligned reads around them)."""
+    def _read_direct(self, start: int, stop: int, buffer: np.ndarray) -> Held:
+        """Bytes [start, stop) read with ``O_DIRECT`` (aligned reads around them) into
+        ``buffer`` from offset :data:`ALIGN` on (the room before them)."""
         assert self._direct is not None
         base = start // ALIGN * ALIGN
         end = -(-stop // ALIGN) * ALIGN
-        view = buffer.data.cast("B")
+        view = buffer.data.cast("B")[ALIGN:]
         pos = base
         while pos < end:
             n = min(_READ_BYTES, end - pos)
@@ -168,12 +175,13 @@ class Ahead:
             pos += got
             if got < n:  # the end of the file
                 break
-        have = min(pos, stop)
-        return view[start - base : max(have, start) - base]
+        first = ALIGN + start - base
+        return Held(buffer, first, first + max(min(pos, stop) - start, 0))
 
-    def _read_cached(self, start: int, stop: int, buffer: np.ndarray) -> memoryview:
-        """Bytes [start, stop) copied from the page cache."""
-        view = buffer.data.cast("B")
+    def _read_cached(self, start: int, stop: int, buffer: np.ndarray) -> Held:
+        """Bytes [start, stop) copied from the page cache into ``buffer`` from offset
+        :data:`ALIGN` on."""
+        view = buffer.data.cast("B")[ALIGN:]
         pos = start
         try:
             while pos < stop:
@@ -184,7 +192,7 @@ class Ahead:
                 pos += got
         except OSError as exc:
             raise opener.cannot_read(self.path, exc) from None
-        return view[: pos - start]
+        return Held(buffer, ALIGN, ALIGN + pos - start)
 
 
 def _open_direct(path: str, fd: int) -> int | None:

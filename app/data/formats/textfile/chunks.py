@@ -11,7 +11,7 @@ import numpy as np
 
 from app.data.formats.textfile import blocks
 from app.data.formats.textfile.precise import State
-from app.data.formats.textfile.reader import Buffers, read_blocks
+from app.data.formats.textfile.reader import Buffers, Held, read_blocks
 from app.errors import DataError
 
 
@@ -47,7 +47,7 @@ def iter_chunks(
     span: Span | None = None,
     buffers: Buffers | None = None,
     progress: Callable[[int], None] | None = None,
-    text: memoryview | None = None,
+    text: Held | None = None,
 ) -> Iterator[np.ndarray]:
     """Yield the file's samples as float32 arrays of shape (rows <= chunk_rows, width), in order.
 

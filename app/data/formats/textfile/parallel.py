@@ -60,6 +60,7 @@ from app.data.formats import files, textfile
 from app.data.formats.base import Converted
 from app.data.formats.textfile import ahead as readahead
 from app.data.formats.textfile import blocks, follow, opener
+from app.data.formats.textfile.reader import Held
 from app.errors import DataError, InputTooLarge, Preempted
 
 __all__ = [
@@ -84,7 +85,7 @@ MIN_RANGE_BYTES = 4 << 20
 #: ranges at once).
 MAX_RANGE_BYTES = 64 << 20
 #: Nor so large that the text read ahead passes this (bytes) with many threads.
-READ_AHEAD_BYTES = 512 << 20
+READ_AHEAD_BYTES = 256 << 20
 #: A new file, opened to be read too: the digest reads the rows back (follow.py).
 _NEW_FILE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _SCAN_BYTES = 1 << 16  # read at a time when looking for the end of a line
@@ -254,7 +255,7 @@ def _write_rows(
     span: textfile.Span | None,
     stopped: Callable[[], bool],
     buffers: textfile.Buffers,
-    text: memoryview | None = None,
+    text: Held | None = None,
 ) -> _Result:
     """Parse ``job.src`` (or its span) into the open file ``f``; DataError only without a
     span. ``buffers``: the calling thread's (see :class:`app.data.formats.textfile.Buffers`);
@@ -416,12 +417,12 @@ def _in_ranges(job: _Job, f: Any, threads: int, stop: Callable[[], bool]) -> Con
             local.buffers = textfile.Buffers()
         text = ahead.take(i)
         try:
-            return _parse_range(i, text.data, counter)
+            return _parse_range(i, text.held, counter)
         finally:
             ahead.done(text)
 
-    def _parse_range(i: int, text: memoryview, counter: _Counter) -> _Result:
-        lines = counted.put(i, _count_lines(text, i == last))
+    def _parse_range(i: int, text: Held, counter: _Counter) -> _Result:
+        lines = counted.put(i, _count_lines(text.data, i == last))
         first_row = counted.before(i)
         if first_row is None:  # halted while the ranges before it were counted
             return _Result("stopped")

@@ -11,8 +11,9 @@ without it); a line over MAX_LINE_BYTES is an error as soon as it is seen.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from types import ModuleType
-from typing import BinaryIO, cast
+from typing import BinaryIO
 
 import numpy as np
 
@@ -31,6 +32,22 @@ PAD = 16
 #: One block of whole lines: (number of its first line, buffer, begin, line ends); see
 #: :func:`read_blocks`.
 Block = tuple[int, np.ndarray, int, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Held:
+    """Bytes of a file read already: ``buffer[begin:end]`` (uint8, 8-aligned), with at least
+    :data:`PAD` bytes before ``begin`` and :data:`PAD` after ``end`` that the reader may
+    overwrite (app/data/formats/textfile/ahead.py)."""
+
+    buffer: np.ndarray
+    begin: int
+    end: int
+
+    @property
+    def data(self) -> memoryview:
+        """The bytes, without a copy."""
+        return memoryview(self.buffer[self.begin : self.end].data)
 
 
 class Buffers:
@@ -52,7 +69,7 @@ def read_blocks(
     first_line: int = 1,
     buffers: Buffers | None = None,
     progress: Callable[[int], None] | None = None,
-    text: memoryview | None = None,
+    text: Held | None = None,
 ) -> Iterator[Block]:
     """Yield (first line number, buffer, begin, line ends) for up to chunk_rows whole lines.
 
@@ -64,13 +81,13 @@ def read_blocks(
     ``first_line``. ``buffers``: the text buffer to reuse (and keep). ``progress``: called
     with the file's bytes (compressed bytes for gzip) read since its last call, after every
     read. ``text``: bytes ``[start, stop)`` of the plain file, read already
-    (app/data/formats/textfile/ahead.py): they are parsed, the file is not opened. Raises
-    DataError; ValueError for a range of a gzip file other than the whole file.
+    (app/data/formats/textfile/ahead.py): the blocks are made in its buffer, the file is not
+    opened. Raises DataError; ValueError for a range of a gzip file other than the whole file.
     """
-    if text is None:
-        raw, stream = opener.open_data(path)
-    else:
-        raw = stream = cast(BinaryIO, Held(text, start))
+    if text is not None:
+        yield from _Lines.held(path, text, first_line, start == 0, progress).blocks(chunk_rows)
+        return
+    raw, stream = opener.open_data(path)
     with raw, stream:
         if start or stop is not None:
             if stream is not raw:
@@ -111,6 +128,31 @@ class _Lines:
         self.eof = False
         self.line = first_line
         self.position = raw.tell()  # for progress: where the last read ended
+
+    @classmethod
+    def held(
+        cls, path: str, text: Held, first_line: int, bom: bool,
+        progress: Callable[[int], None] | None,
+    ) -> _Lines:  # fmt: skip
+        """The lines of ``text``, read already: its buffer is theirs (no copy), blanked for
+        :data:`PAD` bytes before them, all its newlines found at once; a BOM at its start
+        becomes whitespace when ``bom`` (the text begins the file)."""
+        lines = cls.__new__(cls)
+        buf, begin, end = text.buffer, text.begin, text.end
+        buf[begin - PAD : begin] = 32
+        if bom and buf[begin : begin + 3].tobytes() == opener.BOM:
+            buf[begin : begin + 3] = 32
+        lines.path, lines.left, lines.bom = path, 0, False
+        lines.buffers, lines.progress = None, None
+        lines.buf, lines.begin, lines.end = buf, begin, begin
+        lines.nls, lines.line = np.empty(0, np.int64), first_line
+        lines._find_newlines(end - begin)
+        lines.end, lines.eof = end, True
+        if end - lines._last_end() > opener.MAX_LINE_BYTES:
+            raise opener.line_too_long(path, first_line + len(lines.nls))
+        if progress is not None:
+            progress(end - begin)
+        return lines
 
     def blocks(self, chunk_rows: int) -> Iterator[Block]:
         """The items of :func:`read_blocks`, read until each block is full or the file ends."""
@@ -206,33 +248,6 @@ class _Lines:
         self.begin = int(ends[-1])
         self.nls = self.nls[take:]
         return block
-
-
-class Held:
-    """Bytes ``[start, start + len(data))`` of a file, read already, as the stream
-    :func:`read_blocks` reads: ``readinto`` copies them out in order."""
-
-    def __init__(self, data: memoryview, start: int) -> None:
-        self.data, self.start, self.pos = data, start, 0
-
-    def __enter__(self) -> Held:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def readinto(self, view: memoryview) -> int:
-        n = min(len(view), len(self.data) - self.pos)
-        view[:n] = self.data[self.pos : self.pos + n]
-        self.pos += n
-        return n
-
-    def tell(self) -> int:
-        return self.start + self.pos
-
-    def seek(self, offset: int) -> int:
-        self.pos = min(max(offset - self.start, 0), len(self.data))
-        return self.tell()
 
 
 def newline_offsets(u: np.ndarray) -> np.ndarray:
