@@ -77,7 +77,7 @@ def test_ranges_come_in_order_whole_and_from_where_they_are(tmp_path: Path) -> N
     try:
         for i, (start, stop) in enumerate(ranges):
             text = reader.take(i)
-            assert bytes(text.data) == data[start:stop]
+            assert bytes(text.held.data) == data[start:stop]
             assert text.direct == (direct and stop <= half + 4096)
             reader.done(text)
     finally:

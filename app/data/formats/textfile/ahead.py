@@ -2,20 +2,18 @@
 
 One reader thread reads each range whole into a buffer of a small pool, and the parse
 threads take them in order (app/data/formats/textfile/parallel.py): a range is read once,
-and its lines are counted and parsed from memory. A range the page cache does not hold is
-read with ``O_DIRECT``, straight from the disk into the buffer: the page cache's own cost,
-~0.6 CPU-ms a MB in the kernel on 2-vCPU VMs, against 0.04 for 16 MB direct reads, was a
-third of the seed's conversion (docs/performance.md, "The converter"), and the text no
-longer pushes out of the page cache the rows the training reads next. A range the page
-cache holds (measured with ``mincore`` just before it is read: a file just written, or read
-by another program) is copied from it. Where the file system refuses ``O_DIRECT`` (open or
-read: ``EINVAL``), every range is copied from the page cache, and the pages of a range so
-read are dropped (``DONTNEED``) once it is parsed, as before.
+and its lines are counted and parsed in that buffer. A range the page cache does not hold
+(``mincore`` just before it is read) is read with ``O_DIRECT``, from the disk straight into
+the buffer: through the page cache the kernel spent 0.58 CPU-ms a MB on 2-vCPU VMs, 16 MB
+direct reads 0.03 (docs/performance.md, "The converter"), and the text no longer pushes out
+of the page cache the rows the training reads next. A range is copied from the page cache
+where it holds the range (a file just written, or read by another program) or where the
+file system refuses ``O_DIRECT`` (``EINVAL``, at open or at a read: every range after it is
+copied), and a copied range is dropped from the page cache (``DONTNEED``) once parsed.
 
 Memory: the pool's buffers, each a range's bytes at most (app/data/formats/textfile/
-parallel.py ``largest_range``).
-A file cut short while it is read is a DataError (a range shorter than it was). No
-TensorFlow here.
+parallel.py ``largest_range``). A file cut short while it is read is a DataError (a range
+shorter than it was). No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -50,11 +48,6 @@ class Text:
     index: int
     held: Held
     direct: bool
-
-    @property
-    def data(self) -> memoryview:
-        """The range's bytes."""
-        return self.held.data
 
 
 class Ahead:
