@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.data.formats import files
+from app.data.formats import files, pagecache
 from app.data.formats.textfile import ahead, parallel
 from app.errors import DataError
 from tests.test_parallel import lines_of
@@ -34,7 +34,7 @@ def _drop(path: Path) -> None:
 def _share(path: Path) -> float:
     fd = os.open(path, os.O_RDONLY)
     try:
-        return files.cached_share(fd, 0, path.stat().st_size)
+        return pagecache.cached_share(fd, 0, path.stat().st_size)
     finally:
         os.close(fd)
 

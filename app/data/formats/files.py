@@ -19,15 +19,11 @@ swapped in the moment between) is bounded by app/signals.py ``waiting``. No Tens
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import functools
-import mmap
 import os
 import stat
 from typing import BinaryIO
-
-import numpy as np
 
 from app.errors import DataError
 from app.mountinfo import read_mountinfo
@@ -41,8 +37,6 @@ _KINDS = (
     (stat.S_ISDIR, "a directory"),
 )
 _READ = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-_LIBC = ctypes.CDLL(None, use_errno=True)
-_LIBC.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
 
 
 def kind(mode: int) -> str:
@@ -134,27 +128,3 @@ def open_fd(path: str | os.PathLike[str], what: str = "data file") -> int:
 def opened(path: str | os.PathLike[str], what: str = "data file", buffering: int = -1) -> BinaryIO:
     """:func:`open_fd` as a binary file object (the caller closes it: ``with``)."""
     return os.fdopen(open_fd(path, what), "rb", buffering=buffering)
-
-
-def cached_share(fd: int, start: int, stop: int) -> float:
-    """Share (0..1) of bytes [start, stop) of the open file ``fd`` that the page cache holds
-    now (``mincore`` on a shared mapping of them: nothing is read, and a file cut short
-    meanwhile raises no SIGBUS); 1 for no bytes, 0 when the kernel does not say (the file
-    can't be mapped, or is shorter than ``stop``)."""
-    first = start // mmap.PAGESIZE * mmap.PAGESIZE
-    if stop <= start:
-        return 1.0
-    try:
-        area = mmap.mmap(fd, stop - first, mmap.MAP_SHARED, mmap.PROT_READ, offset=first)
-    except (OSError, ValueError):
-        return 0.0
-    pages = -(-(stop - first) // mmap.PAGESIZE)
-    vec = np.zeros(pages, np.uint8)
-    view = np.frombuffer(area, np.uint8)
-    try:
-        if _LIBC.mincore(view.ctypes.data, stop - first, vec.ctypes.data) != 0:
-            return 0.0
-    finally:
-        del view
-        area.close()
-    return float(np.count_nonzero(vec & 1)) / pages

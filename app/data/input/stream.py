@@ -48,7 +48,7 @@ import numpy as np
 
 from app.data.cache import DataCache
 from app.data.cache.rows import RowsFile
-from app.data.formats import files
+from app.data.formats import pagecache
 from app.data.input import order
 from app.errors import AppError
 from app.signals import end_now
@@ -153,7 +153,7 @@ def read_features(
 
 def cached_share(where: tuple[Path, int], nbytes: int) -> float:
     """Share (0..1) of the ``nbytes`` from the byte offset of the file ``where`` names that
-    the page cache holds now (app/data/formats/files.py ``cached_share``: nothing is read;
+    the page cache holds now (app/data/formats/pagecache.py: nothing is read;
     0 when the kernel does not say, or the file can't be opened)."""
     path, base = where
     if nbytes <= 0:
@@ -163,7 +163,7 @@ def cached_share(where: tuple[Path, int], nbytes: int) -> float:
     except OSError:  # unreadable: not known to be cached
         return 0.0
     try:
-        return files.cached_share(fd, base, base + nbytes)
+        return pagecache.cached_share(fd, base, base + nbytes)
     finally:
         os.close(fd)
 

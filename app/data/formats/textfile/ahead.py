@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.data.formats import files
+from app.data.formats import files, pagecache
 from app.data.formats.textfile import opener
 from app.data.formats.textfile.reader import Held
 from app.errors import DataError
@@ -132,7 +132,7 @@ class Ahead:
     def _read(self, i: int, buffer: np.ndarray) -> Text:
         """Range ``i`` into ``buffer``: direct unless the page cache holds it."""
         start, stop = self.ranges[i]
-        cached = files.cached_share(self._fd, start, stop)
+        cached = pagecache.cached_share(self._fd, start, stop)
         direct = self._direct is not None and cached < CACHED_SHARE
         if direct:
             try:
