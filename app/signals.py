@@ -135,7 +135,16 @@ def end_now(error: AppError) -> NoReturn:
     run that failed (app/cli/): the ``end`` event, one line ``coretrain: <message>`` on
     stderr (a progress bar erased first), its exit code. For a failure found where the
     main thread can't be reached (it is inside TensorFlow, which waits for the thread that
-    found it): what the run wrote stays as a kill would leave it, which a rerun resumes."""
+    found it): what the run wrote stays as a kill would leave it, which a rerun resumes.
+    Once a process: the first caller ends it; another thread that finds a failure meanwhile
+    (two of TensorFlow's threads reading a map cut short both fault) waits for that end, so
+    there is one ``end`` event and one line."""
+    if not _ENDING.acquire(blocking=False):
+        if threading.get_ident() in _ENDER:  # re-entered in the thread that is ending it
+            os._exit(error.exit_code)
+        while True:  # another thread is ending the process
+            threading.Event().wait(60)
+    _ENDER.append(threading.get_ident())
     message = str(error)
     with contextlib.suppress(Exception):
         logs.event("end", message, level=logging.ERROR, status="failed",
@@ -147,6 +156,11 @@ def end_now(error: AppError) -> NoReturn:
     with contextlib.suppress(OSError):
         os.write(2, f"coretrain: {message}\n".encode(errors="replace"))
     os._exit(error.exit_code)
+
+
+#: Held by the thread ending the process (:func:`end_now`), whose id is in ``_ENDER``.
+_ENDING = threading.Lock()
+_ENDER: list[int] = []
 
 
 @dataclass(frozen=True)

@@ -260,3 +260,34 @@ def test_a_run_that_diverges_on_a_source_changed_in_place_is_that_source_s_error
     assert isinstance(changed, DataError) and str(source.resolve()) in str(changed)
     assert "changed while this run trained on it" in str(changed)
     assert _changed_under(DataError("other"), admitted) is None  # only a divergence
+
+
+_TWO_ENDINGS = """
+import threading
+from app import logs
+from app.errors import DataError
+from app.signals import end_now
+logs.setup()
+both = threading.Barrier(4)
+def find(n):
+    both.wait()
+    end_now(DataError(f"x.npy: truncated, found by thread {n}"))
+threads = [threading.Thread(target=find, args=(n,)) for n in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+"""
+
+
+def test_failures_found_by_several_threads_at_once_end_the_process_with_one_line() -> None:
+    """Several of TensorFlow's threads reading a map cut short fault together, each ending
+    the run (app/signals.py ``end_now``): one ``end`` event and one stderr line, its code."""
+    for _ in range(8):
+        proc = subprocess.run([sys.executable, "-c", _TWO_ENDINGS], capture_output=True,
+                              text=True, cwd=REPO, timeout=60)  # fmt: skip
+        assert proc.returncode == 3, proc.stderr
+        (line,) = proc.stderr.splitlines()
+        assert line.startswith("coretrain: x.npy: truncated, found by thread ")
+        ends = [r for r in json_lines(proc.stdout) if r.get("event") == "end"]
+        assert len(ends) == 1 and ends[0]["exit_code"] == 3

@@ -327,9 +327,10 @@ def test_rows_are_written_from_the_first_range_on_and_ranges_are_bounded(
 
 
 def test_the_text_read_is_left_out_of_the_page_cache(tmp_path: Path) -> None:
-    """A range parsed is dropped from the page cache (the rows made from it are what the
-    training reads next); measured with mincore on the real file system, on a text the
-    conversion reads from the disk itself, as a text larger than the memory is."""
+    """A text the conversion reads from the disk itself, as a text larger than the memory
+    is, is left out of the page cache (read directly, or dropped once parsed: the rows made
+    from it are what the training reads next); measured with mincore on the real file
+    system."""
     from app.data.input.stream import cached_share
 
     src = tmp_path / "x.txt"
