@@ -5,7 +5,9 @@ a time from the (possibly gzip) stream straight into a numpy buffer that has :da
 whitespace bytes in front of the data and at least 8 readable bytes after it, so the
 parsers can load 8- and 16-byte windows ending anywhere in a line. Line ends are found in
 each read by one ``memchr`` pass of the compiled module (:func:`newline_offsets`; numpy
-without it); a line over MAX_LINE_BYTES is an error as soon as it is seen.
+without it); a line over MAX_LINE_BYTES is an error as soon as it is seen. A range of a
+plain file read already (:class:`Held`: app/data/formats/textfile/ahead.py) is not read
+again: its own buffer, with room around the bytes, becomes the blocks' buffer.
 """
 
 from __future__ import annotations
