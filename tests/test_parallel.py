@@ -22,7 +22,7 @@ import pytest
 from app.config import TrainConfig
 from app.data import synthetic
 from app.data.formats import textfile
-from app.data.formats.textfile import blocks, parallel
+from app.data.formats.textfile import blocks, parallel, reader
 from app.errors import DataError, Preempted
 from tests.conftest import prepare_cache
 
@@ -311,8 +311,8 @@ def test_rows_are_written_from_the_first_range_on_and_ranges_are_bounded(
     src = tmp_path / "train_features.txt"
     src.write_bytes(lines_of(400, 50))
     seen: list[str] = []
-    count, write = parallel._count_lines, parallel._write_rows
-    monkeypatch.setattr(parallel, "_count_lines", lambda *a: seen.append("count") or count(*a))
+    count, write = reader.Held.lines, parallel._write_rows
+    monkeypatch.setattr(reader.Held, "lines", lambda *a: seen.append("count") or count(*a))
     monkeypatch.setattr(parallel, "_write_rows", lambda *a: seen.append("parse") or write(*a))
     many = 3 * 2 * parallel.RANGES_PER_THREAD  # more than the threads' share sets
     monkeypatch.setattr(parallel, "MAX_RANGE_BYTES", src.stat().st_size // many)

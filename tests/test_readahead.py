@@ -77,7 +77,9 @@ def test_ranges_come_in_order_whole_and_from_where_they_are(tmp_path: Path) -> N
     try:
         for i, (start, stop) in enumerate(ranges):
             text = reader.take(i)
-            assert bytes(text.held.data) == data[start:stop]
+            held = text.held
+            assert held.buffer[held.begin : held.end].tobytes() == data[start:stop]
+            assert held.lines(i == len(ranges) - 1) == data[start:stop].count(b"\n")
             assert text.direct == (direct and stop <= half + 4096)
             reader.done(text)
     finally:

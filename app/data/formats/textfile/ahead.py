@@ -2,7 +2,8 @@
 
 One reader thread reads each range whole into a buffer of a small pool, and the parse
 threads take them in order (app/data/formats/textfile/parallel.py): a range is read once,
-and its lines are counted and parsed in that buffer. A range the page cache does not hold
+its newlines are found by the reader thread, and its lines are counted and parsed in that
+buffer. A range the page cache does not hold
 (``mincore`` just before it is read) is read with ``O_DIRECT``, from the disk straight into
 the buffer: through the page cache the kernel spent 0.58 CPU-ms a MB on 2-vCPU VMs, 16 MB
 direct reads 0.03 (docs/performance.md, "The converter"), and the text no longer pushes out
@@ -132,8 +133,10 @@ class Ahead:
     def _read(self, i: int, buffer: np.ndarray) -> Text:
         """Range ``i`` into ``buffer``: direct unless the page cache holds it."""
         start, stop = self.ranges[i]
-        cached = pagecache.cached_share(self._fd, start, stop)
-        direct = self._direct is not None and cached < CACHED_SHARE
+        direct = (
+            self._direct is not None
+            and pagecache.cached_share(self._fd, start, stop) < CACHED_SHARE
+        )
         if direct:
             try:
                 data = self._read_direct(start, stop, buffer)
@@ -169,7 +172,7 @@ class Ahead:
             if got < n:  # the end of the file
                 break
         first = ALIGN + start - base
-        return Held(buffer, first, first + max(min(pos, stop) - start, 0))
+        return Held.of(buffer, first, first + max(min(pos, stop) - start, 0))
 
     def _read_cached(self, start: int, stop: int, buffer: np.ndarray) -> Held:
         """Bytes [start, stop) copied from the page cache into ``buffer`` from offset
@@ -185,7 +188,7 @@ class Ahead:
                 pos += got
         except OSError as exc:
             raise opener.cannot_read(self.path, exc) from None
-        return Held(buffer, ALIGN, ALIGN + pos - start)
+        return Held.of(buffer, ALIGN, ALIGN + pos - start)
 
 
 def _open_direct(path: str, fd: int) -> int | None:

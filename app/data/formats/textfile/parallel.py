@@ -363,16 +363,6 @@ def _in_threads(
     return results
 
 
-def _count_lines(text: memoryview, last: bool) -> int:
-    """Lines in a range's bytes ``text``: newlines, plus an unterminated last line of the
-    file (``last``: the range ends the file)."""
-    if blocks.compiled is not None:
-        lines = blocks.compiled.count_newlines(text)
-    else:
-        lines = int(np.count_nonzero(np.frombuffer(text, np.uint8) == 10))
-    return lines + (1 if last and len(text) and text[-1] != 10 else 0)
-
-
 class _Counts:
     """The lines of each range as they are counted; a range's first row once all the ranges
     before it are counted."""
@@ -419,7 +409,7 @@ def _in_ranges(job: _Job, f: Any, threads: int, stop: Callable[[], bool]) -> Con
             ahead.done(text)
 
     def _parse_range(i: int, text: Held, counter: _Counter) -> _Result:
-        lines = counted.put(i, _count_lines(text.data, i == last))
+        lines = counted.put(i, text.lines(i == last))
         first_row = counted.before(i)
         if first_row is None:  # halted while the ranges before it were counted
             return _Result("stopped")

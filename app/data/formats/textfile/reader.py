@@ -40,16 +40,25 @@ Block = tuple[int, np.ndarray, int, np.ndarray]
 class Held:
     """Bytes of a file read already: ``buffer[begin:end]`` (uint8, 8-aligned), with at least
     :data:`PAD` bytes before ``begin`` and :data:`PAD` after ``end`` that the reader may
-    overwrite (app/data/formats/textfile/ahead.py)."""
+    overwrite, and ``newlines``, the offsets of their ``b"\\n"`` bytes from ``begin``
+    (:func:`newline_offsets`, found once: they count the lines and end them;
+    app/data/formats/textfile/ahead.py)."""
 
     buffer: np.ndarray
     begin: int
     end: int
+    newlines: np.ndarray
 
-    @property
-    def data(self) -> memoryview:
-        """The bytes, without a copy."""
-        return memoryview(self.buffer[self.begin : self.end].data)
+    @classmethod
+    def of(cls, buffer: np.ndarray, begin: int, end: int) -> Held:
+        """``buffer[begin:end]``, its newlines found."""
+        return cls(buffer, begin, end, newline_offsets(buffer[begin:end]))
+
+    def lines(self, last: bool) -> int:
+        """Its lines: newlines, plus an unterminated last line of the file (``last``: the
+        bytes end the file)."""
+        open_end = last and self.end > self.begin and self.buffer[self.end - 1] != 10
+        return len(self.newlines) + (1 if open_end else 0)
 
 
 class Buffers:
@@ -148,7 +157,7 @@ class _Lines:
         lines.buffers, lines.progress = None, None
         lines.buf, lines.begin, lines.end = buf, begin, begin
         lines.nls, lines.line = np.empty(0, np.int64), first_line
-        lines._find_newlines(end - begin)
+        lines._add_newlines(text.newlines + (begin + 1))
         lines.end, lines.eof = end, True
         if end - lines._last_end() > opener.MAX_LINE_BYTES:
             raise opener.line_too_long(path, first_line + len(lines.nls))
@@ -226,7 +235,11 @@ class _Lines:
 
     def _find_newlines(self, got: int) -> None:
         """Add the newlines of the ``got`` bytes just read; raise for a line too long."""
-        found = newline_offsets(self.buf[self.end : self.end + got]) + (self.end + 1)
+        self._add_newlines(newline_offsets(self.buf[self.end : self.end + got]) + (self.end + 1))
+
+    def _add_newlines(self, found: np.ndarray) -> None:
+        """Add line ends ``found`` (offsets in the buffer just past each newline, after the
+        last one known); raise for a line too long."""
         if len(found):
             lengths = np.diff(found, prepend=self._last_end()) - 1
             if lengths.max() > opener.MAX_LINE_BYTES:
