@@ -76,12 +76,11 @@ def test_ranges_come_in_order_whole_and_from_where_they_are(tmp_path: Path) -> N
     reader = ahead.Ahead(str(src), ranges, 2)
     try:
         for i, (start, stop) in enumerate(ranges):
-            text = reader.take(i)
-            held = text.held
-            assert held.buffer[held.begin : held.end].tobytes() == data[start:stop]
-            assert held.lines(i == len(ranges) - 1) == data[start:stop].count(b"\n")
-            assert text.direct == (direct and stop <= half + 4096)
-            reader.done(text)
+            with reader.taken(i) as text:
+                held = text.held
+                assert held.buffer[held.begin : held.end].tobytes() == data[start:stop]
+                assert held.lines(i == len(ranges) - 1) == data[start:stop].count(b"\n")
+                assert text.direct == (direct and stop <= half + 4096)
     finally:
         reader.close()
     assert _share(src) < 0.1  # nothing read stays: direct reads skip it, copies are dropped

@@ -23,6 +23,7 @@ import contextlib
 import errno
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,8 +44,8 @@ CACHED_SHARE = 0.5
 
 @dataclass
 class Text:
-    """Range ``index``'s bytes, ``held`` in its buffer (valid until :meth:`Ahead.done` for
-    it), and whether they were read ``direct`` (else copied from the page cache)."""
+    """Range ``index``'s bytes, ``held`` in its buffer (valid in :meth:`Ahead.taken`'s
+    block), and whether they were read ``direct`` (else copied from the page cache)."""
 
     index: int
     held: Held
@@ -53,8 +54,8 @@ class Text:
 
 class Ahead:
     """Ranges ``ranges`` ([start, stop) byte pairs, in file order) of the plain file
-    ``path`` read by a background thread into ``slots`` buffers; :meth:`take` a range's
-    text (waits), :meth:`done` once it is parsed, :meth:`close` at the end (always)."""
+    ``path`` read by a background thread into ``slots`` buffers; :meth:`taken` a range's
+    text while it is parsed (waits for it), :meth:`close` at the end (always)."""
 
     def __init__(self, path: str, ranges: list[tuple[int, int]], slots: int) -> None:
         self.path, self.ranges = path, ranges
@@ -69,20 +70,23 @@ class Ahead:
         self._thread = threading.Thread(target=self._run, name="read-ahead", daemon=True)
         self._thread.start()
 
-    def take(self, i: int) -> Text:
-        """Range ``i``'s text, once read. Raises DataError (it could not be read, or the
-        file is shorter than it was)."""
+    @contextlib.contextmanager
+    def taken(self, i: int) -> Iterator[Text]:
+        """Range ``i``'s text, once read, for the block: then its buffer serves a later
+        range, and a range copied from the page cache is dropped from it. Raises DataError
+        (it could not be read, or the file is shorter than it was)."""
         with self._cond:
             while i not in self._ready:
                 self._cond.wait()
             got = self._ready.pop(i)
         if isinstance(got, BaseException):
             raise got
-        return got
+        try:
+            yield got
+        finally:
+            self._done(got)
 
-    def done(self, text: Text) -> None:
-        """Give ``text``'s buffer back for a later range; drop a range copied from the page
-        cache from it."""
+    def _done(self, text: Text) -> None:
         if not text.direct:
             start, stop = self.ranges[text.index]
             with contextlib.suppress(OSError):

@@ -402,23 +402,17 @@ def _in_ranges(job: _Job, f: Any, threads: int, stop: Callable[[], bool]) -> Con
     def parse(i: int, counter: _Counter) -> _Result:
         if not hasattr(local, "buffers"):
             local.buffers = textfile.Buffers()
-        text = ahead.take(i)
-        try:
-            return _parse_range(i, text.held, counter)
-        finally:
-            ahead.done(text)
-
-    def _parse_range(i: int, text: Held, counter: _Counter) -> _Result:
-        lines = counted.put(i, text.lines(i == last))
-        first_row = counted.before(i)
-        if first_row is None:  # halted while the ranges before it were counted
-            return _Result("stopped")
-        start, end = ranges[i]
-        sink = written.begin(f.fileno(), i, first_row * width * 4)
-        result = _write_rows(
-            job, sink, textfile.Span(start, end), lambda: halt.is_set() or stop(),
-            local.buffers, text,
-        )  # fmt: skip
+        with ahead.taken(i) as text:
+            lines = counted.put(i, text.held.lines(i == last))
+            first_row = counted.before(i)
+            if first_row is None:  # halted while the ranges before it were counted
+                return _Result("stopped")
+            start, end = ranges[i]
+            sink = written.begin(f.fileno(), i, first_row * width * 4)
+            result = _write_rows(
+                job, sink, textfile.Span(start, end), lambda: halt.is_set() or stop(),
+                local.buffers, text.held,
+            )  # fmt: skip
         if result.status == "data_error":
             counter.end(len(ranges))  # the ranges before it still finish
         elif result.status == "stopped":
