@@ -62,9 +62,11 @@ def test_quiet_and_loaded_runs_choose_alike_and_train_the_same_weights(
                 assert choice["measurement"]["others"] > 0.25, choice
     every = [run for done in runs.values() for run in done]
     decided = {(c["formulation"], c["precision"], c["evaluation"]) for c, _ in every}
-    seen = [(kind, c["formulation"], c["precision"], c["evaluation"], c["timings"],
-             c["evaluation_timings"], c["measurement"]) for kind, done in runs.items()
-            for c, _ in done]  # fmt: skip
+    seen = "\n".join(  # each run whole: pytest would cut a long list short
+        json.dumps([kind, c["formulation"], c["precision"], c["evaluation"], c["timings"],
+                    c["evaluation_timings"], c["measurement"]])
+        for kind, done in runs.items() for c, _ in done
+    )  # fmt: skip
     assert len(decided) == 1, seen
     weights = {m["weights"] for _, m in every}
     assert len(weights) == 1, weights

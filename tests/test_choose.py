@@ -251,6 +251,21 @@ def test_within_the_margin_the_order_decides_beyond_it_the_cpu_time() -> None:
 
 
 @pytest.mark.parametrize(
+    ("ratio", "clear"),
+    [(1.0, True), (1.04, True), (1.05, False), (1.15, False), (1.26, False), (1.27, True),
+     (1.4, True)],
+)  # fmt: skip
+def test_a_decision_near_its_margin_is_not_settled(ratio: float, clear: bool) -> None:
+    """Within CLOSE (10 %) of 1 + MARGIN (1.15) either way, 1.045-1.265, the timing goes on."""
+    from app.training.state import choose
+    from app.training.state.timing import Timed
+
+    figures = {"f32": Timed(40.0 * ratio, 0, 0, 5), "bf16": Timed(40.0, 0, 0, 5)}
+    assert choose.settled(choose.MARGIN)(figures) is clear
+    assert choose.settled(choose.MARGIN)({"bf16": Timed(40.0, 0, 0, 5)})  # nothing to decide
+
+
+@pytest.mark.parametrize(
     ("spread", "steal", "others", "kept"),
     [(0.0, 0.0, 0.0, True), (0.0, 0.0, 0.9, True), (0.2, 0.0, 0.0, False), (0.0, 0.2, 0.0, False)],
 )

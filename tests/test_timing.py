@@ -101,10 +101,35 @@ def test_a_round_is_its_least_call(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_candidate_that_cannot_win_is_not_timed_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    timed = _scripted(monkeypatch, {"fast": [10.0] * 5, "slow": [30.0]})
+    timed = _scripted(monkeypatch, {"fast": [10.0] * 5, "slow": [30.0, 31.0]})
     figures, _ = timing.time_calls(_calls("fast", "slow"))
-    assert timed.count("slow") == 1 and timed.count("fast") == timing.ROUNDS
-    assert (figures["slow"].cpu_ms, figures["slow"].rounds) == (30, 1)
+    assert timed.count("slow") == timing.DROP_AFTER == 2 and timed.count("fast") == timing.ROUNDS
+    assert (figures["slow"].cpu_ms, figures["slow"].rounds) == (30, 2)
+
+
+def test_one_slow_round_does_not_drop_a_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a's first round 2x b's (a slow spell), then 1.2x: it is timed on and its figure is 12.
+    timed = _scripted(monkeypatch, {"a": [20.0] + [12.0] * 4, "b": [10.0] * 5})
+    figures, _ = timing.time_calls(_calls("a", "b"))
+    assert timed.count("a") == timing.ROUNDS
+    assert (figures["a"].cpu_ms, figures["a"].rounds) == (12, timing.ROUNDS)
+
+
+def test_an_unsettled_decision_gets_more_rounds_up_to_a_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def settled(figures: dict) -> bool:  # the caller's: a's lead over b clear beyond 1.3
+        return figures["a"].cpu_ms / figures["b"].cpu_ms > 1.3
+
+    # b 10 ms for five rounds (a/b 1.15: not settled), then 8 (1.44): settled at round six.
+    timed = _scripted(monkeypatch, {"a": [11.5] * 10, "b": [10.0] * 5 + [8.0] * 5})
+    figures, _ = timing.time_calls(_calls("a", "b"), settled)
+    assert figures["a"].rounds == timing.ROUNDS + 1 == timed.count("b")
+    # Never settled: MAX_ROUNDS, and the figures as they are.
+    _scripted(monkeypatch, {"a": [11.5] * 10, "b": [10.0] * 10})
+    figures, _ = timing.time_calls(_calls("a", "b"), settled)
+    assert figures["a"].rounds == timing.MAX_ROUNDS
+    assert (figures["a"].cpu_ms, figures["b"].cpu_ms) == (11.5, 10.0)
 
 
 def test_a_noisy_measurement_gets_more_rounds_up_to_a_bound(

@@ -25,6 +25,11 @@ candidates' CPU times 1.38–1.41 quiet, 1.38–1.42 beside busy loops pinned to
 10 % apart between candidates): docs/performance.md, "A choice that holds". Where a CPU's
 two best candidates sit near the margin itself (Zen 4's fast ones at batch 40: 1.06–1.27)
 the answer can still differ between runs: the rule makes that rare, it can't rule it out.
+**A close decision is timed longer**: while a candidate's CPU time relative to the least lies
+within :data:`CLOSE` of the margin's edge (1 + margin) either way, more rounds are timed (up to
+timing.py's ``MAX_ROUNDS``): a slow spell of the VM that lasts a whole measurement is what takes
+a clear lead under the margin (Zen 4, batch 1,000: fast/float32 over fast/bfloat16 1.28–1.58 in
+24 processes quiet or loaded, once 1.21; one loaded run under 1.15 chose fast/float32).
 The order: the fast formulation first (its step was the faster on every CPU
 measured, 3–5×), float32 before bfloat16 (exact products when they cost no more).
 
@@ -82,13 +87,16 @@ MARGIN = 0.15
 #: the forward passes' ratio moved more under load and the evaluation is a small part of a
 #: run (module docstring).
 EVALUATION_MARGIN = 0.4
+#: A decision is timed over more rounds while a candidate's CPU time over the least lies
+#: between (1 + margin) / (1 + this) and (1 + margin) × (1 + this) (module docstring).
+CLOSE = 0.10
 #: The order candidates within :data:`MARGIN` of the least CPU time are taken in.
 ORDER = [("fast", "float32"), ("fast", "bfloat16"), ("plain", "float32"), ("plain", "bfloat16")]
 #: How candidates are timed and decided: part of what a kept choice depends on.
 TIMING = {
     **timing.RULE, "margin": MARGIN, "order": [f"{f}/{p}" for f, p in ORDER],
     "evaluation": "forward pass per formulation, the training formulation first",
-    "evaluation_margin": EVALUATION_MARGIN,
+    "evaluation_margin": EVALUATION_MARGIN, "close": CLOSE,
 }  # fmt: skip
 
 C = TypeVar("C", bound=Hashable)
@@ -165,6 +173,20 @@ def pick(figures: dict[C, timing.Timed], order: list[C], margin: float) -> C:
     ms = {c: _reported(t) for c, t in figures.items()}
     least = min(ms.values())
     return next(c for c in order if c in ms and ms[c] <= least * (1 + margin))
+
+
+def settled(margin: float) -> Callable[[dict[Any, timing.Timed]], bool]:
+    """Whether figures decide clearly under ``margin``: no candidate's CPU time over the least
+    lies within :data:`CLOSE` of 1 + ``margin`` either way (timing.time_calls's ``settled``)."""
+
+    def clear(figures: dict[Any, timing.Timed]) -> bool:
+        least = min(t.cpu_ms for t in figures.values())
+        edge = 1 + margin
+        return least <= 0 or not any(
+            edge / (1 + CLOSE) < t.cpu_ms / least < edge * (1 + CLOSE) for t in figures.values()
+        )
+
+    return clear
 
 
 def _decide(
@@ -308,7 +330,8 @@ def _measure(
     of the run's shape (:func:`_batch`), and the load the CPUs saw meanwhile."""
     x, y = _batch(data, recipe.batch_size)
     t0 = time.perf_counter()
-    timed = timing.time_calls({c: train_step(*c, x, y, recipe, max_steps) for c in candidates})
+    steps = {c: train_step(*c, x, y, recipe, max_steps) for c in candidates}
+    timed = timing.time_calls(steps, settled(MARGIN))
     logs.event(
         "choice_measured",
         f"timed {len(candidates)} formulations in {time.perf_counter() - t0:.1f} s",
@@ -329,7 +352,8 @@ def _forward(
     shape = dict(height=data.height, width=data.width, precision=precision)
     model = model_lib.build_model(data.num_outputs, **shape)
     traced = {f: tf.function(functools.partial(model.infer, formulation=f)) for f in formulations}
-    return timing.time_calls({f: functools.partial(traced[f], x) for f in formulations})
+    calls: dict[str, Callable[[], Any]] = {f: functools.partial(traced[f], x) for f in formulations}
+    return timing.time_calls(calls, settled(EVALUATION_MARGIN))
 
 
 def train_step(

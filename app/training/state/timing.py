@@ -14,19 +14,23 @@ differed by up to 10 % between the candidates measured quiet (CPU / wall time 1.
 
 Each call is warmed up (:data:`WARMUP_CALLS`, the first traces it), then timed in rounds of
 calls (enough for :data:`ROUND_CPU_MS` of CPU time, at least :data:`CALLS_PER_ROUND`), the
-candidates interleaved (a moment of load from elsewhere hurts one round, not one candidate);
-a round's figure is the least CPU time of its calls, each timed alone, and a candidate's the
+candidates interleaved (a moment of load from elsewhere hurts one round, not one candidate); a
+round's figure is the least CPU time of its calls, each timed alone, and a candidate's the
 least over its rounds (load adds time, it never removes any: beside busy processes a step's
-threads spin while one of them waits for its CPU, and short steps lose most to it). A
-candidate whose figure after a round is over :data:`CANNOT_WIN` times the least is not timed
-again. Its **spread** is how much its CPU time relative to the round's least moves from round
-to round (the median absolute deviation of that ratio, over its median): what the decision
-depends on. A slow spell of the whole VM that stretches every candidate of a few rounds alike
-(seen quiet, with no other process on the CPUs and nothing stolen: 20 % for 1.5 s) leaves it
-unmoved. After :data:`ROUNDS` rounds, while a candidate still timed spreads over
-:data:`NOISE`, another round is timed, up to :data:`MAX_ROUNDS`. What the CPUs did
-meanwhile is read from ``/proc/stat`` (proc(5)) for the CPUs this process may run on: the
-share of their time other processes used (``others``) and the hypervisor took (``steal``).
+threads spin while one of them waits for its CPU, and short steps lose most to it). A candidate
+whose figure after :data:`DROP_AFTER` rounds or more is over :data:`CANNOT_WIN` times the least
+is not timed again (one round is not enough: on Zen 4, quiet, a single slow round put
+fast/float32 at 1.6–2.3× fast/bfloat16, whose ratio is 1.35–1.45). Its **spread** is how much
+its CPU time relative to the round's least moves from round to round (the median absolute
+deviation of that ratio, over its median): what the decision depends on. A slow spell of the
+whole VM that stretches every candidate of a few rounds alike (seen quiet, with no other
+process on the CPUs and nothing stolen: 20 % for 1.5 s) leaves it unmoved. After :data:`ROUNDS`
+rounds, while a candidate still timed spreads over :data:`NOISE`, or the caller's decision is
+not ``settled`` by the figures (a decision close to its margin: app/training/state/choose.py),
+another round is timed, up to :data:`MAX_ROUNDS`: the least over more rounds is less likely to
+lie in one slow spell of the VM. What the CPUs did meanwhile is read from ``/proc/stat``
+(proc(5)) for the CPUs this process may run on: the share of their time other processes used
+(``others``) and the hypervisor took (``steal``).
 No TensorFlow here: the calls are given.
 """
 
@@ -48,8 +52,10 @@ ROUND_CPU_MS = 60.0
 MAX_CALLS_PER_ROUND = 50
 ROUNDS = 5
 MAX_ROUNDS = 10
-#: A candidate this many times the least CPU time after a round is not timed again.
+#: A candidate this many times the least CPU time after :data:`DROP_AFTER` rounds or more is
+#: not timed again.
 CANNOT_WIN = 1.5
+DROP_AFTER = 2
 #: A spread (above) or a stolen share over this is noise the figures can't be trusted
 #: through. Measured (Zen 4, batch 1,000, the four step candidates and two forward passes):
 #: 0.5–2.6 % quiet, 0.4–1.5 % beside busy processes pinned to both vCPUs
@@ -59,7 +65,8 @@ NOISE = 0.05
 RULE = {
     "clock": "process CPU time, the least call", "warmup": WARMUP_CALLS, "calls": CALLS_PER_ROUND,
     "round_cpu_ms": ROUND_CPU_MS, "max_calls": MAX_CALLS_PER_ROUND,
-    "rounds": ROUNDS, "max_rounds": MAX_ROUNDS, "cannot_win": CANNOT_WIN, "noise": NOISE,
+    "rounds": ROUNDS, "max_rounds": MAX_ROUNDS, "cannot_win": CANNOT_WIN,
+    "drop_after": DROP_AFTER, "noise": NOISE,
     "spread": "median absolute deviation of the ratio to the round's least, over its median",
 }  # fmt: skip
 
@@ -106,9 +113,12 @@ def _larger(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else max(a, b)
 
 
-def time_calls(calls: dict[K, Callable[[], Any]]) -> tuple[dict[K, Timed], Load]:
+def time_calls(
+    calls: dict[K, Callable[[], Any]], settled: Callable[[dict[K, Timed]], bool] | None = None
+) -> tuple[dict[K, Timed], Load]:
     """Each of ``calls`` (each returns a tensor, waited for with ``.numpy()``) timed as the
-    module docstring says, and the load the CPUs saw meanwhile."""
+    module docstring says, and the load the CPUs saw meanwhile. ``settled``: whether the
+    figures of the candidates still timed decide clearly enough to stop (None: always)."""
     count = {c: _calls_per_round(call) for c, call in calls.items()}
     span = Span()
     rounds: list[dict[K, tuple[float, float]]] = []
@@ -117,11 +127,17 @@ def time_calls(calls: dict[K, Callable[[], Any]]) -> tuple[dict[K, Timed], Load]
         rounds.append({c: _per_call(calls[c], count[c]) for c in timed})
         figures = {c: _figures(c, rounds) for c in calls}
         least = min(t.cpu_ms for t in figures.values())
-        timed = [c for c in timed if figures[c].cpu_ms <= CANNOT_WIN * least]
+        timed = [c for c in timed if not _cannot_win(figures[c], least)]
+        left = {c: figures[c] for c in timed}
         done = len(rounds)
-        if done >= MAX_ROUNDS or (done >= ROUNDS and not noisy(figures[c] for c in timed)):
+        steady = not noisy(left.values()) and (settled is None or settled(left))
+        if done >= MAX_ROUNDS or (done >= ROUNDS and steady):
             break
     return figures, span.load()
+
+
+def _cannot_win(t: Timed, least: float) -> bool:
+    return t.rounds >= DROP_AFTER and t.cpu_ms > CANNOT_WIN * least
 
 
 def _calls_per_round(call: Callable[[], Any]) -> int:
