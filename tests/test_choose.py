@@ -117,8 +117,9 @@ def test_auto_measures_bfloat16_only_where_native_and_its_parity_holds(
     picked = _decide(config, plan, data, None, tmp_path / "ckpt")
     assert sorted(picked.timings) == expected
     assert (picked.formulation, picked.precision) == ("plain", "float32")
-    # The evaluation's formulation: both forward passes timed at the chosen precision.
-    assert forwards == [(["fast", "plain"], "float32")]
+    # The evaluation's formulation: both forward passes timed at the chosen precision, the
+    # training formulation first (the order the evaluation's margin takes them in).
+    assert forwards == [(["plain", "fast"], "float32")]
     assert (picked.evaluation, picked.evaluation_timings) == (
         "plain", {"fast/float32": 3.0, "plain/float32": 2.0},
     )  # fmt: skip
@@ -256,13 +257,16 @@ def test_within_the_margin_the_order_decides_beyond_it_the_cpu_time() -> None:
      (1.4, True)],
 )  # fmt: skip
 def test_a_decision_near_its_margin_is_not_settled(ratio: float, clear: bool) -> None:
-    """Within CLOSE (10 %) of 1 + MARGIN (1.15) either way, 1.045-1.265, the timing goes on."""
+    """Within CLOSE (10 %) of 1 + MARGIN (1.15) either way, 1.045-1.265, the timing goes on,
+    for a candidate ahead of the least in the order: the only one the margin can take."""
     from app.training.state import choose
     from app.training.state.timing import Timed
 
-    figures = {"f32": Timed(40.0 * ratio, 0, 0, 5), "bf16": Timed(40.0, 0, 0, 5)}
-    assert choose.settled(choose.MARGIN)(figures) is clear
-    assert choose.settled(choose.MARGIN)({"bf16": Timed(40.0, 0, 0, 5)})  # nothing to decide
+    settled = choose.settled(["f32", "bf16"], choose.MARGIN)
+    assert settled({"f32": Timed(40.0 * ratio, 0, 0, 5), "bf16": Timed(40.0, 0, 0, 5)}) is clear
+    # The least first in the order: taken whatever the others' figures, nothing to time on.
+    assert settled({"f32": Timed(40.0, 0, 0, 5), "bf16": Timed(40.0 * ratio, 0, 0, 5)})
+    assert settled({"bf16": Timed(40.0, 0, 0, 5)})  # one candidate: nothing to decide
 
 
 @pytest.mark.parametrize(

@@ -107,6 +107,18 @@ def test_a_candidate_that_cannot_win_is_not_timed_again(monkeypatch: pytest.Monk
     assert (figures["slow"].cpu_ms, figures["slow"].rounds) == (30, 2)
 
 
+def test_a_candidate_left_out_does_not_make_the_measurement_noisy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # slow's two rounds spread (3.0, 3.6 of fast's): it can't win, and its spread says nothing.
+    _scripted(monkeypatch, {"fast": [10.0] * 5, "slow": [30.0, 36.0]})
+    figures, _ = timing.time_calls(_calls("fast", "slow"))
+    assert figures["slow"].spread > timing.NOISE and figures["fast"].rounds == timing.ROUNDS
+    assert list(timing.contenders(figures)) == ["fast"]
+    assert not timing.noisy(timing.contenders(figures).values())
+    assert timing.contenders({}) == {}
+
+
 def test_one_slow_round_does_not_drop_a_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
     # a's first round 2x b's (a slow spell), then 1.2x: it is timed on and its figure is 12.
     timed = _scripted(monkeypatch, {"a": [20.0] + [12.0] * 4, "b": [10.0] * 5})

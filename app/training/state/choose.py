@@ -25,8 +25,9 @@ candidates' CPU times 1.38–1.41 quiet, 1.38–1.42 beside busy loops pinned to
 10 % apart between candidates): docs/performance.md, "A choice that holds". Where a CPU's
 two best candidates sit near the margin itself (Zen 4's fast ones at batch 40: 1.06–1.27)
 the answer can still differ between runs: the rule makes that rare, it can't rule it out.
-**A close decision is timed longer**: while a candidate's CPU time relative to the least lies
-within :data:`CLOSE` of the margin's edge (1 + margin) either way, more rounds are timed (up to
+**A close decision is timed longer**: while a candidate still timed and ahead of the least in
+the order (the only ones the margin can take instead) has a CPU time over the least within
+:data:`CLOSE` of the margin's edge (1 + margin) either way, more rounds are timed (up to
 timing.py's ``MAX_ROUNDS``): a slow spell of the VM that lasts a whole measurement is what takes
 a clear lead under the margin (Zen 4, batch 1,000: fast/float32 over fast/bfloat16 1.28–1.58 in
 24 processes quiet or loaded, once 1.21; one loaded run under 1.15 chose fast/float32).
@@ -104,14 +105,14 @@ C = TypeVar("C", bound=Hashable)
 
 @dataclass(frozen=True)
 class Choice:
-    """The formulation and precision of the run and why (``timings``: process CPU ms per
-    step, what decided; ``source``: module docstring); ``evaluation``: the formulation the
-    evaluation computes in (the training formulation unless measured faster:
-    ``evaluation_timings``, CPU ms per forward pass of a batch). ``wall_timings``: wall ms
-    per step of each candidate (its least round); ``measurement``: how the timing went
-    (``rounds``, the largest ``spread``, the ``others`` and ``steal`` shares of the CPUs,
-    whether it was ``kept``, the ``margin`` and ``evaluation_margin`` that decided), empty
-    when nothing was measured."""
+    """The formulation and precision of the run and why (``timings``: process CPU ms per step, what
+    decided; ``source``: module docstring); ``evaluation``: the formulation the evaluation
+    computes in (the training formulation unless measured faster: ``evaluation_timings``, CPU ms
+    per forward pass of a batch). ``wall_timings``: wall ms per step of each candidate (its
+    least round); ``measurement``: how the timing went (``rounds``, the largest ``spread`` of
+    the candidates that could win, the ``others`` and ``steal`` shares of the CPUs, whether it
+    was ``kept``, the ``margin`` and ``evaluation_margin`` that decided), empty when nothing was
+    measured."""
 
     formulation: str
     precision: str
@@ -175,15 +176,18 @@ def pick(figures: dict[C, timing.Timed], order: list[C], margin: float) -> C:
     return next(c for c in order if c in ms and ms[c] <= least * (1 + margin))
 
 
-def settled(margin: float) -> Callable[[dict[Any, timing.Timed]], bool]:
-    """Whether figures decide clearly under ``margin``: no candidate's CPU time over the least
-    lies within :data:`CLOSE` of 1 + ``margin`` either way (timing.time_calls's ``settled``)."""
+def settled(order: list[C], margin: float) -> Callable[[dict[C, timing.Timed]], bool]:
+    """Whether figures decide :func:`pick` under ``order`` and ``margin`` clearly (timing.py
+    ``time_calls``'s ``settled``): no candidate ahead of the least in ``order`` (the only ones
+    the margin can take instead) has a CPU time over the least within :data:`CLOSE` of
+    1 + ``margin`` either way."""
 
-    def clear(figures: dict[Any, timing.Timed]) -> bool:
-        least = min(t.cpu_ms for t in figures.values())
-        edge = 1 + margin
+    def clear(figures: dict[C, timing.Timed]) -> bool:
+        fastest = min(figures, key=lambda c: figures[c].cpu_ms)
+        least, edge = figures[fastest].cpu_ms, 1 + margin
+        ahead = [figures[c].cpu_ms for c in order[: order.index(fastest)] if c in figures]
         return least <= 0 or not any(
-            edge / (1 + CLOSE) < t.cpu_ms / least < edge * (1 + CLOSE) for t in figures.values()
+            edge / (1 + CLOSE) < ms / least < edge * (1 + CLOSE) for ms in ahead
         )
 
     return clear
@@ -215,9 +219,9 @@ def _decide(
     reason = _why(steps, (f, p), "a step", MARGIN)
     if "bfloat16" not in precisions:
         reason += f" ({_why_float32(plan)})"
-    forward, forward_load = _forward(formulations, p, data, recipe.batch_size)
-    load = load.worst(forward_load)
     order = [f, *(e for e in formulations if e != f)]
+    forward, forward_load = _forward(order, p, data, recipe.batch_size)
+    load = load.worst(forward_load)
     evaluation = pick(forward, order, EVALUATION_MARGIN) if forward else f
     if forward:
         why = _why(forward, evaluation, "a forward pass", EVALUATION_MARGIN)
@@ -263,17 +267,24 @@ def _trusted(
 ) -> bool:
     """Whether a choice timed so may be kept for later runs (module docstring)."""
     stolen = load.steal is not None and load.steal > timing.NOISE
-    return not stolen and not timing.noisy([*steps.values(), *forward.values()])
+    return not stolen and not timing.noisy(_contending(steps, forward))
+
+
+def _contending(
+    steps: dict[Any, timing.Timed], forward: dict[Any, timing.Timed]
+) -> list[timing.Timed]:
+    """The figures of the steps and forward passes that could win (timing.contenders): what
+    a spread of the measurement is judged on."""
+    return [*timing.contenders(steps).values(), *timing.contenders(forward).values()]
 
 
 def _measurement(
     steps: dict[Any, timing.Timed], forward: dict[Any, timing.Timed], load: timing.Load,
     kept_it: bool,
 ) -> dict[str, Any]:  # fmt: skip
-    figures = [*steps.values(), *forward.values()]
     return {
-        "rounds": max(t.rounds for t in figures),
-        "spread": round(max(t.spread for t in figures), 3),
+        "rounds": max(t.rounds for t in [*steps.values(), *forward.values()]),
+        "spread": round(max(t.spread for t in _contending(steps, forward)), 3),
         **load.to_json(),
         "kept": kept_it,
         "margin": MARGIN,
@@ -331,7 +342,7 @@ def _measure(
     x, y = _batch(data, recipe.batch_size)
     t0 = time.perf_counter()
     steps = {c: train_step(*c, x, y, recipe, max_steps) for c in candidates}
-    timed = timing.time_calls(steps, settled(MARGIN))
+    timed = timing.time_calls(steps, settled(candidates, MARGIN))
     logs.event(
         "choice_measured",
         f"timed {len(candidates)} formulations in {time.perf_counter() - t0:.1f} s",
@@ -344,8 +355,9 @@ def _forward(
     formulations: list[str], precision: str, data: DataCache, batch_size: int
 ) -> tuple[dict[str, timing.Timed], timing.Load | None]:
     """The forward pass (inference, no gradient) of the batch :func:`_batch` in each of
-    ``formulations`` at ``precision``, timed as :func:`_measure` times steps, and the load
-    seen; empty (None) for a single formulation: nothing to choose."""
+    ``formulations`` (in the order the evaluation's margin takes them) at ``precision``, timed
+    as :func:`_measure` times steps, and the load seen; empty (None) for a single formulation:
+    nothing to choose."""
     if len(formulations) < 2:
         return {}, None
     x, _ = _batch(data, batch_size)
@@ -353,7 +365,7 @@ def _forward(
     model = model_lib.build_model(data.num_outputs, **shape)
     traced = {f: tf.function(functools.partial(model.infer, formulation=f)) for f in formulations}
     calls: dict[str, Callable[[], Any]] = {f: functools.partial(traced[f], x) for f in formulations}
-    return timing.time_calls(calls, settled(EVALUATION_MARGIN))
+    return timing.time_calls(calls, settled(formulations, EVALUATION_MARGIN))
 
 
 def train_step(

@@ -126,9 +126,8 @@ def time_calls(
     while True:
         rounds.append({c: _per_call(calls[c], count[c]) for c in timed})
         figures = {c: _figures(c, rounds) for c in calls}
-        least = min(t.cpu_ms for t in figures.values())
-        timed = [c for c in timed if not _cannot_win(figures[c], least)]
-        left = {c: figures[c] for c in timed}
+        left = contenders(figures)
+        timed = [c for c in timed if c in left]
         done = len(rounds)
         steady = not noisy(left.values()) and (settled is None or settled(left))
         if done >= MAX_ROUNDS or (done >= ROUNDS and steady):
@@ -136,8 +135,15 @@ def time_calls(
     return figures, span.load()
 
 
-def _cannot_win(t: Timed, least: float) -> bool:
-    return t.rounds >= DROP_AFTER and t.cpu_ms > CANNOT_WIN * least
+def contenders(figures: dict[K, Timed]) -> dict[K, Timed]:
+    """The figures of the candidates that can still win, the ones timed to the end: all but
+    those over :data:`CANNOT_WIN` times the least after :data:`DROP_AFTER` rounds or more
+    (their spread, from the rounds before they were left out, says nothing of the decision)."""
+    least = min((t.cpu_ms for t in figures.values()), default=0.0)
+    return {
+        c: t for c, t in figures.items()
+        if t.rounds < DROP_AFTER or t.cpu_ms <= CANNOT_WIN * least
+    }  # fmt: skip
 
 
 def _calls_per_round(call: Callable[[], Any]) -> int:
