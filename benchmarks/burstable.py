@@ -146,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"busy neighbour, shares {2 * SHARES_PER_CPU} (larger)": 2 * SHARES_PER_CPU,
     }
     thread_counts = sorted({max(1, round(request)), cpus})
+    args.work.mkdir(parents=True, exist_ok=True)
     cache = Path(tempfile.mkdtemp(prefix="burst-cache-", dir=args.work))
     rng = random.Random(args.seed)
     runs: list[dict[str, Any]] = []

@@ -139,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train", type=int, default=10_000, help="generated training rows")
     p.add_argument("--wait", type=float, default=900, help="seconds to wait for quiet")
     args = p.parse_args(argv)
+    if args.work is not None:
+        args.work.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
         work = Path(tmp)
         from app.data import synthetic
