@@ -192,12 +192,6 @@ def test_a_file_mixing_both_paths_in_one_block(tmp_path: Path) -> None:
     np.testing.assert_array_equal(got, expected)
 
 
-def test_count_newlines() -> None:
-    assert fast.count_newlines(b"a\nb\n\nc") == 3
-    assert fast.count_newlines(b"") == 0
-    assert fast.count_newlines(memoryview(b"\n\nx\n")[1:]) == 2
-
-
 def test_newline_offsets_are_numpys_whatever_the_room() -> None:
     """The compiled offsets equal ``flatnonzero(u == 10)``: no newline, all newlines, random
     densities, a view into a larger buffer; and the reader's wrapper, whose first guess of

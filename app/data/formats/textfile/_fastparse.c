@@ -29,8 +29,6 @@
  * same mantissa and exponent, so the same value: 1.44x the parse rate of the byte path
  * alone on the seed's %.6g text (docs/performance.md, "The converter").
  *
- * count_newlines(text) counts the '\n' bytes of a buffer (memchr).
- *
  * newline_offsets(text, out) writes the offsets of the '\n' bytes of text, in
  * order, to the int64 buffer out, as many as it holds, and returns how many
  * there are in all (memchr; the reader's line ends).
@@ -289,24 +287,6 @@ static PyObject *py_add_column_sums(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-static PyObject *py_count_newlines(PyObject *self, PyObject *args)
-{
-    Py_buffer text;
-    Py_ssize_t count = 0;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "y*", &text))
-        return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    const char *p = (const char *)text.buf, *end = p + text.len;
-    while (p < end && (p = memchr(p, '\n', (size_t)(end - p))) != NULL) {
-        count++;
-        p++;
-    }
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&text);
-    return PyLong_FromSsize_t(count);
-}
-
 static PyObject *py_newline_offsets(PyObject *self, PyObject *args)
 {
     Py_buffer text, out;
@@ -334,8 +314,6 @@ static PyMethodDef methods[] = {
     {"parse_lines", py_parse_lines, METH_VARARGS,
      "parse_lines(text, begin, stop, width, out) -> rows: whole lines of text[begin:stop] "
      "parsed into the float32 buffer out (see app/data/formats/textfile/_fastparse.c)."},
-    {"count_newlines", py_count_newlines, METH_VARARGS,
-     "count_newlines(text) -> the number of b'\\n' bytes in text."},
     {"newline_offsets", py_newline_offsets, METH_VARARGS,
      "newline_offsets(text, out) -> count: the offsets of text's b'\\n' bytes written to the "
      "int64 buffer out (as many as it holds); how many there are in all."},

@@ -8,9 +8,6 @@ def parse_lines(text: Buffer, begin: int, stop: int, width: int, out: Buffer, /)
 def add_column_sums(values: Buffer, width: int, sums: Buffer, sums_sq: Buffer, /) -> None:
     """Add the float32 rows' column sums and sums of squares (float64) to the two buffers."""
 
-def count_newlines(text: Buffer, /) -> int:
-    """The number of ``b"\\n"`` bytes in ``text``."""
-
 def newline_offsets(text: Buffer, out: Buffer, /) -> int:
     """Offsets of ``text``'s ``b"\\n"`` bytes written to the int64 buffer ``out`` (as many as
     it holds); how many there are in all."""
